@@ -1,0 +1,43 @@
+# entangle_ext: `make demo` runs the main job on an embedded real dataset, `make test` runs the tests.
+# Both create .venv when missing, install torch (a CUDA build, so the CUDA kernels compile even on
+# machines without a GPU) and the requirements, and build the package without build isolation.
+VENV        ?= .venv
+PYTHON      ?= python3
+TORCH_SPEC  ?= torch==2.14.1 torchvision==0.29.1
+PY          := $(VENV)/bin/python
+DEPS_STAMP  := $(VENV)/.deps-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.\n' '_')
+export MAX_JOBS ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: all demo test build deps bench gpu-check clean
+
+all: test
+
+$(DEPS_STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+deps: $(DEPS_STAMP)
+
+# Editable install: builds entangle_ext/_C*.so in place (ninja, incremental).
+build: $(DEPS_STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	@$(PY) -c "import entangle_ext as e; assert e.available(), e.load_error(); \
+	  print('entangle_ext', e.__version__, '| CUDA kernels built:', e.cuda_built(), e.cuda_arch_list())"
+
+test: build
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+demo: build
+	$(PY) -m entangle_ext.demo
+
+bench: build
+	$(PY) bench/bench_w2.py --device cpu
+
+gpu-check:
+	bash scripts/gpu_check.sh $(or $(OUT),gpu_results)
+
+clean:
+	rm -rf build *.egg-info entangle_ext/_C*.so

@@ -1,0 +1,51 @@
+// The one place that defines every entangle_ext operator schema (TORCH_LIBRARY), plus the small
+// pybind11 module that reports how the extension was built. Backend kernels register themselves
+// with TORCH_LIBRARY_IMPL in csrc/cpu/*.cpp and csrc/cuda/*.cu.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#ifndef ENTANGLE_VERSION
+#define ENTANGLE_VERSION "0.0.0+unknown"
+#endif
+#ifndef ENTANGLE_TORCH_VERSION
+#define ENTANGLE_TORCH_VERSION "unknown"
+#endif
+#ifndef ENTANGLE_CUDA_ARCH_LIST
+#define ENTANGLE_CUDA_ARCH_LIST ""
+#endif
+
+TORCH_LIBRARY(entangle_ext, m) {
+  // ---- Wasserstein-2 between 1-D empirical distributions, by segmented stable sort ----------
+  // u: (Nu,) float32/float64 flat values; u_offsets: (S+1,) int64 prefix sums (cu_seqlens).
+  // Same for v. max_seqlen: an upper bound on every segment length of u and v, or -1 if unknown
+  // (lets the CUDA kernel pick its shared-memory path without reading the offsets on the host).
+  // Returns (w2sq (S,), u_perm (Nu,) int64, v_perm (Nv,) int64): W2^2 per segment and the stable
+  // sort permutations (global flat indices) that the backward scatters through.
+  m.def(
+      "wasserstein2_1d(Tensor u, Tensor v, Tensor u_offsets, Tensor v_offsets, int max_seqlen) "
+      "-> (Tensor, Tensor, Tensor)");
+  // Gradient of sum_s grad[s] * W2^2_s with respect to u and v.
+  m.def(
+      "wasserstein2_1d_backward(Tensor grad, Tensor u, Tensor v, Tensor u_offsets, "
+      "Tensor v_offsets, Tensor u_perm, Tensor v_perm) -> (Tensor, Tensor)");
+}
+
+namespace {
+bool cuda_built() {
+#ifdef ENTANGLE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "entangle_ext native extension: build information (operators live in torch.ops.entangle_ext)";
+  m.def("cuda_built", &cuda_built, "True when the CUDA kernels were compiled into this build.");
+  m.def("cuda_arch_list", []() { return std::string(ENTANGLE_CUDA_ARCH_LIST); },
+        "TORCH_CUDA_ARCH_LIST the CUDA kernels were compiled for ('' for a CPU-only build).");
+  m.def("version", []() { return std::string(ENTANGLE_VERSION); }, "entangle_ext version.");
+  m.def("torch_version", []() { return std::string(ENTANGLE_TORCH_VERSION); },
+        "The torch version this binary was compiled against.");
+}

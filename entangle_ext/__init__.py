@@ -1,0 +1,18 @@
+"""entangle_ext: machine unlearning under retain-forget entanglement (Cheng et al., ICLR 2026).
+
+Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with autograd):
+
+* `wasserstein2_1d` - exact 1-D Wasserstein-2 between empirical distributions, by segmented sort.
+
+Pure-PyTorch references of every operator are in `entangle_ext.reference`.
+Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.
+"""
+from ._version import __version__
+from ._ext import available, built_torch_version, cuda_arch_list, cuda_built, load_error
+from . import reference
+from .wasserstein import wasserstein2_1d
+
+__all__ = [
+    "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
+    "reference", "wasserstein2_1d",
+]

@@ -1,0 +1,152 @@
+"""Argument normalisation shared by the W2 operator wrapper and its pure-PyTorch reference.
+
+Two input forms are accepted (the `cu_seqlens` convention of variable-length attention kernels):
+
+* equal-length batches: ``u`` of shape ``(n,)`` or ``(S, n)`` and ``v`` of shape ``(m,)`` or
+  ``(S, m)`` (``n`` and ``m`` may differ);
+* ragged segments: flat ``u`` ``(N_u,)`` and ``v`` ``(N_v,)`` with ``u_offsets`` / ``v_offsets`` of
+  shape ``(S + 1,)`` (int32 or int64 prefix sums, first 0, last N): segment ``s`` of ``u`` is
+  ``u[u_offsets[s]:u_offsets[s + 1]]``. Segment ``s`` of ``u`` and of ``v`` may have different sizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+OffsetsLike = Union[torch.Tensor, Sequence[int]]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass
+class Segments:
+    u: torch.Tensor            # (N_u,) contiguous, compute dtype
+    v: torch.Tensor            # (N_v,) contiguous, compute dtype
+    u_offsets: torch.Tensor    # (S+1,) int64 on u.device
+    v_offsets: torch.Tensor    # (S+1,) int64 on u.device
+    num_segments: int          # S
+    out_shape: tuple           # shape of the unreduced result: () for 1-D dense input, else (S,)
+    max_seqlen: Optional[int]  # known bound on every segment length, or None
+    input_dtype: torch.dtype   # dtype of the caller's tensors (result is cast back to it)
+    ragged: bool
+
+
+def _as_offsets(off: OffsetsLike, name: str, device: torch.device) -> torch.Tensor:
+    if not isinstance(off, torch.Tensor):
+        try:
+            off = torch.as_tensor(list(off), dtype=torch.int64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be a 1-D integer tensor or sequence of ints") from exc
+    if off.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64 (cu_seqlens), got {off.dtype}")
+    if off.dim() != 1 or off.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with S+1 entries, got shape {tuple(off.shape)}")
+    return off.to(device=device, dtype=torch.int64).contiguous()
+
+
+def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[OffsetsLike],
+              v_offsets: Optional[OffsetsLike], max_seqlen: Optional[int] = None) -> Segments:
+    """Check and convert the caller's arguments; see the module docstring for the forms.
+
+    Raises:
+        TypeError: non-tensor inputs, non-floating or mismatched dtypes, non-integer offsets.
+        ValueError: mismatched devices or shapes, empty dense distributions, only one of the two
+            offsets given, or a max_seqlen below 0.
+    """
+    for name, t in (("u", u), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{op}: {name} must be a floating tensor (float16/bfloat16/float32/"
+                            f"float64), got {t.dtype}")
+    if u.dtype != v.dtype:
+        raise TypeError(f"{op}: u and v must have the same dtype, got {u.dtype} and {v.dtype}")
+    if u.device != v.device:
+        raise ValueError(f"{op}: u is on {u.device} but v is on {v.device}")
+    if (u_offsets is None) != (v_offsets is None):
+        raise ValueError(f"{op}: give both u_offsets and v_offsets (ragged form) or neither")
+    if max_seqlen is not None and int(max_seqlen) < 0:
+        raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
+    compute = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
+    device = u.device
+
+    if u_offsets is None:
+        if u.dim() not in (1, 2) or v.dim() != u.dim():
+            raise ValueError(f"{op}: dense inputs must both be (n,) or both (S, n); got shapes "
+                             f"{tuple(u.shape)} and {tuple(v.shape)}")
+        if u.dim() == 2 and u.shape[0] != v.shape[0]:
+            raise ValueError(f"{op}: u has {u.shape[0]} rows but v has {v.shape[0]}")
+        n, m = u.shape[-1], v.shape[-1]
+        S = 1 if u.dim() == 1 else u.shape[0]
+        if S > 0 and (n == 0 or m == 0):
+            raise ValueError(f"{op}: W2 to an empty distribution is undefined (u has {n} values "
+                             f"per segment, v has {m})")
+        uo = torch.arange(S + 1, device=device, dtype=torch.int64) * n
+        vo = torch.arange(S + 1, device=device, dtype=torch.int64) * m
+        return Segments(u.reshape(-1).to(compute).contiguous(), v.reshape(-1).to(compute).contiguous(),
+                        uo, vo, S, () if u.dim() == 1 else (S,), max(n, m), u.dtype, False)
+
+    if u.dim() != 1 or v.dim() != 1:
+        raise ValueError(f"{op}: with offsets, u and v must be flat 1-D tensors; got shapes "
+                         f"{tuple(u.shape)} and {tuple(v.shape)}")
+    uo = _as_offsets(u_offsets, "u_offsets", device)
+    vo = _as_offsets(v_offsets, "v_offsets", device)
+    if uo.numel() != vo.numel():
+        raise ValueError(f"{op}: u_offsets and v_offsets must both have S+1 entries, got "
+                         f"{uo.numel()} and {vo.numel()}")
+    S = uo.numel() - 1
+    return Segments(u.to(compute).contiguous(), v.to(compute).contiguous(), uo, vo, S, (S,),
+                    None if max_seqlen is None else int(max_seqlen), u.dtype, True)
+
+
+def validate_values(op: str, seg: Segments) -> Segments:
+    """Data-dependent checks (finite values; offsets start at 0, end at N, no empty segment).
+
+    Reads device values back to the host (one synchronisation on CUDA). Fills in
+    ``seg.max_seqlen`` from the offsets when it was unknown.
+
+    Raises:
+        ValueError: NaN/Inf values, malformed offsets, empty segments, or a max_seqlen hint
+            smaller than the longest segment.
+    """
+    bad_u = ~torch.isfinite(seg.u).all()
+    bad_v = ~torch.isfinite(seg.v).all()
+    flags = torch.stack([bad_u, bad_v]).cpu()
+    if bool(flags[0]) or bool(flags[1]):
+        which = "u" if bool(flags[0]) else "v"
+        raise ValueError(f"{op}: {which} contains NaN or Inf. Remove them, or pass validate=False "
+                         "to get NaN for the affected segments instead of an error.")
+    if not seg.ragged:
+        return seg
+    longest = 0
+    for name, off, total in (("u_offsets", seg.u_offsets, seg.u.numel()),
+                             ("v_offsets", seg.v_offsets, seg.v.numel())):
+        o = off.cpu()
+        if int(o[0]) != 0 or int(o[-1]) != total:
+            raise ValueError(f"{op}: {name} must start at 0 and end at the number of values "
+                             f"({total}); got {int(o[0])} ... {int(o[-1])}")
+        if seg.num_segments > 0:
+            lengths = o[1:] - o[:-1]
+            if bool((lengths < 0).any()):
+                raise ValueError(f"{op}: {name} must be non-decreasing")
+            if bool((lengths == 0).any()):
+                s = int(torch.nonzero(lengths == 0)[0])
+                raise ValueError(f"{op}: segment {s} of {name[0]} is empty; W2 to an empty "
+                                 "distribution is undefined (validate=False gives NaN for it)")
+            longest = max(longest, int(lengths.max()))
+    if seg.max_seqlen is not None and seg.max_seqlen < longest:
+        raise ValueError(f"{op}: max_seqlen={seg.max_seqlen} but the longest segment has {longest} values")
+    seg.max_seqlen = longest if seg.max_seqlen is None else seg.max_seqlen
+    return seg
+
+
+def reduce(op: str, w2: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return w2
+    if reduction == "mean":
+        return w2.mean()
+    if reduction == "sum":
+        return w2.sum()
+    raise ValueError(f"{op}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")

@@ -1,0 +1,8 @@
+"""Pure-PyTorch reference implementations of every entangle_ext operator.
+
+They are the float64 oracles of the tests and the documented fallback when the native extension is
+not built: same arguments and results as the operators, plain PyTorch ops, no compiled code.
+"""
+from .wasserstein import wasserstein2_1d, wasserstein2_1d_sorted
+
+__all__ = ["wasserstein2_1d", "wasserstein2_1d_sorted"]

@@ -1,0 +1,124 @@
+"""Closed-form 1-D Wasserstein-2 between empirical distributions (custom operator + autograd).
+
+Implements the W2 term of Stage 2 (W-PGD) of Cheng, Liu, Li, Zhang, "Machine Unlearning under
+Retain-Forget Entanglement", ICLR 2026: for two empirical distributions on the real line with
+uniform weights, W2 is exact by sorting. Sample i of sorted ``a`` (n_a values) covers quantiles
+[i/n_a, (i+1)/n_a), sample j of sorted ``b`` (n_b values) covers [j/n_b, (j+1)/n_b); with their overlap
+w_ij in integer units of 1/(n_a n_b),
+
+    W2^2(a, b) = integral_0^1 (F_a^{-1}(t) - F_b^{-1}(t))^2 dt = sum_ij w_ij (a_(i) - b_(j))^2 / (n_a n_b),
+
+which for n_a = n_b = n is (1/n) sum_i (a_(i) - b_(i))^2. The gradient, d/da_(i) = 2 sum_j w_ij
+(a_(i) - b_(j)) / (n_a n_b), is scattered back through the stable sort permutation (ties keep their
+input order, so the subgradient chosen at ties is deterministic).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _ext
+from ._segments import OffsetsLike, normalize, reduce, validate_values
+
+__all__ = ["wasserstein2_1d"]
+
+_OP = "wasserstein2_1d"
+
+
+def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[OffsetsLike] = None,
+                    v_offsets: Optional[OffsetsLike] = None, *, reduction: str = "none",
+                    max_seqlen: Optional[int] = None, validate: bool = True) -> torch.Tensor:
+    """Squared 1-D Wasserstein-2 distance W2^2 per segment, exact for unequal sizes.
+
+    Args:
+        u, v: values of the two distributions, on the same device (CPU or CUDA), same dtype
+            (float32/float64; float16/bfloat16 are computed in float32 and the result cast back).
+            Dense form: both ``(n,)`` or both ``(S, n)`` / ``(S, m)`` (row s of u against row s of v;
+            n and m may differ). Ragged form: flat ``(N_u,)`` and ``(N_v,)``. Non-contiguous
+            inputs are copied to contiguous memory.
+        u_offsets, v_offsets: ragged form only: ``(S+1,)`` int32/int64 prefix sums (``cu_seqlens``),
+            first 0, last N_u (resp. N_v). Segment s of u and of v may have different lengths.
+            CPU offsets with CUDA values are copied to the device.
+        reduction: ``"none"`` (per segment), ``"mean"`` or ``"sum"`` over segments.
+        max_seqlen: optional upper bound on every segment length (ragged form), as in
+            variable-length attention APIs; on CUDA it selects the shared-memory kernel without a
+            host read of the offsets. Known automatically in the dense form and when validating.
+        validate: check the data (finite values, offsets start at 0 / end at N / no empty
+            segment). On CUDA this reads back to the host (one sync); pass False inside CUDA-graph
+            capture or hot loops. Without validation, a segment with NaN gives NaN (NaN sorts
+            last), Inf gives Inf/NaN, and an empty segment gives NaN with zero gradient.
+
+    Returns:
+        W2^2 in squared units of the inputs: shape ``()`` for 1-D dense input, ``(S,)`` otherwise
+        (or ``()`` with reduction mean/sum), dtype of the inputs, on their device. Differentiable
+        with respect to ``u`` and ``v`` (double backward raises NotImplementedError).
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets.
+        ValueError: mismatched devices/shapes, empty distributions, malformed offsets, NaN/Inf
+            values (when ``validate``), unknown reduction.
+        RuntimeError: the native extension is not built/loaded, a CUDA tensor with a CPU-only
+            build, or ``validate=True`` during CUDA-graph capture.
+    """
+    seg = normalize(_OP, u, v, u_offsets, v_offsets, max_seqlen)
+    _ext.require(_OP, seg.u)
+    if validate:
+        if seg.u.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{_OP}: validate=True reads values back to the host, which is not "
+                               "allowed during CUDA-graph capture; pass validate=False")
+        seg = validate_values(_OP, seg)
+    if seg.num_segments == 0:
+        w2 = seg.u.new_zeros((0,))
+    else:
+        ml = -1 if seg.max_seqlen is None else seg.max_seqlen
+        w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(seg.u, seg.v, seg.u_offsets,
+                                                          seg.v_offsets, ml)
+    w2 = w2.reshape(seg.out_shape).to(seg.input_dtype)
+    return reduce(_OP, w2, reduction)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library registrations: fake (meta) kernels and autograd.
+# ---------------------------------------------------------------------------------------------
+def _fake_forward(u, v, u_offsets, v_offsets, max_seqlen):
+    S = u_offsets.shape[0] - 1
+    return (u.new_empty((S,)), u.new_empty((u.shape[0],), dtype=torch.long),
+            v.new_empty((v.shape[0],), dtype=torch.long))
+
+
+def _fake_backward(grad, u, v, u_offsets, v_offsets, u_perm, v_perm):
+    return torch.empty_like(u), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    u, v, u_offsets, v_offsets, _ = inputs
+    _, u_perm, v_perm = output
+    ctx.save_for_backward(u, v, u_offsets, v_offsets, u_perm, v_perm)
+    ctx.mark_non_differentiable(u_perm, v_perm)
+
+
+def _backward(ctx, grad_w2, _grad_up, _grad_vp):
+    u, v, u_offsets, v_offsets, u_perm, v_perm = ctx.saved_tensors
+    gu, gv = torch.ops.entangle_ext.wasserstein2_1d_backward(
+        grad_w2.contiguous(), u, v, u_offsets, v_offsets, u_perm, v_perm)
+    return (gu if ctx.needs_input_grad[0] else None, gv if ctx.needs_input_grad[1] else None,
+            None, None, None)
+
+
+def _double_backward(ctx, *grads):
+    raise NotImplementedError("entangle_ext.wasserstein2_1d: double backward (second derivatives "
+                              "of W2^2) is not implemented")
+
+
+def _double_backward_setup(ctx, inputs, output):
+    pass
+
+
+if _ext.available():
+    torch.library.register_fake("entangle_ext::wasserstein2_1d")(_fake_forward)
+    torch.library.register_fake("entangle_ext::wasserstein2_1d_backward")(_fake_backward)
+    torch.library.register_autograd("entangle_ext::wasserstein2_1d", _backward,
+                                    setup_context=_setup_context)
+    torch.library.register_autograd("entangle_ext::wasserstein2_1d_backward", _double_backward,
+                                    setup_context=_double_backward_setup)

@@ -1,0 +1,350 @@
+"""Tests of entangle_ext.wasserstein2_1d against float64 references, POT and W2 invariants."""
+import numpy as np
+import ot
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import entangle_ext as ee
+from entangle_ext import reference as ref
+
+from conftest import DEVICES, HAS_CUDA
+
+pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
+
+
+def ragged(lengths, gen, dtype=torch.float64, scale=3.0, distinct=True):
+    n = sum(lengths)
+    if distinct:  # distinct values: the function is differentiable there
+        x = torch.randperm(max(n, 1) * 7, generator=gen)[:n].to(dtype) / 7.0
+        x = (x - x.mean() if n else x) * scale / max(n, 1) ** 0.5
+    else:
+        x = torch.randint(-3, 4, (n,), generator=gen).to(dtype)
+    off = torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int64)
+    return x, off
+
+
+sizes = st.lists(st.integers(1, 40), min_size=1, max_size=5)
+
+
+# ------------------------------------------------------------------------------ values vs oracles
+@given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
+def test_ragged_matches_float64_reference(lu, data, seed, ties):
+    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
+    g = torch.Generator().manual_seed(seed)
+    u, uo = ragged(lu, g, distinct=not ties)
+    v, vo = ragged(lv, g, distinct=not ties)
+    for dev in DEVICES:
+        got = ee.wasserstein2_1d(u.to(dev), v.to(dev), uo, vo)
+        want = ref.wasserstein2_1d(u, v, uo, vo)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-10, atol=1e-12)
+
+
+@given(n=st.integers(1, 60), m=st.integers(1, 60), seed=st.integers(0, 2**31 - 1))
+def test_unequal_sizes_match_pot(n, m, seed):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=n), rng.normal(1.0, 2.0, size=m)
+    want = ot.wasserstein_1d(a, b, p=2)  # POT returns W2^2 for p=2
+    got = ee.wasserstein2_1d(torch.from_numpy(a), torch.from_numpy(b))
+    assert got.shape == ()
+    np.testing.assert_allclose(got.item(), want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("shape_u,shape_v", [((4, 33), (4, 33)), ((3, 17), (3, 5)), ((50,), (80,)),
+                                             ((2, 1), (2, 1)), ((1, 3000), (1, 2500))])
+def test_dense_matches_reference(device, dtype, tol, shape_u, shape_v):
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(shape_u, generator=g, dtype=torch.float64)
+    v = torch.randn(shape_v, generator=g, dtype=torch.float64) * 1.5 + 0.3
+    got = ee.wasserstein2_1d(u.to(device, dtype), v.to(device, dtype))
+    want = ref.wasserstein2_1d(u, v)
+    assert got.dtype == dtype and got.device.type == device.type
+    assert got.shape == want.shape
+    torch.testing.assert_close(got.cpu().double(), want, rtol=tol, atol=tol)
+
+
+def test_known_values():
+    # Two point masses at 0 and 3: W2^2 = 9. Uniform on {0,1} vs {0}: W2^2 = 1/2.
+    assert ee.wasserstein2_1d(torch.tensor([0.0]), torch.tensor([3.0])).item() == pytest.approx(9.0)
+    assert ee.wasserstein2_1d(torch.tensor([0.0, 1.0]), torch.tensor([0.0])).item() == pytest.approx(0.5)
+    # {0,1,2} vs {0,3}: quantile pieces [0,1/3):0-0, [1/3,1/2):1-0, [1/2,2/3):1-3, [2/3,1):2-3
+    want = (1 / 6) * 1 + (1 / 6) * 4 + (1 / 3) * 1
+    got = ee.wasserstein2_1d(torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64),
+                             torch.tensor([3.0, 0.0], dtype=torch.float64))
+    assert got.item() == pytest.approx(want, rel=1e-12)
+
+
+# ------------------------------------------------------------------------------ invariants
+@given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1), s=st.floats(0.1, 10.0),
+       c=st.floats(-5, 5))
+def test_invariants(lu, data, seed, s, c):
+    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
+    g = torch.Generator().manual_seed(seed)
+    u, uo = ragged(lu, g)
+    v, vo = ragged(lv, g)
+    w = ee.wasserstein2_1d(u, v, uo, vo)
+    assert torch.all(w >= 0)
+    torch.testing.assert_close(ee.wasserstein2_1d(u, u, uo, uo), torch.zeros_like(w), atol=0, rtol=0)
+    torch.testing.assert_close(ee.wasserstein2_1d(v, u, vo, uo), w, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(ee.wasserstein2_1d(s * u, s * v, uo, vo), s * s * w, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(ee.wasserstein2_1d(u + c, v + c, uo, vo), w, rtol=1e-7, atol=1e-9)
+    # permutation invariance within each segment
+    perm = torch.cat([torch.randperm(n, generator=g) + int(o) for n, o in zip(lu, uo[:-1])])
+    torch.testing.assert_close(ee.wasserstein2_1d(u[perm], v, uo, vo), w, rtol=1e-12, atol=1e-14)
+
+
+@given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_gradient_sums_to_zero_per_segment(lu, data, seed):
+    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
+    g = torch.Generator().manual_seed(seed)
+    u, uo = ragged(lu, g)
+    v, vo = ragged(lv, g)
+    u.requires_grad_(True)
+    v.requires_grad_(True)
+    ee.wasserstein2_1d(u, v, uo, vo).sum().backward()
+    su = torch.segment_reduce(u.grad, "sum", offsets=uo)
+    sv = torch.segment_reduce(v.grad, "sum", offsets=vo)
+    torch.testing.assert_close(su + sv, torch.zeros_like(su), atol=1e-10, rtol=0)
+
+
+# ------------------------------------------------------------------------------ gradients
+@pytest.mark.parametrize("lu,lv", [([5], [5]), ([4, 7, 1], [6, 2, 3]), ([12], [5]), ([1], [9])])
+def test_gradcheck(device, lu, lv):
+    g = torch.Generator().manual_seed(1)
+    u, uo = ragged(lu, g)
+    v, vo = ragged(lv, g)
+    u = u.to(device).requires_grad_(True)
+    v = v.to(device).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: ee.wasserstein2_1d(a, b, uo, vo), (u, v))
+
+
+@given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
+def test_gradient_matches_reference_autograd(lu, data, seed, ties):
+    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
+    g = torch.Generator().manual_seed(seed)
+    u, uo = ragged(lu, g, distinct=not ties)
+    v, vo = ragged(lv, g, distinct=not ties)
+    w = torch.rand(len(lu), generator=g, dtype=torch.float64)
+    for dev in DEVICES:
+        a = u.to(dev).clone().requires_grad_(True)
+        b = v.to(dev).clone().requires_grad_(True)
+        (ee.wasserstein2_1d(a, b, uo, vo) * w.to(dev)).sum().backward()
+        ra, rb = u.clone().requires_grad_(True), v.clone().requires_grad_(True)
+        (ref.wasserstein2_1d(ra, rb, uo, vo) * w).sum().backward()
+        # At ties the stable sort fixes the subgradient the same way in both implementations.
+        torch.testing.assert_close(a.grad.cpu(), ra.grad, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(b.grad.cpu(), rb.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_double_backward_raises():
+    u = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(6, dtype=torch.float64)
+    (gu,) = torch.autograd.grad(ee.wasserstein2_1d(u, v), u, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        gu.sum().backward()
+
+
+def test_opcheck():
+    g = torch.Generator().manual_seed(2)
+    u, uo = ragged([4, 9, 2], g)
+    v, vo = ragged([3, 9, 5], g)
+    samples = [
+        (u, v, uo, vo, 9),
+        (u.float(), v.float(), uo, vo, -1),
+        (u.requires_grad_(True), v.requires_grad_(True), uo, vo, -1),
+    ]
+    for args in samples:
+        torch.library.opcheck(torch.ops.entangle_ext.wasserstein2_1d.default, args)
+    grad = torch.rand(3, dtype=torch.float64, generator=g)
+    _, up, vp = torch.ops.entangle_ext.wasserstein2_1d(u.detach(), v.detach(), uo, vo, -1)
+    torch.library.opcheck(torch.ops.entangle_ext.wasserstein2_1d_backward.default,
+                          (grad, u.detach(), v.detach(), uo, vo, up, vp))
+
+
+# ------------------------------------------------------------------------------ API forms
+def test_reductions_and_forms():
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    v = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    per = ee.wasserstein2_1d(u, v)
+    assert per.shape == (5,)
+    torch.testing.assert_close(ee.wasserstein2_1d(u, v, reduction="mean"), per.mean())
+    torch.testing.assert_close(ee.wasserstein2_1d(u, v, reduction="sum"), per.sum())
+    off = list(range(0, 61, 12))
+    torch.testing.assert_close(ee.wasserstein2_1d(u.reshape(-1), v.reshape(-1), off, off), per)
+    off32 = torch.tensor(off, dtype=torch.int32)
+    torch.testing.assert_close(ee.wasserstein2_1d(u.reshape(-1), v.reshape(-1), off32, off32), per)
+    # non-contiguous inputs are supported (copied)
+    torch.testing.assert_close(ee.wasserstein2_1d(u.t().contiguous().t(), v[:, :]), per)
+    assert ee.wasserstein2_1d(u[:0], v[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_accumulates_in_float32(dtype):
+    g = torch.Generator().manual_seed(4)
+    u = torch.randn(3, 64, generator=g).to(dtype)
+    v = torch.randn(3, 64, generator=g).to(dtype)
+    got = ee.wasserstein2_1d(u, v)
+    assert got.dtype == dtype
+    want = ref.wasserstein2_1d(u.double(), v.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-3)
+
+
+def test_validate_false_policies():
+    u = torch.tensor([0.0, float("nan"), 1.0, 2.0])
+    v = torch.tensor([0.0, 1.0, 3.0, 2.0])
+    w = ee.wasserstein2_1d(u, v, [0, 2, 4], [0, 2, 4], validate=False)
+    assert torch.isnan(w[0]) and w[1].item() == pytest.approx(1.0)
+    a = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    w = ee.wasserstein2_1d(a, torch.tensor([1.0, 5.0]), [0, 0, 3], [0, 1, 2], validate=False)
+    assert torch.isnan(w[0]) and torch.isfinite(w[1])
+    w[1].backward()
+    assert torch.isfinite(a.grad).all()
+
+
+# ------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_raises(bad):
+    u = torch.tensor([0.0, bad, 1.0])
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        ee.wasserstein2_1d(u, torch.zeros(3))
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        ee.wasserstein2_1d(torch.zeros(3), u)
+
+
+@pytest.mark.parametrize("uo,vo,match", [
+    ([0, 2, 3], [0, 2, 4], "end at"),
+    ([1, 2, 4], [0, 2, 4], "start at 0"),
+    ([0, 3, 2, 4], [0, 1, 2, 4], "non-decreasing"),
+    ([0, 0, 4], [0, 2, 4], "empty"),
+    ([0, 4], [0, 2, 4], "S\\+1"),
+])
+def test_bad_offsets_raise(uo, vo, match):
+    with pytest.raises(ValueError, match=match):
+        ee.wasserstein2_1d(torch.arange(4.0), torch.arange(4.0), uo, vo)
+
+
+def test_bad_arguments_raise():
+    x = torch.randn(4)
+    with pytest.raises(TypeError, match="same dtype"):
+        ee.wasserstein2_1d(x, x.double())
+    with pytest.raises(TypeError, match="floating"):
+        ee.wasserstein2_1d(torch.arange(4), torch.arange(4))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ee.wasserstein2_1d([1.0, 2.0], x)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        ee.wasserstein2_1d(x, x, torch.tensor([0.0, 4.0]), torch.tensor([0.0, 4.0]))
+    with pytest.raises(ValueError, match="empty distribution"):
+        ee.wasserstein2_1d(torch.zeros(0), x)
+    with pytest.raises(ValueError, match="rows"):
+        ee.wasserstein2_1d(torch.zeros(2, 3), torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="both"):
+        ee.wasserstein2_1d(x, x, [0, 4], None)
+    with pytest.raises(ValueError, match="reduction"):
+        ee.wasserstein2_1d(x, x, reduction="avg")
+    with pytest.raises(ValueError, match="max_seqlen"):
+        ee.wasserstein2_1d(x, x, [0, 4], [0, 4], max_seqlen=2)
+    with pytest.raises(ValueError, match="flat"):
+        ee.wasserstein2_1d(x.reshape(2, 2), x.reshape(2, 2), [0, 4], [0, 4])
+
+
+def test_raw_op_rejects_malformed_inputs():
+    op = torch.ops.entangle_ext.wasserstein2_1d
+    x = torch.randn(8)
+    off = torch.tensor([0, 8])
+    with pytest.raises(ValueError, match="contiguous"):
+        op(torch.randn(8, 2)[:, 0], x, off, off, -1)
+    with pytest.raises(TypeError, match="int64"):
+        op(x, x, off.int(), off, -1)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        op(x.half(), x.half(), off, off, -1)
+    with pytest.raises(ValueError, match="same number of segments"):
+        op(x, x, off, torch.tensor([0, 4, 8]), -1)
+
+
+def test_cpu_only_build_names_the_fix(monkeypatch):
+    from types import SimpleNamespace
+    from entangle_ext import _ext
+    monkeypatch.setattr(_ext, "cuda_built", lambda: False)
+    with pytest.raises(RuntimeError, match="FORCE_CUDA=1"):
+        _ext.require("wasserstein2_1d", SimpleNamespace(device=torch.device("cuda", 0)))
+
+
+# ------------------------------------------------------------------------------ CUDA
+@pytest.mark.cuda
+@pytest.mark.parametrize("S,n,m", [(1, 128, 128), (64, 512, 512), (1024, 256, 256), (7, 2048, 2000),
+                                   (3, 5000, 4096), (2, 70000, 65536), (1, 1 << 20, 1 << 20)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_matches_cpu(S, n, m, dtype):
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(S, n, generator=g, dtype=dtype)
+    v = torch.randn(S, m, generator=g, dtype=dtype) * 2
+    uc, vc = u.cuda().requires_grad_(True), v.cuda().requires_grad_(True)
+    ucpu, vcpu = u.clone().requires_grad_(True), v.clone().requires_grad_(True)
+    wg = ee.wasserstein2_1d(uc, vc)
+    wc = ee.wasserstein2_1d(ucpu, vcpu)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(wg.cpu(), wc, rtol=tol, atol=tol)
+    wg.sum().backward()
+    wc.sum().backward()
+    torch.testing.assert_close(uc.grad.cpu(), ucpu.grad, rtol=tol, atol=tol * 1e-2)
+    torch.testing.assert_close(vc.grad.cpu(), vcpu.grad, rtol=tol, atol=tol * 1e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("max_seqlen", [None, 5000])
+def test_cuda_ragged_device_path(max_seqlen):
+    g = torch.Generator().manual_seed(6)
+    lu, lv = [1, 300, 5000, 17, 4096], [2, 299, 4000, 17, 1]
+    u, uo = ragged(lu, g, dtype=torch.float32)
+    v, vo = ragged(lv, g, dtype=torch.float32)
+    got = ee.wasserstein2_1d(u.cuda(), v.cuda(), uo.cuda(), vo.cuda(), validate=False,
+                             max_seqlen=max_seqlen)
+    torch.testing.assert_close(got.cpu(), ee.wasserstein2_1d(u, v, uo, vo), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_side_stream():
+    g = torch.Generator().manual_seed(7)
+    u = torch.randn(64, 256, generator=g).cuda().requires_grad_(True)
+    v = torch.randn(64, 256, generator=g).cuda()
+    lu = torch.randint(1, 3000, (8,), generator=g)
+    ur, uo = ragged(lu.tolist(), g, dtype=torch.float32)
+    vr, vo = ragged(lu.tolist(), g, dtype=torch.float32)
+    ur, uo, vr, vo = ur.cuda(), uo.cuda(), vr.cuda(), vo.cuda()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream
+        for _ in range(2):
+            u.grad = None
+            ee.wasserstein2_1d(u, v, validate=False).sum().backward()
+            ee.wasserstein2_1d(ur, vr, uo, vo, validate=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    u.grad = None
+    with torch.cuda.graph(graph):
+        out = ee.wasserstein2_1d(u, v, validate=False)
+        out.sum().backward()
+        out_r = ee.wasserstein2_1d(ur, vr, uo, vo, validate=False)
+    with torch.no_grad():
+        u.mul_(2.0)
+        v.mul_(2.0)
+        ur.mul_(3.0)
+        vr.mul_(3.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ee.wasserstein2_1d(u.detach(), v), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_r, ee.wasserstein2_1d(ur, vr, uo, vo), rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            ee.wasserstein2_1d(u.detach(), v)
+
+
+@pytest.mark.cuda
+def test_cuda_cpu_offsets_and_device_mismatch():
+    x = torch.randn(6)
+    got = ee.wasserstein2_1d(x.cuda(), x.cuda() + 1, [0, 3, 6], [0, 2, 6])
+    torch.testing.assert_close(got.cpu(), ee.wasserstein2_1d(x, x + 1, [0, 3, 6], [0, 2, 6]))
+    with pytest.raises(ValueError, match="is on"):
+        ee.wasserstein2_1d(x.cuda(), x)
