@@ -1,8 +1,12 @@
 // The one place that defines every entangle_ext operator schema (TORCH_LIBRARY), plus the small
-// pybind11 module that reports how the extension was built. Backend kernels register themselves
-// with TORCH_LIBRARY_IMPL in csrc/cpu/*.cpp and csrc/cuda/*.cu.
-#include <torch/extension.h>
+// pybind11 module that reports how the extension was built (Python builds only; the CMake build
+// for C++ users produces a plain shared library that registers the same
+// operators). Backend kernels register themselves with TORCH_LIBRARY_IMPL in csrc/cpu/*.cpp and csrc/cuda/*.cu.
 #include <torch/library.h>
+#ifdef TORCH_EXTENSION_NAME  // Python build (setup.py): add the pybind11 build-info module
+#include <torch/extension.h>
+#endif
+#include <string>
 
 #ifndef ENTANGLE_VERSION
 #define ENTANGLE_VERSION "0.0.0+unknown"
@@ -30,6 +34,7 @@ TORCH_LIBRARY(entangle_ext, m) {
       "Tensor v_offsets, Tensor u_perm, Tensor v_perm) -> (Tensor, Tensor)");
 }
 
+#ifdef TORCH_EXTENSION_NAME
 namespace {
 bool cuda_built() {
 #ifdef ENTANGLE_WITH_CUDA
@@ -49,3 +54,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("torch_version", []() { return std::string(ENTANGLE_TORCH_VERSION); },
         "The torch version this binary was compiled against.");
 }
+#endif  // TORCH_EXTENSION_NAME

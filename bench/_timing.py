@@ -1,0 +1,53 @@
+"""Shared timing helpers of the benchmarks (median wall time, CUDA events on GPU)."""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def time_fn(fn, device: torch.device, *, warmup: int = 3, reps: int = 20, min_time: float = 0.2) -> float:
+    """Median time of fn() in milliseconds (CUDA: events on the current stream, after warm-up)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start_all = time.perf_counter()
+        while len(times) < reps or (time.perf_counter() - start_all < min_time and len(times) < 10 * reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+    else:
+        start_all = time.perf_counter()
+        while len(times) < reps or (time.perf_counter() - start_all < min_time and len(times) < 10 * reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def environment(device: torch.device) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {
+        "device": str(device), "device_name": name,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
+    }
+
+
+def save_json(path: str | None, payload: dict) -> None:
+    if not path:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(payload, indent=2))
+    print(f"saved {p}")
