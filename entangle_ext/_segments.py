@@ -33,6 +33,28 @@ class Segments:
     ragged: bool
 
 
+_OFFSETS_CACHE: "dict[tuple, torch.Tensor]" = {}
+_OFFSETS_CACHE_MAX = 64
+
+
+def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
+    """``arange(S + 1) * n`` as int64 on ``device``, cached (saves kernel launches in hot loops).
+
+    Not cached while a CUDA graph is being captured (the tensor would live in the graph's pool).
+    """
+    key = (S, n, device)
+    off = _OFFSETS_CACHE.get(key)
+    if off is not None:
+        return off
+    off = torch.arange(S + 1, device=device, dtype=torch.int64) * n
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return off
+    if len(_OFFSETS_CACHE) >= _OFFSETS_CACHE_MAX:
+        _OFFSETS_CACHE.pop(next(iter(_OFFSETS_CACHE)))
+    _OFFSETS_CACHE[key] = off
+    return off
+
+
 def _as_offsets(off: OffsetsLike, name: str, device: torch.device) -> torch.Tensor:
     if not isinstance(off, torch.Tensor):
         try:
@@ -83,8 +105,8 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
         if S > 0 and (n == 0 or m == 0):
             raise ValueError(f"{op}: W2 to an empty distribution is undefined (u has {n} values "
                              f"per segment, v has {m})")
-        uo = torch.arange(S + 1, device=device, dtype=torch.int64) * n
-        vo = torch.arange(S + 1, device=device, dtype=torch.int64) * m
+        uo = dense_offsets(S, n, device)
+        vo = dense_offsets(S, m, device)
         return Segments(u.reshape(-1).to(compute).contiguous(), v.reshape(-1).to(compute).contiguous(),
                         uo, vo, S, () if u.dim() == 1 else (S,), max(n, m), u.dtype, False)
 

@@ -293,6 +293,31 @@ def test_cuda_matches_cpu(S, n, m, dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("n", [100, 1500, 9000])
+def test_cuda_ties_follow_the_stable_order(n):
+    # Heavy ties: the gradient depends on the tie order, which must be the stable (input) order.
+    g = torch.Generator().manual_seed(8)
+    u = torch.randint(-4, 5, (3, n), generator=g).float()
+    v = torch.randint(-4, 5, (3, n), generator=g).float() + 0.5
+    grads = []
+    for dev in ("cpu", "cuda"):
+        a = u.to(dev).requires_grad_(True)
+        (ee.wasserstein2_1d(a, v.to(dev)) * torch.tensor([1.0, 2.0, 3.0], device=dev)).sum().backward()
+        grads.append(a.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.cuda
+def test_cuda_many_segments_device_path():
+    g = torch.Generator().manual_seed(9)
+    lengths = torch.randint(1, 9, (70000,), generator=g).tolist()
+    u, uo = ragged(lengths, g, dtype=torch.float32)
+    v, vo = ragged(lengths[::-1], g, dtype=torch.float32)
+    got = ee.wasserstein2_1d(u.cuda(), v.cuda(), uo.cuda(), vo.cuda(), validate=False)
+    torch.testing.assert_close(got.cpu(), ee.wasserstein2_1d(u, v, uo, vo), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("max_seqlen", [None, 5000])
 def test_cuda_ragged_device_path(max_seqlen):
     g = torch.Generator().manual_seed(6)

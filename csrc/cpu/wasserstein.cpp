@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -24,15 +25,23 @@ inline void segment_bounds(const int64_t* off, int64_t s, int64_t n, int64_t* lo
   *hi = b;
 }
 
-// Stable argsort of x[lo:hi) into perm[lo:hi) (global indices). NaN sorts last, like torch.sort.
+// Stable sort of x[lo:hi): writes the global source indices to perm[lo:hi) and the sorted values
+// to sorted[0:n). Sorts (value, index) pairs for locality. NaN sorts last, like torch.sort.
 template <typename scalar_t>
-void stable_argsort(const scalar_t* x, int64_t lo, int64_t hi, int64_t* perm) {
-  std::iota(perm + lo, perm + hi, lo);
-  std::stable_sort(perm + lo, perm + hi, [x](int64_t p, int64_t q) {
-    const scalar_t a = x[p], b = x[q];
-    if (std::isnan(b)) return !std::isnan(a);
-    return a < b;
+void stable_sort_segment(const scalar_t* x, int64_t lo, int64_t hi, int64_t* perm,
+                         std::vector<std::pair<scalar_t, int64_t>>& buf, std::vector<scalar_t>& sorted) {
+  const int64_t n = hi - lo;
+  buf.resize(n);
+  sorted.resize(n);
+  for (int64_t i = 0; i < n; ++i) buf[i] = {x[lo + i], lo + i};
+  std::stable_sort(buf.begin(), buf.end(), [](const auto& p, const auto& q) {
+    if (std::isnan(q.first)) return !std::isnan(p.first);
+    return p.first < q.first;
   });
+  for (int64_t i = 0; i < n; ++i) {
+    perm[lo + i] = buf[i].second;
+    sorted[i] = buf[i].first;
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> w2_forward_cpu(const at::Tensor& u,
@@ -58,21 +67,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w2_forward_cpu(const at::Tensor& 
     scalar_t* out = w2.data_ptr<scalar_t>();
     at::parallel_for(0, S, 1, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> a, b;
+      std::vector<std::pair<scalar_t, int64_t>> buf;
       for (int64_t s = begin; s < end; ++s) {
         int64_t ulo, uhi, vlo, vhi;
         segment_bounds(uo, s, Nu, &ulo, &uhi);
         segment_bounds(vo, s, Nv, &vlo, &vhi);
-        stable_argsort(up, ulo, uhi, upp);
-        stable_argsort(vp, vlo, vhi, vpp);
+        stable_sort_segment(up, ulo, uhi, upp, buf, a);
+        stable_sort_segment(vp, vlo, vhi, vpp, buf, b);
         const int64_t na = uhi - ulo, nb = vhi - vlo;
         if (na == 0 || nb == 0) {  // W2 to an empty distribution is undefined.
           out[s] = std::numeric_limits<scalar_t>::quiet_NaN();
           continue;
         }
-        a.resize(na);
-        b.resize(nb);
-        for (int64_t i = 0; i < na; ++i) a[i] = up[upp[ulo + i]];
-        for (int64_t j = 0; j < nb; ++j) b[j] = vp[vpp[vlo + j]];
         // Drive the walk from the larger side: each of its samples overlaps at most 2 others.
         acc_t total = 0;
         if (na >= nb) {

@@ -39,7 +39,6 @@ struct KeyTraits;
 template <>
 struct KeyTraits<float> {
   using U = uint32_t;
-  static constexpr int kBits = 32;
   __device__ static U key(float x) {
     if (x != x) x = __int_as_float(0x7fc00000);
     if (x == 0.f) x = 0.f;
@@ -50,7 +49,6 @@ struct KeyTraits<float> {
 template <>
 struct KeyTraits<double> {
   using U = unsigned long long;
-  static constexpr int kBits = 64;
   __device__ static U key(double x) {
     if (x != x) x = __longlong_as_double(0x7ff8000000000000ll);
     if (x == 0.0) x = 0.0;
@@ -224,7 +222,9 @@ void device_argsort(const at::Tensor& x, const at::Tensor& off, at::Tensor& perm
   if (N == 0) return;
   auto opts = x.options();
   const int sbits = S > 1 ? bits_for(S) : 0;
-  const bool fuse = (sizeof(K) == 4) && sbits <= 32;
+  // One segment: a plain 32/64-bit value sort. float32 with several segments: one pass over
+  // 64-bit (segment id << 32 | value) keys. Otherwise: value pass, then a stable segment-id pass.
+  const bool fuse = S > 1 && (sizeof(K) == 4) && sbits <= 32;
   auto idx = at::empty({N}, opts.dtype(at::kLong));
   constexpr int B = 256;
   const unsigned G = grid_for(N, B);
@@ -315,14 +315,14 @@ __global__ void w2_cost_kernel(const T* __restrict__ u, const T* __restrict__ v,
   }
 }
 
-// Level 1: block (c, s) sums chunk c of segment s (both sides) into partial[s * C + c].
+// Level 1: block (s, c) sums chunk c of segment s (both sides) into partial[s * C + c].
 template <typename acc_t, int BLOCK>
 __global__ void segment_partial_kernel(const acc_t* __restrict__ cost, const int64_t* __restrict__ uo,
                                        const int64_t* __restrict__ vo, int64_t Nu, int64_t Nv,
                                        acc_t* __restrict__ partial) {
   using Reduce = cub::BlockReduce<acc_t, BLOCK>;
   __shared__ typename Reduce::TempStorage tmp;
-  const int64_t s = blockIdx.y, C = gridDim.x, c = blockIdx.x;
+  const int64_t s = blockIdx.x, C = gridDim.y, c = blockIdx.y;
   int64_t ulo, uhi, vlo, vhi;
   seg_bounds(uo, s, Nu, &ulo, &uhi);
   seg_bounds(vo, s, Nv, &vlo, &vhi);
@@ -380,9 +380,7 @@ void launch_device_path(const at::Tensor& u, const at::Tensor& v, const at::Tens
   const int64_t mean_len = (std::max(Nu, Nv) + S - 1) / S;
   const int64_t C = std::max<int64_t>(1, std::min<int64_t>(64, mean_len / 4096));
   auto partial = at::empty({S * C}, acc_opts);
-  TORCH_CHECK_VALUE(S <= 65535, "wasserstein2_1d: the CUDA device path supports at most 65535 "
-                    "segments of unknown length; pass max_seqlen <= 2048 or split the batch");
-  segment_partial_kernel<acc_t, B><<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(S)), B, 0, stream>>>(
+  segment_partial_kernel<acc_t, B><<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(C)), B, 0, stream>>>(
       static_cast<acc_t*>(cost.data_ptr()), uo.data_ptr<int64_t>(), vo.data_ptr<int64_t>(), Nu, Nv,
       static_cast<acc_t*>(partial.data_ptr()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -406,6 +404,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w2_forward_cuda(const at::Tensor&
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "wasserstein2_1d_cuda", [&] {
     const bool is_f32 = std::is_same<scalar_t, float>::value;
     const bool fits_grid = S <= 2147483647LL;
+    TORCH_CHECK_VALUE(fits_grid, "wasserstein2_1d: at most 2^31-1 segments per call on CUDA");
     if (max_seqlen >= 0 && max_seqlen <= 128 && fits_grid) {
       launch_block<scalar_t, 64, 2>(u, v, u_offsets, v_offsets, out, up, vp, stream);
     } else if (max_seqlen >= 0 && max_seqlen <= 512 && fits_grid) {
