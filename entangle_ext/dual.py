@@ -50,6 +50,13 @@ def _check_tensors(op: str, **named) -> None:
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def _check_same_device(op: str, lam: torch.Tensor, **named) -> None:
+    for name, t in named.items():
+        if t.device != lam.device:
+            raise ValueError(f"{op}: lam is on {lam.device} but {name} is on {t.device} "
+                             "(all tensors must be on one device)")
+
+
 def _as_g(op: str, g: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     # A scalar constraint value (e.g. a mean loss minus c0) is accepted for m = 1.
     if g.dim() == 0 and lam.dim() == 1 and lam.shape[0] == 1:
@@ -112,6 +119,7 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
                            "created without requires_grad, or lam.detach())")
     mu_t = _as_mu(op, mu, lam)
     g = _as_g(op, g.detach(), lam)
+    _check_same_device(op, lam, g=g, mu=mu_t)
     _ext.require(op, lam, g, mu_t)
     torch.ops.entangle_ext.dual_update_(
         lam, g, mu_t, kind, None if lam_min is None else float(lam_min),
@@ -154,6 +162,7 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     mu_t = _as_mu(op, mu, lam)
     g = _as_g(op, g, lam)
     lam_c = lam.detach().contiguous()
+    _check_same_device(op, lam_c, g=g, mu=mu_t)
     _ext.require(op, g, lam_c, mu_t)
     return torch.ops.entangle_ext.augmented_lagrangian(g, lam_c, mu_t, kind)
 

@@ -124,6 +124,10 @@ def test_dual_update_errors():
         ee.dual_update_(torch.zeros(3, 2)[:, 0], g, 1.0)
     with pytest.raises(RuntimeError, match="requires grad"):
         ee.dual_update_(torch.zeros(3, requires_grad=True), g, 1.0)
+    with pytest.raises(ValueError, match="is on"):  # device mismatch (CUDA variant below)
+        ee.dual_update_(lam, torch.zeros(3, device="meta"), 1.0)
+    with pytest.raises(ValueError, match="is on"):
+        ee.dual_update_(lam, g, torch.ones((), device="meta"))
     assert (lam == 0).all()
 
 
@@ -214,6 +218,8 @@ def test_al_term_errors():
         ee.augmented_lagrangian_term(g.half(), lam.half(), 1.0)
     with pytest.raises(ValueError, match="kind"):
         ee.augmented_lagrangian_term(g, lam, 1.0, kind="ineq")
+    with pytest.raises(ValueError, match="is on"):
+        ee.augmented_lagrangian_term(torch.zeros(3, device="meta"), lam, 1.0)
     with pytest.raises(ValueError, match="0-d"):
         torch.ops.entangle_ext.augmented_lagrangian_backward(torch.ones(3), g, lam, torch.ones(()),
                                                              "equality")
