@@ -32,6 +32,25 @@ TORCH_LIBRARY(entangle_ext, m) {
   m.def(
       "wasserstein2_1d_backward(Tensor grad, Tensor u, Tensor v, Tensor u_offsets, "
       "Tensor v_offsets, Tensor u_perm, Tensor v_perm) -> (Tensor, Tensor)");
+
+  // ---- BEGIN dual (issue 4): augmented-Lagrangian dual update and penalty term ------------------
+  // lam: (m,) float32/float64 multipliers; g: (m,) constraint values, same dtype/device; mu: () or
+  // (m,) penalty (a tensor so that a schedule is not frozen into a captured CUDA graph).
+  // kind: "equality" | "inequality" (g <= 0 convention). Kernels: csrc/cpu/dual.cpp, csrc/cuda/dual.cu.
+  // In place: lam <- clip_[lam_min, lam_max](proj((1 - damping) * lam + mu * g)), proj = max(0, .)
+  // for inequality. Entries with non-finite g or mu keep lam. check_finite: raise ValueError (and
+  // leave lam untouched) on non-finite g/mu; on CUDA this costs one host sync (not capturable).
+  m.def(
+      "dual_update_(Tensor(a!) lam, Tensor g, Tensor mu, str kind, float? lam_min, "
+      "float? lam_max, float damping, bool check_finite) -> ()");
+  // sum_i term_i -> (): equality lam_i g_i + mu_i/2 g_i^2; inequality
+  // (1/(2 mu_i)) (max(0, lam_i + mu_i g_i)^2 - lam_i^2).
+  m.def("augmented_lagrangian(Tensor g, Tensor lam, Tensor mu, str kind) -> Tensor");
+  // grad * d/dg: equality lam + mu g; inequality max(0, lam + mu g). grad: () -> (m,).
+  m.def(
+      "augmented_lagrangian_backward(Tensor grad, Tensor g, Tensor lam, Tensor mu, str kind) "
+      "-> Tensor");
+  // ---- END dual -------------------------------------------------------------------------------
 }
 
 #ifdef TORCH_EXTENSION_NAME

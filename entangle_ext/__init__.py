@@ -3,6 +3,10 @@
 Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with autograd):
 
 * `wasserstein2_1d` - exact 1-D Wasserstein-2 between empirical distributions, by segmented sort.
+* `dual_update_` - in-place augmented-Lagrangian multiplier step (Stage 1), no host sync.
+* `augmented_lagrangian_term` - the augmented-Lagrangian penalty term, fused forward/backward.
+
+`AugmentedLagrangian` (entangle_ext.lagrangian) holds the Stage-1 multiplier state and schedule.
 
 Pure-PyTorch references of every operator are in `entangle_ext.reference`.
 Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.
@@ -11,8 +15,11 @@ from ._version import __version__
 from ._ext import available, built_torch_version, cuda_arch_list, cuda_built, load_error
 from . import reference
 from .wasserstein import wasserstein2_1d
+from .dual import augmented_lagrangian_term, dual_update_
+from .lagrangian import AugmentedLagrangian
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
-    "reference", "wasserstein2_1d",
+    "reference", "wasserstein2_1d", "dual_update_", "augmented_lagrangian_term",
+    "AugmentedLagrangian",
 ]

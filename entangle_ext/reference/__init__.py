@@ -4,5 +4,6 @@ They are the float64 oracles of the tests and the documented fallback when the n
 not built: same arguments and results as the operators, plain PyTorch ops, no compiled code.
 """
 from .wasserstein import wasserstein2_1d, wasserstein2_1d_sorted
+from .dual import augmented_lagrangian_term, dual_update_
 
-__all__ = ["wasserstein2_1d", "wasserstein2_1d_sorted"]
+__all__ = ["wasserstein2_1d", "wasserstein2_1d_sorted", "augmented_lagrangian_term", "dual_update_"]

@@ -1,0 +1,123 @@
+// Structural argument checks and the per-entry math of the augmented-Lagrangian operators
+// (entangle_ext::dual_update_, augmented_lagrangian, augmented_lagrangian_backward), shared by the
+// CPU and CUDA kernels. Value checks (finite g / mu) need the data; they live in the kernels
+// (CPU: always cheap; CUDA: only with check_finite=True, which costs one host sync).
+#pragma once
+
+#include <c10/util/string_view.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "common.h"
+
+namespace entangle_ext {
+
+enum class ConstraintKind : int { kEquality = 0, kInequality = 1 };
+
+inline ConstraintKind parse_kind(c10::string_view kind, const char* op) {
+  const std::string k(kind.data(), kind.size());
+  if (k == "equality") return ConstraintKind::kEquality;
+  if (k == "inequality") return ConstraintKind::kInequality;
+  TORCH_CHECK_VALUE(false, op, ": kind must be 'equality' or 'inequality', got '", k, "'");
+  return ConstraintKind::kEquality;
+}
+
+// lam (m,) float32/float64 contiguous; g (m,) same dtype/device; mu () or (m,) (numel 1 or m,
+// at most 1-D) same dtype/device. Returns the stride of mu (0 when broadcast).
+inline int64_t check_al_inputs(const at::Tensor& lam, const at::Tensor& g, const at::Tensor& mu,
+                               const char* op) {
+  check_dim(lam, 1, op, "lam");
+  check_floating(lam, op, "lam");
+  check_contiguous(lam, op, "lam");
+  const int64_t m = lam.size(0);
+  TORCH_CHECK_VALUE(g.dim() == 1 && g.size(0) == m, op, ": g must have shape (m,) = (", m,
+                    ",) like lam, got ", g.sizes());
+  TORCH_CHECK_VALUE(mu.dim() <= 1 && (mu.numel() == 1 || (mu.dim() == 1 && mu.numel() == m)), op,
+                    ": mu must have shape () or (m,) = (", m, ",), got ", mu.sizes());
+  TORCH_CHECK_TYPE(g.scalar_type() == lam.scalar_type(), op, ": g is ", g.scalar_type(),
+                   " but lam is ", lam.scalar_type(), " (same dtype required)");
+  TORCH_CHECK_TYPE(mu.scalar_type() == lam.scalar_type(), op, ": mu is ", mu.scalar_type(),
+                   " but lam is ", lam.scalar_type(), " (same dtype required)");
+  check_contiguous(g, op, "g");
+  check_contiguous(mu, op, "mu");
+  check_same_device(lam, g, op, "lam", "g");
+  check_same_device(lam, mu, op, "lam", "mu");
+  return (mu.numel() == 1) ? 0 : 1;
+}
+
+inline void check_dual_update_args(ConstraintKind kind, std::optional<double> lam_min,
+                                   std::optional<double> lam_max, double damping, const char* op) {
+  TORCH_CHECK_VALUE(damping >= 0.0 && damping <= 1.0, op, ": damping must be in [0, 1], got ",
+                    damping);
+  if (lam_min.has_value() && lam_max.has_value()) {
+    TORCH_CHECK_VALUE(*lam_min <= *lam_max, op, ": lam_min (", *lam_min, ") > lam_max (",
+                      *lam_max, ")");
+  }
+  TORCH_CHECK_VALUE(!lam_min.has_value() || !std::isnan(*lam_min), op, ": lam_min is NaN");
+  TORCH_CHECK_VALUE(!lam_max.has_value() || !std::isnan(*lam_max), op, ": lam_max is NaN");
+  if (kind == ConstraintKind::kInequality && lam_max.has_value()) {
+    TORCH_CHECK_VALUE(*lam_max >= 0.0, op, ": an inequality multiplier is >= 0, so lam_max must be "
+                      ">= 0, got ", *lam_max);
+  }
+}
+
+inline void check_al_backward_inputs(const at::Tensor& grad, const at::Tensor& g,
+                                     const at::Tensor& lam, const at::Tensor& mu, const char* op) {
+  check_al_inputs(lam, g, mu, op);
+  TORCH_CHECK_VALUE(grad.numel() == 1 && grad.dim() == 0, op, ": grad must be a 0-d tensor, got ",
+                    grad.sizes());
+  TORCH_CHECK_TYPE(grad.scalar_type() == lam.scalar_type(), op, ": grad is ", grad.scalar_type(),
+                   " but lam is ", lam.scalar_type());
+  check_same_device(lam, grad, op, "lam", "grad");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-entry math (acc_t arithmetic).
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+ENTANGLE_HD bool finite_value(T x) {
+#if defined(__CUDA_ARCH__)
+  return isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+
+// One dual step: t = (1 - damping) * lam + mu * g; inequality: t = max(0, t); then clip to
+// [lo, hi] (has_lo / has_hi). Entries with non-finite g or mu keep lam.
+template <typename acc_t>
+ENTANGLE_HD acc_t dual_step(acc_t lam, acc_t g, acc_t mu, int kind, acc_t keep, bool has_lo,
+                            acc_t lo, bool has_hi, acc_t hi) {
+  if (!finite_value(g) || !finite_value(mu)) return lam;
+  acc_t t = keep * lam + mu * g;
+  if (kind == static_cast<int>(ConstraintKind::kInequality)) t = t > acc_t(0) ? t : acc_t(0);
+  if (has_lo) t = t < lo ? lo : t;
+  if (has_hi) t = t > hi ? hi : t;
+  return t;
+}
+
+// Augmented-Lagrangian term of one entry.
+//   equality:   lam*g + (mu/2) g^2
+//   inequality: (1/(2 mu)) (max(0, lam + mu g)^2 - lam^2)
+//             = lam*g + (mu/2) g^2   when lam + mu g > 0   (no division: exact for any mu)
+//             = -lam^2 / (2 mu)      otherwise (0 when lam == 0)
+template <typename acc_t>
+ENTANGLE_HD acc_t al_term(acc_t g, acc_t lam, acc_t mu, int kind) {
+  const acc_t active = lam * g + acc_t(0.5) * mu * g * g;
+  if (kind == static_cast<int>(ConstraintKind::kEquality)) return active;
+  if (lam + mu * g > acc_t(0)) return active;
+  if (lam == acc_t(0)) return acc_t(0);
+  return -(lam * lam) / (acc_t(2) * mu);
+}
+
+// d term / d g: equality lam + mu g; inequality max(0, lam + mu g).
+template <typename acc_t>
+ENTANGLE_HD acc_t al_grad(acc_t g, acc_t lam, acc_t mu, int kind) {
+  const acc_t t = lam + mu * g;
+  if (kind == static_cast<int>(ConstraintKind::kEquality)) return t;
+  return t > acc_t(0) ? t : acc_t(0);
+}
+
+}  // namespace entangle_ext

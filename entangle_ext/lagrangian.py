@@ -1,0 +1,341 @@
+"""`AugmentedLagrangian`: the multiplier state of Stage 1 (equality/inequality constraints).
+
+Stage 1 of the method (docs: method.md) minimises -L_f(theta) subject to L_rem(theta) = c0 with
+c0 = L_rem(theta_0) pinned once. This class owns everything that is not the model: the multipliers
+lam, the penalty mu (with an optional growth schedule), the pinned values c0 and the last
+violation, all as device tensors that are updated in place, so a whole training step that calls
+`penalty` and `update` can be captured in a CUDA graph and replayed without host synchronisation.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Optional, Union
+
+import torch
+
+from .dual import augmented_lagrangian_term, dual_update_
+
+__all__ = ["AugmentedLagrangian"]
+
+_STATE_VERSION = 1
+
+
+class AugmentedLagrangian:
+    r"""Augmented-Lagrangian multipliers, penalty and schedule for m constraints (Stage 1).
+
+    Per training step (method.md, Stage 1), with g = values - c0 (shape ``(m,)``)::
+
+        loss = forget_term + al.penalty(g)   # lam^T g + (mu/2)||g||^2 (equality), see below
+        loss.backward(); optimizer.step()
+        al.update(...)                        # lam <- lam + mu g   (dual step, on the device)
+
+    ``kind="equality"`` pins the constraints (the method: L_rem(theta) = L_rem(theta_0));
+    ``kind="inequality"`` uses the convention g <= 0 (e.g. L_rem(theta) <= c0), multipliers
+    lam >= 0, the Rockafellar / Powell-Hestenes term sum (1/(2 mu)) (max(0, lam + mu g)^2 - lam^2)
+    and the projected step lam <- max(0, lam + mu g). See `entangle_ext.dual_update_` for damping
+    and the clipping bounds, `entangle_ext.augmented_lagrangian_term` for the term.
+
+    **Pre-step vs post-step dual update** (``update_with``). The reference implementation updates
+    the multipliers with the g it computed *before* ``optimizer.step()`` (the same minibatch value
+    that entered the loss); the paper's text re-evaluates g *after* the step, at the new
+    parameters. Both are supported:
+
+    * ``update_with="pre"`` (default, the reference code): ``al.update()`` with no argument uses
+      the g last passed to `penalty` (detached); ``al.update(g)`` uses an explicit g. Passing a
+      ``closure`` is an error in this mode.
+    * ``update_with="post"`` (the paper): after ``optimizer.step()`` call
+      ``al.update(closure=fn)``, where ``fn()`` re-evaluates the constraint *values* (e.g. the
+      remote mean CE of the same minibatch) at the new parameters; it runs under
+      ``torch.no_grad()`` and g = fn() - c0. Alternatively pass the re-evaluated g yourself:
+      ``al.update(g_post)``. ``al.update()`` with no argument raises ValueError in this mode (it
+      would silently fall back to the pre-step value). The post variant costs one extra forward.
+
+    **Penalty schedule** (off unless ``mu_growth > 1``): the classical rule "grow mu when the
+    violation does not shrink". Every ``schedule_every`` dual updates the mean |g| over that window
+    (the max over constraints when mu is a scalar, per constraint when mu is ``(m,)``) is compared
+    with the previous window's; if it is > ``shrink_ratio`` times the previous one, mu <- min(mu *
+    mu_growth, mu_max) (mu never decreases). Implemented with tensor ops only (a device step
+    counter, ``torch.where``), so it keeps working inside a replayed CUDA graph. Non-finite g
+    entries are left out of the window sums. With minibatch estimates of g, use a window of many
+    steps (e.g. 50) so that noise does not trigger growth.
+
+    Args:
+        c0: pinned reference values, a ``()`` or ``(m,)`` tensor or a float (e.g. the mean CE of
+            the original model over the whole remote train set, in nats). m = c0.numel().
+            Detached and copied.
+        mu: initial penalty (> 0), float or ``()`` / ``(m,)`` tensor (copied; method default 10).
+        kind: ``"equality"`` or ``"inequality"``.
+        update_with: ``"pre"`` or ``"post"`` (see above).
+        lam_min, lam_max, damping: passed to `dual_update_`.
+        mu_growth, shrink_ratio, mu_max, schedule_every: the penalty schedule (see above).
+        check_finite: passed to `dual_update_`. ``None`` (default): True eagerly, False while a
+            CUDA graph is being captured (non-finite entries then leave lam unchanged on the
+            device instead of raising).
+        device, dtype: of the state tensors; default: those of c0 if it is a floating tensor,
+            else CPU and the default dtype.
+
+    Attributes:
+        lam: ``(m,)`` multipliers (zeros at start), updated in place.
+        mu: penalty tensor, ``()`` or ``(m,)``, updated in place by the schedule. Assigning a float
+            or tensor to ``al.mu`` copies it in place.
+        c0: ``(m,)`` pinned values.
+
+    Raises (constructor): ValueError for an unknown kind/update_with, mu <= 0 (float), mu_growth
+        < 1, shrink_ratio outside (0, 1], schedule_every < 1, an empty c0, or a mu shape that is
+        neither () nor (m,); TypeError for a non-float c0/mu tensor.
+
+    A captured CUDA graph keeps the addresses of lam, mu and the buffers: `load_state_dict` and
+    the ``mu`` setter copy in place and stay valid; `to` allocates new tensors (recapture).
+    """
+
+    def __init__(self, c0: Union[torch.Tensor, float], *, mu: Union[torch.Tensor, float] = 10.0,
+                 kind: str = "equality", update_with: str = "pre",
+                 lam_min: Optional[float] = None, lam_max: Optional[float] = None,
+                 damping: float = 0.0, mu_growth: float = 1.0, shrink_ratio: float = 0.25,
+                 mu_max: float = 1e6, schedule_every: int = 1,
+                 check_finite: Optional[bool] = None,
+                 device: Optional[Union[str, torch.device]] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
+        if kind not in ("equality", "inequality"):
+            raise ValueError(f"AugmentedLagrangian: kind must be 'equality' or 'inequality', got {kind!r}")
+        if update_with not in ("pre", "post"):
+            raise ValueError(f"AugmentedLagrangian: update_with must be 'pre' or 'post', got {update_with!r}")
+        if not mu_growth >= 1.0:
+            raise ValueError(f"AugmentedLagrangian: mu_growth must be >= 1, got {mu_growth}")
+        if not 0.0 < shrink_ratio <= 1.0:
+            raise ValueError(f"AugmentedLagrangian: shrink_ratio must be in (0, 1], got {shrink_ratio}")
+        if int(schedule_every) < 1:
+            raise ValueError(f"AugmentedLagrangian: schedule_every must be >= 1, got {schedule_every}")
+        if isinstance(c0, torch.Tensor):
+            if not c0.is_floating_point():
+                raise TypeError(f"AugmentedLagrangian: c0 must be a floating tensor, got {c0.dtype}")
+            device = c0.device if device is None else device
+            dtype = c0.dtype if dtype is None else dtype
+            c0_t = c0.detach().to(device=device, dtype=dtype).reshape(-1).clone()
+        else:
+            dtype = torch.get_default_dtype() if dtype is None else dtype
+            c0_t = torch.tensor([float(c0)], dtype=dtype, device=device)
+        m = c0_t.numel()
+        if m == 0:
+            raise ValueError("AugmentedLagrangian: c0 is empty (need at least one constraint)")
+        if isinstance(mu, torch.Tensor):
+            if not mu.is_floating_point():
+                raise TypeError(f"AugmentedLagrangian: mu must be a floating tensor, got {mu.dtype}")
+            if not (mu.dim() == 0 or (mu.dim() == 1 and mu.numel() == m)):
+                raise ValueError(f"AugmentedLagrangian: mu must have shape () or ({m},), got "
+                                 f"{tuple(mu.shape)}")
+            mu_t = mu.detach().to(device=c0_t.device, dtype=dtype).clone()
+        else:
+            if not (math.isfinite(float(mu)) and float(mu) > 0):
+                raise ValueError(f"AugmentedLagrangian: mu must be a finite float > 0, got {mu}")
+            mu_t = torch.full((), float(mu), dtype=dtype, device=c0_t.device)
+        self.kind = kind
+        self.update_with = update_with
+        self.lam_min, self.lam_max, self.damping = lam_min, lam_max, float(damping)
+        self.mu_growth, self.shrink_ratio = float(mu_growth), float(shrink_ratio)
+        self.mu_max, self.schedule_every = float(mu_max), int(schedule_every)
+        self.check_finite = check_finite
+        self.c0 = c0_t
+        self.lam = torch.zeros(m, dtype=dtype, device=c0_t.device)
+        self._mu = mu_t
+        self._last_violation = torch.zeros(m, dtype=dtype, device=c0_t.device)
+        self._window_sum = torch.zeros(m, dtype=dtype, device=c0_t.device)
+        self._prev_window = torch.zeros_like(mu_t)
+        self._steps = torch.zeros((), dtype=torch.int64, device=c0_t.device)
+        self._last_g: Optional[torch.Tensor] = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def mu(self) -> torch.Tensor:
+        return self._mu
+
+    @mu.setter
+    def mu(self, value: Union[torch.Tensor, float]) -> None:
+        with torch.no_grad():
+            if isinstance(value, torch.Tensor):
+                self._mu.copy_(value.detach().reshape(self._mu.shape))
+            else:
+                self._mu.fill_(float(value))
+
+    @property
+    def num_constraints(self) -> int:
+        return self.lam.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.lam.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lam.dtype
+
+    @property
+    def steps(self) -> torch.Tensor:
+        """Number of dual updates so far, a 0-d int64 device tensor."""
+        return self._steps
+
+    def __repr__(self) -> str:
+        return (f"AugmentedLagrangian(m={self.num_constraints}, kind={self.kind!r}, "
+                f"update_with={self.update_with!r}, device={self.device}, dtype={self.dtype})")
+
+    # ------------------------------------------------------------------ step API
+    def _as_g(self, g: torch.Tensor) -> torch.Tensor:
+        if not isinstance(g, torch.Tensor):
+            raise TypeError(f"AugmentedLagrangian: g must be a tensor, got {type(g).__name__}")
+        m = self.num_constraints
+        if g.numel() != m or g.dim() > 1:
+            raise ValueError(f"AugmentedLagrangian: g must have shape ({m},) (or () when m = 1), "
+                             f"got {tuple(g.shape)}")
+        return g.reshape(m).to(self.dtype)
+
+    def constraint(self, values: torch.Tensor) -> torch.Tensor:
+        """g = values - c0, shape ``(m,)``, differentiable in ``values``.
+
+        Args:
+            values: ``()`` (m = 1) or ``(m,)`` current constraint values on the device of the state
+                (e.g. the mean CE of a remote minibatch, in nats); cast to the state dtype.
+        Raises:
+            TypeError / ValueError: not a tensor / wrong number of entries or device.
+        """
+        if not isinstance(values, torch.Tensor):
+            raise TypeError(f"AugmentedLagrangian.constraint: values must be a tensor, got "
+                            f"{type(values).__name__}")
+        if values.device != self.device:
+            raise ValueError(f"AugmentedLagrangian.constraint: values are on {values.device} but "
+                             f"the state is on {self.device}")
+        return self._as_g(values) - self.c0
+
+    def penalty(self, g: torch.Tensor) -> torch.Tensor:
+        """The augmented-Lagrangian term for g (``(m,)`` or ``()``), a 0-d tensor.
+
+        equality: lam^T g + (mu/2) ||g||^2; inequality: sum (1/(2 mu)) (max(0, lam + mu g)^2 -
+        lam^2). Differentiable in g (gradient lam + mu g, resp. max(0, lam + mu g)). Records
+        g.detach() as the pre-step value that ``update()`` uses in ``update_with="pre"`` mode.
+        """
+        g = self._as_g(g)
+        self._last_g = g.detach()
+        return augmented_lagrangian_term(g, self.lam, self._mu, kind=self.kind)
+
+    def update(self, g: Optional[torch.Tensor] = None, *,
+               closure: Optional[Callable[[], torch.Tensor]] = None) -> torch.Tensor:
+        """Dual step lam <- proj((1 - damping) lam + mu g) (then clipping), in place; returns lam.
+
+        Which g (see the class docstring): ``update(g)`` uses g (detached); ``update()`` uses the
+        g of the last `penalty` call (``update_with="pre"`` only); ``update(closure=fn)`` uses
+        g = fn() - c0, fn run under no_grad (``update_with="post"`` only). Then records |g| (see
+        `violation`), advances the step counter and applies the penalty schedule. No host sync
+        unless ``check_finite`` is True on CUDA.
+
+        Raises:
+            ValueError: both g and closure, closure in "pre" mode, no g in "post" mode, a
+                non-finite g (with check_finite; lam, mu and the counters unchanged), shape errors.
+            RuntimeError: ``update()`` in "pre" mode before any `penalty` call.
+        """
+        if g is not None and closure is not None:
+            raise ValueError("AugmentedLagrangian.update: pass g or closure, not both")
+        if closure is not None:
+            if self.update_with != "post":
+                raise ValueError("AugmentedLagrangian.update: a closure re-evaluates g after the "
+                                 "step, which is update_with='post'; this instance uses 'pre'")
+            with torch.no_grad():
+                g = self.constraint(closure())
+        elif g is None:
+            if self.update_with == "post":
+                raise ValueError("AugmentedLagrangian.update: update_with='post' needs the "
+                                 "re-evaluated constraint: pass g or closure=")
+            if self._last_g is None:
+                raise RuntimeError("AugmentedLagrangian.update: no g given and penalty() has not "
+                                   "been called yet")
+            g = self._last_g
+        g = self._as_g(g.detach())
+        check = self.check_finite
+        if check is None:
+            check = not (self.lam.is_cuda and torch.cuda.is_current_stream_capturing())
+        dual_update_(self.lam, g, self._mu, kind=self.kind, lam_min=self.lam_min,
+                     lam_max=self.lam_max, damping=self.damping, check_finite=check)
+        with torch.no_grad():
+            absg = g.abs()
+            self._last_violation.copy_(absg)
+            self._steps.add_(1)
+            if self.mu_growth > 1.0:
+                self._schedule(absg)
+        return self.lam
+
+    def _schedule(self, absg: torch.Tensor) -> None:
+        every = self.schedule_every
+        self._window_sum.add_(torch.where(torch.isfinite(absg), absg, torch.zeros_like(absg)))
+        at_end = torch.remainder(self._steps, every) == 0             # end of a window
+        have_prev = self._steps > every                               # a previous window exists
+        mean = self._window_sum / every
+        meas = mean.amax() if self._mu.dim() == 0 else mean
+        grow = at_end & have_prev & (meas > self.shrink_ratio * self._prev_window)
+        grown = torch.maximum(self._mu, torch.clamp(self._mu * self.mu_growth, max=self.mu_max))
+        self._mu.copy_(torch.where(grow, grown, self._mu))
+        self._prev_window.copy_(torch.where(at_end, meas, self._prev_window))
+        self._window_sum.copy_(torch.where(at_end, torch.zeros_like(self._window_sum),
+                                           self._window_sum))
+
+    def violation(self, sync: bool = False) -> Union[torch.Tensor, float]:
+        """|g| of the last dual update.
+
+        Returns a ``(m,)`` device tensor (a copy; zeros before the first update; NaN/Inf where that
+        g was non-finite), or with ``sync=True`` a Python float, max_i |g_i| (one host sync).
+        """
+        if sync:
+            return float(self._last_violation.max().item())
+        return self._last_violation.clone()
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> Dict[str, Any]:
+        """Tensors (cloned) and settings needed to resume: lam, mu, c0, violation, schedule state."""
+        return {
+            "version": _STATE_VERSION, "kind": self.kind, "update_with": self.update_with,
+            "lam": self.lam.clone(), "mu": self._mu.clone(), "c0": self.c0.clone(),
+            "last_violation": self._last_violation.clone(), "window_sum": self._window_sum.clone(),
+            "prev_window": self._prev_window.clone(), "steps": self._steps.clone(),
+            "lam_min": self.lam_min, "lam_max": self.lam_max, "damping": self.damping,
+            "mu_growth": self.mu_growth, "shrink_ratio": self.shrink_ratio, "mu_max": self.mu_max,
+            "schedule_every": self.schedule_every,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the state tensors of `state_dict` in place (device/dtype converted).
+
+        The settings (bounds, damping, schedule, update_with) stay those of this instance.
+        Raises ValueError when kind, the number of constraints or the mu shape differ, or a key
+        is missing.
+        """
+        missing = [k for k in ("kind", "lam", "mu", "c0", "last_violation", "window_sum",
+                               "prev_window", "steps") if k not in state]
+        if missing:
+            raise ValueError(f"AugmentedLagrangian.load_state_dict: missing keys {missing}")
+        if state["kind"] != self.kind:
+            raise ValueError(f"AugmentedLagrangian.load_state_dict: state is for kind "
+                             f"{state['kind']!r}, this instance is {self.kind!r}")
+        if tuple(state["lam"].shape) != tuple(self.lam.shape):
+            raise ValueError(f"AugmentedLagrangian.load_state_dict: state has "
+                             f"{tuple(state['lam'].shape)} multipliers, this instance "
+                             f"{tuple(self.lam.shape)}")
+        if tuple(state["mu"].shape) != tuple(self._mu.shape):
+            raise ValueError(f"AugmentedLagrangian.load_state_dict: mu shape "
+                             f"{tuple(state['mu'].shape)} != {tuple(self._mu.shape)}")
+        with torch.no_grad():
+            self.lam.copy_(state["lam"])
+            self._mu.copy_(state["mu"])
+            self.c0.copy_(state["c0"].reshape(self.c0.shape))
+            self._last_violation.copy_(state["last_violation"])
+            self._window_sum.copy_(state["window_sum"])
+            self._prev_window.copy_(state["prev_window"])
+            self._steps.copy_(state["steps"])
+        self._last_g = None
+
+    def to(self, device: Union[str, torch.device, None] = None,
+           dtype: Optional[torch.dtype] = None) -> "AugmentedLagrangian":
+        """Move (and optionally cast) every state tensor; returns self. New tensors: recapture
+        any CUDA graph that used the old ones."""
+        fdt = self.dtype if dtype is None else dtype
+        for name in ("c0", "lam", "_mu", "_last_violation", "_window_sum", "_prev_window"):
+            setattr(self, name, getattr(self, name).to(device=device, dtype=fdt))
+        self._steps = self._steps.to(device=device)
+        self._last_g = None
+        return self
