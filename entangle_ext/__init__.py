@@ -3,6 +3,8 @@
 Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with autograd):
 
 * `wasserstein2_1d` - exact 1-D Wasserstein-2 between empirical distributions, by segmented sort.
+* `project_orthogonal` / `project_orthogonal_` - fused low-rank orthogonal gradient projection
+  g - V^T (V V^T)^+ V g (flat, or in place over a parameter list without flattening).
 
 Pure-PyTorch references of every operator are in `entangle_ext.reference`.
 Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.
@@ -11,8 +13,9 @@ from ._version import __version__
 from ._ext import available, built_torch_version, cuda_arch_list, cuda_built, load_error
 from . import reference
 from .wasserstein import wasserstein2_1d
+from .projection import project_orthogonal, project_orthogonal_
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
-    "reference", "wasserstein2_1d",
+    "reference", "wasserstein2_1d", "project_orthogonal", "project_orthogonal_",
 ]
