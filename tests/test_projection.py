@@ -198,6 +198,22 @@ def test_projection_is_deterministic(device):
     assert torch.equal(ca, cb) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def test_cpu_result_independent_of_thread_count():
+    gen = torch.Generator().manual_seed(14)
+    grads, basis = make_lists([(200000,), (7, 9), (65537,)], 3, gen, dtype=torch.float32)
+    old = torch.get_num_threads()
+    res = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            work = [x.clone() for x in grads]
+            res.append((ee.project_orthogonal_(work, basis), work))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(res[0][0], res[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(res[0][1], res[1][1]))
+
+
 # ------------------------------------------------------------------------------ autograd / opcheck
 @pytest.mark.parametrize("k", [1, 3])
 def test_gradcheck(device, k):
@@ -359,6 +375,23 @@ def test_cuda_matches_cpu(dtype, tol, k):
     out_gpu, cf_gpu = ee.project_orthogonal(g.cuda().to(dtype), V.cuda().to(dtype))
     out_cpu, cf_cpu = ee.project_orthogonal(g.to(dtype), V.to(dtype))
     assert (out_gpu.cpu().double() - out_cpu.double()).abs().max() <= tol * g.norm()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_degenerate_bases_match_cpu(dtype):
+    gen = torch.Generator().manual_seed(32)
+    P = 50000
+    g, a, b, w = (rand(P, gen) for _ in range(4))
+    bases = [torch.stack([a, a]), torch.stack([a, torch.zeros(P, dtype=D), -3 * a, b]),
+             torch.stack([a, a + 1e-9 * w]), torch.stack([a, a + 1e-3 * w, b]), torch.zeros(2, P, dtype=D)]
+    for V in bases:
+        out_c, c_c = ee.project_orthogonal(g.to(dtype), V.to(dtype))
+        out_g, c_g = ee.project_orthogonal(g.to(dtype).cuda(), V.to(dtype).cuda())
+        assert torch.isfinite(out_g).all() and torch.isfinite(c_g).all()
+        tol = 1e-5 if dtype == torch.float32 else 1e-10
+        assert (out_g.cpu().double() - out_c.double()).abs().max() <= tol * g.norm()
+        assert out_g.double().norm().cpu() <= g.norm() * (1 + tol)
 
 
 @pytest.mark.cuda

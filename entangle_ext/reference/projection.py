@@ -69,8 +69,19 @@ def project_orthogonal(g: torch.Tensor, basis, *, rcond: float = DEFAULT_RCOND
 def project_orthogonal_(grads: Sequence[torch.Tensor], basis, *, rcond: float = DEFAULT_RCOND) -> torch.Tensor:
     """float64 reference of `entangle_ext.project_orthogonal_` (in place on ``grads``).
 
-    basis: k sequences of tensors matching ``grads`` tensor by tensor. Returns coeffs ``(k,)``
-    float64 on the device of ``grads``.
+    With g = cat(grads), v_i = cat(basis[i]): grads <- g - V^T c, c = (V V^T)^+ V g
+    (method.md Stage 2 step 5), Gram and dots accumulated per tensor in float64.
+
+    Args:
+        grads: T tensors (any shapes, one device), modified in place (rounded once to their dtype).
+        basis: k sequences of T tensors matching ``grads`` tensor by tensor (or k tensors when T == 1).
+        rcond: relative eigenvalue cutoff of the row-normalised Gram (dimensionless).
+
+    Returns:
+        coeffs ``(k,)`` float64 on the device of ``grads``.
+
+    Raises:
+        Whatever the underlying PyTorch ops raise on mismatched shapes/devices (no extra checks).
     """
     grads = list(grads)
     rows = [[v] if isinstance(v, torch.Tensor) else list(v) for v in basis]
