@@ -429,3 +429,9 @@ def test_cuda_gradcheck_and_opcheck():
     grads = [rand((4, 5), gen).cuda(), rand((9,), gen).cuda()]
     basis = [rand((4, 5), gen).cuda(), rand((9,), gen).cuda()]
     torch.library.opcheck(torch.ops.entangle_ext.project_orthogonal_.default, (grads, basis, 1e-7))
+
+
+def test_kernels_registered_for_every_built_backend():
+    for op in ("entangle_ext::project_orthogonal", "entangle_ext::project_orthogonal_"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA") == ee.cuda_built()
