@@ -51,6 +51,18 @@ TORCH_LIBRARY(entangle_ext, m) {
       "augmented_lagrangian_backward(Tensor grad, Tensor g, Tensor lam, Tensor mu, str kind) "
       "-> Tensor");
   // ---- END dual -------------------------------------------------------------------------------
+
+  // ---- Low-rank orthogonal gradient projection (method.md Stage 2 step 5, Prop. 4.1) ----------
+  // out = g - V^T c, c = (V V^T)^+ V g (float64 solve, relative eigenvalue cutoff rcond on the
+  // row-normalised Gram). Shared code: csrc/projection.h; kernels: csrc/{cpu,cuda}/projection.*
+  // Flat: g (P,), basis (k, P) contiguous, same dtype (f32/f64/f16/bf16) and device, 1 <= k <= 8.
+  // Returns (out (P,) dtype of g, coeffs (k,) float64).
+  m.def("project_orthogonal(Tensor g, Tensor basis, float rcond) -> (Tensor, Tensor)");
+  // In place over a tensor list (no flattening): grads = T tensors, modified in place;
+  // basis = k*T tensors, row-major by basis vector (basis[i*T + t] matches grads[t] in shape,
+  // dtype, device). Returns coeffs (k,) float64 on the device of grads.
+  m.def("project_orthogonal_(Tensor(a!)[] grads, Tensor[] basis, float rcond) -> Tensor");
+  // ---- end low-rank projection -----------------------------------------------------------------
 }
 
 #ifdef TORCH_EXTENSION_NAME

@@ -3,6 +3,8 @@
 Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with autograd):
 
 * `wasserstein2_1d` - exact 1-D Wasserstein-2 between empirical distributions, by segmented sort.
+* `project_orthogonal` / `project_orthogonal_` - fused low-rank orthogonal gradient projection
+  g - V^T (V V^T)^+ V g (flat, or in place over a parameter list without flattening).
 * `dual_update_` - in-place augmented-Lagrangian multiplier step (Stage 1), no host sync.
 * `augmented_lagrangian_term` - the augmented-Lagrangian penalty term, fused forward/backward.
 
@@ -17,9 +19,10 @@ from . import reference
 from .wasserstein import wasserstein2_1d
 from .dual import augmented_lagrangian_term, dual_update_
 from .lagrangian import AugmentedLagrangian
+from .projection import project_orthogonal, project_orthogonal_
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
-    "reference", "wasserstein2_1d", "dual_update_", "augmented_lagrangian_term",
-    "AugmentedLagrangian",
+    "reference", "wasserstein2_1d", "project_orthogonal", "project_orthogonal_", "dual_update_",
+    "augmented_lagrangian_term", "AugmentedLagrangian",
 ]
