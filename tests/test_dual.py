@@ -478,6 +478,22 @@ def test_cuda_matches_cpu(dtype, kind, m):
 
 
 @pytest.mark.cuda
+def test_cuda_float32_accumulates_in_float64_like_cpu():
+    # Large terms of both signs that cancel: a float32 accumulator on the device would lose the
+    # small total that the CPU kernel (float64 accumulator) keeps.
+    m = 70000
+    lam = torch.ones(m, dtype=torch.float64)
+    g = torch.full((m,), 1000.0, dtype=torch.float64)
+    g[1::2] = -1000.0
+    g[0] += 0.001
+    lam, g = lam.float(), g.float()
+    mu = torch.zeros((), dtype=torch.float32)
+    want = ee.augmented_lagrangian_term(g, lam, mu)
+    got = ee.augmented_lagrangian_term(g.cuda(), lam.cuda(), mu.cuda())
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.cuda
 def test_cuda_device_mismatch_and_capture_errors():
     lam = torch.zeros(3, device="cuda")
     with pytest.raises(ValueError, match="is on"):

@@ -37,7 +37,7 @@ template <typename T>
 __global__ void dual_update_kernel(T* __restrict__ lam, const T* __restrict__ g,
                                    const T* __restrict__ mu, int64_t mu_stride, int64_t m, int kind,
                                    double keep, bool has_lo, double lo, bool has_hi, double hi) {
-  using acc_t = at::acc_type<T, true>;
+  using acc_t = at::acc_type<T, /*is_cuda=*/false>;  // double for float32, as on CPU
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m;
        i += (int64_t)gridDim.x * blockDim.x) {
     lam[i] = static_cast<T>(dual_step<acc_t>(acc_t(lam[i]), acc_t(g[i]), acc_t(mu[i * mu_stride]),
@@ -50,7 +50,7 @@ template <typename T>
 __global__ void al_forward_kernel(const T* __restrict__ g, const T* __restrict__ lam,
                                   const T* __restrict__ mu, int64_t mu_stride, int64_t m, int kind,
                                   T* __restrict__ out) {
-  using acc_t = at::acc_type<T, true>;
+  using acc_t = at::acc_type<T, /*is_cuda=*/false>;  // double for float32, as on CPU
   using Reduce = cub::BlockReduce<acc_t, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
   acc_t part = 0;
@@ -64,7 +64,7 @@ template <typename T>
 __global__ void al_backward_kernel(const T* __restrict__ grad, const T* __restrict__ g,
                                    const T* __restrict__ lam, const T* __restrict__ mu,
                                    int64_t mu_stride, int64_t m, int kind, T* __restrict__ out) {
-  using acc_t = at::acc_type<T, true>;
+  using acc_t = at::acc_type<T, /*is_cuda=*/false>;  // double for float32, as on CPU
   const acc_t w = acc_t(*grad);
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m;
        i += (int64_t)gridDim.x * blockDim.x)
