@@ -378,6 +378,23 @@ def test_cuda_matches_cpu(dtype, tol, k):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("k", [2, 8])
+def test_cuda_tensor_spanning_several_launches(k):
+    # A tensor with more than 320 chunks of 16K elements continues in the next launch as tensor 0
+    # of a fresh argument struct, after a full struct of small tensors (host packing of projection.cu).
+    gen = torch.Generator().manual_seed(40 + k)
+    shapes = [(17,)] * 23 + [(321 * 16384 + 5,), (0,), (3,)] + [(16384,)] * 30
+    grads, basis = make_lists(shapes, k, gen, dtype=torch.float32)
+    gc = [x.cuda() for x in grads]
+    bc = [[v.cuda() for v in r] for r in basis]
+    c_cpu = ee.project_orthogonal_(grads, basis)
+    c_gpu = ee.project_orthogonal_(gc, bc)
+    torch.testing.assert_close(c_gpu.cpu(), c_cpu, rtol=1e-6, atol=1e-9)
+    gn = flat_of(grads).double().norm().item()
+    assert (flat_of(gc).double().cpu() - flat_of(grads).double()).abs().max() <= 1e-5 * gn
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cuda_degenerate_bases_match_cpu(dtype):
     gen = torch.Generator().manual_seed(32)
