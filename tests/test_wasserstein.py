@@ -330,6 +330,33 @@ def test_cuda_ragged_device_path(max_seqlen):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("max_seqlen", [8, 500, 1000, 2048, None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_empty_segments_and_large_grid_match_cpu(max_seqlen, dtype):
+    # validate=False: empty segments (NaN value, zero gradient) on every path (block tiers with
+    # more than 65535 blocks, and the device-wide sort), heavy ties, against the CPU kernel.
+    g = torch.Generator().manual_seed(11)
+    S = 70000
+    lu = torch.randint(0, 9, (S,), generator=g)
+    lv = torch.randint(0, 9, (S,), generator=g)
+    lu[:3] = 0
+    lv[3:6] = 0
+    u, uo = ragged(lu.tolist(), g, dtype=dtype, distinct=False)
+    v, vo = ragged(lv.tolist(), g, dtype=dtype, distinct=False)
+    w = torch.rand(S, generator=g, dtype=dtype)
+    res = []
+    for dev in ("cpu", "cuda"):
+        a, b = u.to(dev).requires_grad_(True), v.to(dev).requires_grad_(True)
+        out = ee.wasserstein2_1d(a, b, uo.to(dev), vo.to(dev), validate=False, max_seqlen=max_seqlen)
+        torch.where(out.isnan(), 0, out * w.to(dev)).sum().backward()
+        res.append((out.detach().cpu(), a.grad.cpu(), b.grad.cpu()))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for got, want in zip(res[1], res[0]):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
+    assert res[1][0][:6].isnan().all()
+
+
+@pytest.mark.cuda
 def test_cuda_graph_capture_and_side_stream():
     g = torch.Generator().manual_seed(7)
     u = torch.randn(64, 256, generator=g).cuda().requires_grad_(True)
