@@ -357,6 +357,19 @@ def test_cuda_empty_segments_and_large_grid_match_cpu(max_seqlen, dtype):
 
 
 @pytest.mark.cuda
+def test_cuda_one_long_segment_among_short_ones_float32():
+    # The chunk count of the device-path reduction comes from the mean segment length, so here one
+    # block sums all 2e7 costs of the long segment; a float32 running sum drifts to ~1e-5 relative.
+    g = torch.Generator().manual_seed(12)
+    lengths = [1] * 4000 + [20_000_000]
+    u, uo = torch.randn(sum(lengths), generator=g), torch.tensor([0] + list(np.cumsum(lengths)))
+    v = torch.randn(sum(lengths), generator=g) * 2
+    want = ee.wasserstein2_1d(u, v, uo, uo, validate=False)
+    got = ee.wasserstein2_1d(u.cuda(), v.cuda(), uo.cuda(), uo.cuda(), validate=False)
+    torch.testing.assert_close(got.cpu(), want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.cuda
 def test_cuda_graph_capture_and_side_stream():
     g = torch.Generator().manual_seed(7)
     u = torch.randn(64, 256, generator=g).cuda().requires_grad_(True)

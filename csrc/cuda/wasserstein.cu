@@ -316,34 +316,37 @@ __global__ void w2_cost_kernel(const T* __restrict__ u, const T* __restrict__ v,
 }
 
 // Level 1: block (s, c) sums chunk c of segment s (both sides) into partial[s * C + c].
+// Summed in float64 whatever acc_t is: C comes from the mean segment length, so one long segment
+// among many short ones is summed by a single block (tens of thousands of sequential adds per
+// thread), where a float32 running sum drifts past 1e-4 relative to the CPU (float64) result.
 template <typename acc_t, int BLOCK>
 __global__ void segment_partial_kernel(const acc_t* __restrict__ cost, const int64_t* __restrict__ uo,
                                        const int64_t* __restrict__ vo, int64_t Nu, int64_t Nv,
-                                       acc_t* __restrict__ partial) {
-  using Reduce = cub::BlockReduce<acc_t, BLOCK>;
+                                       double* __restrict__ partial) {
+  using Reduce = cub::BlockReduce<double, BLOCK>;
   __shared__ typename Reduce::TempStorage tmp;
   const int64_t s = blockIdx.x, C = gridDim.y, c = blockIdx.y;
   int64_t ulo, uhi, vlo, vhi;
   seg_bounds(uo, s, Nu, &ulo, &uhi);
   seg_bounds(vo, s, Nv, &vlo, &vhi);
-  acc_t part = 0;
+  double part = 0;
   const int64_t na = uhi - ulo, nb = vhi - vlo;
   const int64_t cu = (na + C - 1) / C, cv = (nb + C - 1) / C;
   for (int64_t k = threadIdx.x; k < cu; k += BLOCK) {
     const int64_t i = c * cu + k;
-    if (i < na) part += cost[ulo + i];
+    if (i < na) part += static_cast<double>(cost[ulo + i]);
   }
   for (int64_t k = threadIdx.x; k < cv; k += BLOCK) {
     const int64_t j = c * cv + k;
-    if (j < nb) part += cost[Nu + vlo + j];
+    if (j < nb) part += static_cast<double>(cost[Nu + vlo + j]);
   }
-  const acc_t total = Reduce(tmp).Sum(part);
+  const double total = Reduce(tmp).Sum(part);
   if (threadIdx.x == 0) partial[s * C + c] = total;
 }
 
 // Level 2: out[s] = sum_c partial[s, c] / (na * nb), in a fixed order.
-template <typename T, typename acc_t>
-__global__ void segment_finish_kernel(const acc_t* __restrict__ partial, int64_t C,
+template <typename T>
+__global__ void segment_finish_kernel(const double* __restrict__ partial, int64_t C,
                                       const int64_t* __restrict__ uo, const int64_t* __restrict__ vo,
                                       int64_t S, int64_t Nu, int64_t Nv, T* __restrict__ out) {
   for (int64_t s = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; s < S;
@@ -353,9 +356,9 @@ __global__ void segment_finish_kernel(const acc_t* __restrict__ partial, int64_t
     seg_bounds(vo, s, Nv, &vlo, &vhi);
     const int64_t na = uhi - ulo, nb = vhi - vlo;
     if (na == 0 || nb == 0) { out[s] = quiet_nan<T>(); continue; }
-    acc_t t = 0;
+    double t = 0;
     for (int64_t c = 0; c < C; ++c) t += partial[s * C + c];
-    out[s] = static_cast<T>(t / (acc_t(na) * acc_t(nb)));
+    out[s] = static_cast<T>(t / (double(na) * double(nb)));
   }
 }
 
@@ -379,13 +382,13 @@ void launch_device_path(const at::Tensor& u, const at::Tensor& v, const at::Tens
   // Chunks per segment from the mean segment length (shapes only; correctness does not depend on it).
   const int64_t mean_len = (std::max(Nu, Nv) + S - 1) / S;
   const int64_t C = std::max<int64_t>(1, std::min<int64_t>(64, mean_len / 4096));
-  auto partial = at::empty({S * C}, acc_opts);
+  auto partial = at::empty({S * C}, u.options().dtype(at::kDouble));
   segment_partial_kernel<acc_t, B><<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(C)), B, 0, stream>>>(
       static_cast<acc_t*>(cost.data_ptr()), uo.data_ptr<int64_t>(), vo.data_ptr<int64_t>(), Nu, Nv,
-      static_cast<acc_t*>(partial.data_ptr()));
+      partial.data_ptr<double>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  segment_finish_kernel<T, acc_t><<<grid_for(S, B), B, 0, stream>>>(
-      static_cast<acc_t*>(partial.data_ptr()), C, uo.data_ptr<int64_t>(), vo.data_ptr<int64_t>(), S, Nu, Nv,
+  segment_finish_kernel<T><<<grid_for(S, B), B, 0, stream>>>(
+      partial.data_ptr<double>(), C, uo.data_ptr<int64_t>(), vo.data_ptr<int64_t>(), S, Nu, Nv,
       out.data_ptr<T>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
