@@ -359,9 +359,9 @@ def test_cuda_empty_segments_and_large_grid_match_cpu(max_seqlen, dtype):
 @pytest.mark.cuda
 def test_cuda_one_long_segment_among_short_ones_float32():
     # The chunk count of the device-path reduction comes from the mean segment length, so here one
-    # block sums all 2e7 costs of the long segment; a float32 running sum drifts to ~1e-5 relative.
+    # block sums all 1.2e7 costs of the long segment; a float32 running sum drifts to ~5e-6 relative.
     g = torch.Generator().manual_seed(12)
-    lengths = [1] * 4000 + [20_000_000]
+    lengths = [1] * 3000 + [12_000_000]
     u, uo = torch.randn(sum(lengths), generator=g), torch.tensor([0] + list(np.cumsum(lengths)))
     v = torch.randn(sum(lengths), generator=g) * 2
     want = ee.wasserstein2_1d(u, v, uo, uo, validate=False)
