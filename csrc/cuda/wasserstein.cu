@@ -275,8 +275,56 @@ void device_argsort(const at::Tensor& x, const at::Tensor& off, at::Tensor& perm
                                                  perm.data_ptr<int64_t>(), N, 0, sbits, stream));
 }
 
-// Per sorted position of the driving (larger) side of its segment: sum_j w_ij (a_i - b_j)^2.
-// Positions on the other side contribute 0. Layout: [u positions | v positions].
+// One sorted position q of the flat [u positions | v positions] layout, seen from its own side.
+struct SidePos {
+  bool valid;                 // q lies inside its segment and its source index is in range
+  int64_t seg;                // segment id
+  int64_t i, src;             // rank inside the segment, global source index (through the perm)
+  int64_t n_self, n_other;    // segment sizes of this side and of the other side
+  int64_t other_lo;           // first flat position of the segment on the other side
+};
+
+__device__ __forceinline__ SidePos side_position(int64_t p, const int64_t* uo, const int64_t* vo,
+                                                 int64_t S, int64_t Nu, int64_t Nv,
+                                                 const int64_t* up, const int64_t* vp) {
+  const bool on_u = p < Nu;
+  const int64_t q = on_u ? p : p - Nu;
+  const int64_t s = find_segment(on_u ? uo : vo, S, q);
+  int64_t ulo, uhi, vlo, vhi;
+  seg_bounds(uo, s, Nu, &ulo, &uhi);
+  seg_bounds(vo, s, Nv, &vlo, &vhi);
+  SidePos r;
+  r.seg = s;
+  const int64_t lo = on_u ? ulo : vlo, hi = on_u ? uhi : vhi, N = on_u ? Nu : Nv;
+  r.n_self = hi - lo;
+  r.n_other = on_u ? vhi - vlo : uhi - ulo;
+  r.other_lo = on_u ? vlo : ulo;
+  r.i = q - lo;
+  r.src = (q >= lo && q < hi) ? (on_u ? up : vp)[q] : -1;
+  r.valid = r.src >= 0 && r.src < N && r.n_other > 0;  // malformed offsets: stay in bounds
+  return r;
+}
+
+// sum_j w_ij (x - b_j)^POW over the samples b_j of the other side that overlap sample i (POW = 2:
+// the W2^2 cost of sample i; POW = 1: (n_self n_other / 2) d W2^2 / d x), reading b through its
+// sort permutation.
+template <int POW, typename T, typename acc_t>
+__device__ __forceinline__ acc_t overlap_sum(const SidePos& r, acc_t x, const T* other,
+                                             const int64_t* other_perm, int64_t N_other) {
+  int64_t j_lo, j_hi;
+  overlap_range(r.i, r.n_self, r.n_other, &j_lo, &j_hi);
+  acc_t acc = 0;
+  for (int64_t j = j_lo; j <= j_hi; ++j) {
+    const int64_t sj = other_perm[r.other_lo + j];
+    const acc_t d = x - ((sj >= 0 && sj < N_other) ? acc_t(other[sj]) : acc_t(0));
+    acc += acc_t(overlap_weight(r.i, j, r.n_self, r.n_other)) * (POW == 2 ? d * d : d);
+  }
+  return acc;
+}
+
+// Per sorted position of the driving (larger) side of its segment: sum_j w_ij (a_i - b_j)^2, so
+// that every overlapping pair is counted once (u drives ties). Other positions contribute 0.
+// Layout: [u positions | v positions].
 template <typename T, typename acc_t>
 __global__ void w2_cost_kernel(const T* __restrict__ u, const T* __restrict__ v,
                                const int64_t* __restrict__ uo, const int64_t* __restrict__ vo,
@@ -285,31 +333,12 @@ __global__ void w2_cost_kernel(const T* __restrict__ u, const T* __restrict__ v,
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < Nu + Nv;
        p += (int64_t)gridDim.x * blockDim.x) {
     const bool on_u = p < Nu;
-    const int64_t q = on_u ? p : p - Nu;
-    const int64_t s = find_segment(on_u ? uo : vo, S, q);
-    int64_t ulo, uhi, vlo, vhi;
-    seg_bounds(uo, s, Nu, &ulo, &uhi);
-    seg_bounds(vo, s, Nv, &vlo, &vhi);
-    const int64_t na = uhi - ulo, nb = vhi - vlo;
+    const SidePos r = side_position(p, uo, vo, S, Nu, Nv, up, vp);
+    const bool drives = on_u ? r.n_self >= r.n_other : r.n_self > r.n_other;
     acc_t c = 0;
-    if (on_u && q >= ulo && q < uhi && na >= nb && nb > 0) {
-      const int64_t i = q - ulo;
-      const acc_t ai = acc_t(u[up[q]]);
-      int64_t j_lo, j_hi;
-      overlap_range(i, na, nb, &j_lo, &j_hi);
-      for (int64_t j = j_lo; j <= j_hi; ++j) {
-        const acc_t d = ai - acc_t(v[vp[vlo + j]]);
-        c += acc_t(overlap_weight(i, j, na, nb)) * d * d;
-      }
-    } else if (!on_u && q >= vlo && q < vhi && nb > na && na > 0) {
-      const int64_t j = q - vlo;
-      const acc_t bj = acc_t(v[vp[q]]);
-      int64_t i_lo, i_hi;
-      overlap_range(j, nb, na, &i_lo, &i_hi);
-      for (int64_t i = i_lo; i <= i_hi; ++i) {
-        const acc_t d = bj - acc_t(u[up[ulo + i]]);
-        c += acc_t(overlap_weight(j, i, nb, na)) * d * d;
-      }
+    if (r.valid && drives) {
+      c = on_u ? overlap_sum<2>(r, acc_t(u[r.src]), v, vp, Nv)
+               : overlap_sum<2>(r, acc_t(v[r.src]), u, up, Nu);
     }
     cost[p] = c;
   }
@@ -437,45 +466,12 @@ __global__ void w2_backward_kernel(const T* __restrict__ grad, const T* __restri
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < Nu + Nv;
        p += (int64_t)gridDim.x * blockDim.x) {
     const bool on_u = p < Nu;
-    const int64_t q = on_u ? p : p - Nu;
-    const int64_t s = find_segment(on_u ? uo : vo, S, q);
-    int64_t ulo, uhi, vlo, vhi;
-    seg_bounds(uo, s, Nu, &ulo, &uhi);
-    seg_bounds(vo, s, Nv, &vlo, &vhi);
-    const int64_t na = uhi - ulo, nb = vhi - vlo;
-    if (na == 0 || nb == 0) continue;
-    const acc_t scale = acc_t(2) * acc_t(grad[s]) / (acc_t(na) * acc_t(nb));
-    if (on_u) {
-      if (q < ulo || q >= uhi) continue;
-      const int64_t src = up[q];
-      if (src < 0 || src >= Nu) continue;  // malformed offsets: stay in bounds
-      const int64_t i = q - ulo;
-      const acc_t ai = acc_t(u[src]);
-      int64_t j_lo, j_hi;
-      overlap_range(i, na, nb, &j_lo, &j_hi);
-      acc_t g = 0;
-      for (int64_t j = j_lo; j <= j_hi; ++j) {
-        const int64_t sj = vp[vlo + j];
-        const acc_t bj = (sj >= 0 && sj < Nv) ? acc_t(v[sj]) : acc_t(0);
-        g += acc_t(overlap_weight(i, j, na, nb)) * (ai - bj);
-      }
-      gu[src] = static_cast<T>(scale * g);
-    } else {
-      if (q < vlo || q >= vhi) continue;
-      const int64_t src = vp[q];
-      if (src < 0 || src >= Nv) continue;
-      const int64_t j = q - vlo;
-      const acc_t bj = acc_t(v[src]);
-      int64_t i_lo, i_hi;
-      overlap_range(j, nb, na, &i_lo, &i_hi);
-      acc_t g = 0;
-      for (int64_t i = i_lo; i <= i_hi; ++i) {
-        const int64_t si = up[ulo + i];
-        const acc_t ai = (si >= 0 && si < Nu) ? acc_t(u[si]) : acc_t(0);
-        g += acc_t(overlap_weight(j, i, nb, na)) * (bj - ai);
-      }
-      gv[src] = static_cast<T>(scale * g);
-    }
+    const SidePos r = side_position(p, uo, vo, S, Nu, Nv, up, vp);
+    if (!r.valid) continue;  // empty segment (undefined value, zero gradient) or out of range
+    const acc_t scale = acc_t(2) * acc_t(grad[r.seg]) / (acc_t(r.n_self) * acc_t(r.n_other));
+    // d W2^2 / d x_(i) = 2 sum_j w_ij (x_(i) - y_(j)) / (n_x n_y), for x = u (y = v) and x = v.
+    if (on_u) gu[r.src] = static_cast<T>(scale * overlap_sum<1>(r, acc_t(u[r.src]), v, vp, Nv));
+    else      gv[r.src] = static_cast<T>(scale * overlap_sum<1>(r, acc_t(v[r.src]), u, up, Nu));
   }
 }
 
