@@ -4,6 +4,9 @@ Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with
 
 * `wasserstein2_1d` - exact 1-D Wasserstein-2 between empirical distributions, by segmented sort.
 
+Driver (method.md, two stages): `unlearn(model, splits, config)`, `stage1`, `stage2`, `evaluate`,
+configured by `UnlearnConfig.preset(...)`; CLI `python -m entangle_ext` / `entangle-unlearn`.
+
 Pure-PyTorch references of every operator are in `entangle_ext.reference`.
 Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.
 """
@@ -11,8 +14,12 @@ from ._version import __version__
 from ._ext import available, built_torch_version, cuda_arch_list, cuda_built, load_error
 from . import reference
 from .wasserstein import wasserstein2_1d
+from .unlearn import (Splits, Stage1Config, Stage2Config, UnlearnConfig, UnlearnResult, evaluate,
+                      stage1, stage2, unlearn)
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
     "reference", "wasserstein2_1d",
+    "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
+    "stage1", "stage2", "evaluate",
 ]
