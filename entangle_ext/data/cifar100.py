@@ -30,15 +30,16 @@ CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 
 
 def find_cifar100(root: Union[str, Path, None] = None) -> Optional[Path]:
-    """First existing CIFAR-100 source among ``root``, $ENTANGLE_SHARED_DATA and ../shared/data
-    (relative to the repository); a ``.npz`` file or a directory holding ``cifar100.npz`` or
-    ``cifar-100-python/``. None when nothing is found."""
+    """The CIFAR-100 source at ``root`` or, when ``root`` is None, under $ENTANGLE_SHARED_DATA or
+    ../shared/data (relative to the repository): a ``.npz`` file or a directory holding
+    ``cifar100.npz`` or ``cifar-100-python/``. None when nothing is found."""
     cands = []
     if root is not None:
         cands.append(Path(root))
-    if os.environ.get("ENTANGLE_SHARED_DATA"):
-        cands.append(Path(os.environ["ENTANGLE_SHARED_DATA"]))
-    cands.append(Path(__file__).resolve().parents[3] / "shared" / "data")
+    else:
+        if os.environ.get("ENTANGLE_SHARED_DATA"):
+            cands.append(Path(os.environ["ENTANGLE_SHARED_DATA"]))
+        cands.append(Path(__file__).resolve().parents[3] / "shared" / "data")
     for c in cands:
         if c.is_file() and c.suffix == ".npz":
             return c
