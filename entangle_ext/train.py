@@ -70,7 +70,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], *, epoch
             if sched is not None:
                 sched.step()
             bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", epoch=e + 1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", epoch=e + 1)  # one host read per epoch
     bar.close()
     model.eval()
     if cache is not None:

@@ -287,3 +287,46 @@ def test_cifar100_pickle_format(tmp_path):
     s, info = cifar100_splits(data=d)
     assert info["sizes"]["forget"] == 4 and info["sizes"]["adjacent"] == 16
     assert info["num_classes"] == 20
+
+
+# --------------------------------------------------------------------------- no host sync (CUDA)
+@pytest.mark.cuda
+def test_steps_do_not_sync_on_cuda(small, monkeypatch):
+    """Inside stage steps nothing reads device values back: CUDA sync debug mode "error" raises on
+    any synchronising call; only the periodic flush (log_every) is allowed to sync."""
+    from entangle_ext.unlearn import stages
+
+    dev = torch.device("cuda")
+    s = ee.Splits(**{k: TensorDataset(*[t.to(dev) for t in v.tensors]) for k, v in small.named().items()})
+    orig_flush = stages._Monitor.flush
+
+    def flush(self):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return orig_flush(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+    monkeypatch.setattr(stages._Monitor, "flush", flush)
+    cfg = tiny_config()
+    model = mlp().to(dev)
+    c0 = stages.remote_loss_c0(model, s.remote, dev)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ee.stage1(model, s, cfg.stage1, c0=c0, progress=False, log_every=100)
+        ee.stage2(model, s, cfg.stage2, progress=False, log_every=100)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("case", ["full", "parallel", "zero_one", "zero_both"])
+def test_projection_degenerate_bases(case):
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(7, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)
+    basis = {"full": [a, b], "parallel": [a, -3 * a], "zero_one": [a, torch.zeros(7, dtype=torch.float64)],
+             "zero_both": [torch.zeros(7, dtype=torch.float64)] * 2}[case]
+    v = torch.randn(7, generator=g, dtype=torch.float64)
+    x = [v.clone()]
+    _ops.project_(x, [[t] for t in basis])
+    B = torch.stack(basis)
+    want = v - torch.linalg.pinv(B) @ (B @ v) if B.abs().sum() > 0 else v
+    torch.testing.assert_close(x[0], want, rtol=1e-10, atol=1e-10)

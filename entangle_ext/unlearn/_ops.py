@@ -28,6 +28,26 @@ def _dot64(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor
     return acc
 
 
+def _sym_pinv(gram: torch.Tensor, rcond: float) -> torch.Tensor:
+    """Pseudo-inverse of a k×k symmetric PSD Gram matrix without host sync: closed form for
+    k ≤ 2 (rank decided on the device by torch.where), `torch.linalg.pinv` otherwise (which may
+    synchronise on CUDA for its error check)."""
+    k = gram.shape[0]
+    tr = torch.diagonal(gram).sum()
+    safe_tr = torch.where(tr > 0, tr, torch.ones_like(tr))
+    rank1 = torch.where(tr > 0, gram / (safe_tr * safe_tr), torch.zeros_like(gram))  # G = t·uuᵀ → uuᵀ/t
+    if k == 1:
+        return rank1
+    if k == 2:
+        a, b, d = gram[0, 0], gram[0, 1], gram[1, 1]
+        det = a * d - b * b
+        full = det > rcond * tr * tr
+        safe_det = torch.where(full, det, torch.ones_like(det))
+        inv = torch.stack([torch.stack([d, -b]), torch.stack([-b, a])]) / safe_det
+        return torch.where(full, inv, rank1)
+    return torch.linalg.pinv(gram, rtol=rcond, hermitian=True)
+
+
 def project_(grads: List[torch.Tensor], basis: List[List[torch.Tensor]], rcond: float = _RCOND
              ) -> torch.Tensor:
     """In place: grads ← grads − Vᵀ (V Vᵀ)⁺ V grads over the concatenation of all tensors.
@@ -49,7 +69,7 @@ def project_(grads: List[torch.Tensor], basis: List[List[torch.Tensor]], rcond: 
         gram_rows.append(torch.stack([_dot64(basis[i], basis[j]) for j in range(k)]))
     gram = torch.stack(gram_rows)                                   # (k, k) float64
     vg = torch.stack([_dot64(basis[i], grads) for i in range(k)])  # (k,)   float64
-    coeffs = torch.linalg.pinv(gram, rtol=rcond, hermitian=True) @ vg
+    coeffs = _sym_pinv(gram, rcond) @ vg
     for t, g in enumerate(grads):
         upd = sum(coeffs[r].to(g.dtype) * basis[r][t] for r in range(k))
         g.sub_(upd)

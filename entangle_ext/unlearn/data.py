@@ -97,7 +97,7 @@ class BatchStream:
         ds = self.dataset
         tensors = getattr(ds, "tensors", None)
         if tensors is not None:
-            dev_idx = idx.to(tensors[0].device)
+            dev_idx = idx.to(tensors[0].device, non_blocking=True)  # async H2D, no stream sync
             batch = tuple(t[dev_idx] for t in tensors)
         else:
             batch = default_collate([ds[int(i)] for i in idx])

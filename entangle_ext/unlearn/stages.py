@@ -159,7 +159,7 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
     opt = torch.optim.Adam(params, lr=config.lr, betas=tuple(config.adam_betas), eps=config.adam_eps)
     dtype = params[0].dtype
     lam = torch.full((), float(config.lambda_init), dtype=dtype, device=device)
-    c0_t = torch.tensor(c0, dtype=dtype, device=device)
+    c0_t = torch.full((), float(c0), dtype=dtype, device=device)   # fill: no H2D copy
     rem = BatchStream(splits.remote, config.remote_batch_size, shuffle=True, seed=seed,
                       name="s1/remote", device=device)
     fgt = BatchStream(splits.forget, config.forget_batch_size, shuffle=True, seed=seed,
@@ -261,6 +261,7 @@ def _w2(a: torch.Tensor, b: torch.Tensor, sizes: List[int], per_batch: bool) -> 
         S, n = len(sizes), sizes[0]
         return fn(a.view(S, n), b.view(S, n), reduction="sum", **kw)
     off = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0).tolist()), dtype=torch.long)
+    off = off.to(a.device, non_blocking=True)   # host-known sizes: async copy, no stream sync
     if fn is _ee.reference.wasserstein2_1d:
         return fn(a, b, off, off, reduction="sum")
     return fn(a, b, off, off, reduction="sum", max_seqlen=max(sizes), **kw)
