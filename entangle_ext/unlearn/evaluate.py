@@ -98,10 +98,12 @@ def plot_forget_histograms(evals: Dict[str, Dict[str, dict]], path: str, bins: i
 
     tags = [t for t, e in evals.items() if "losses" in e.get("forget", {})]
     fig, axes = plt.subplots(1, max(len(tags), 1), figsize=(4.2 * max(len(tags), 1), 3.2),
-                             sharey=True, squeeze=False)
+                             sharex=True, sharey=True, squeeze=False)
+    hi = max([max(evals[t]["forget"]["losses"]) for t in tags] + [math.log(num_classes or 2)]) * 1.02
+    edges = [hi * i / bins for i in range(bins + 1)]   # common bins: comparable panels
     for ax, t in zip(axes[0], tags):
         ls = evals[t]["forget"]["losses"]
-        ax.hist(ls, bins=bins, color="tab:blue", alpha=0.8)
+        ax.hist(ls, bins=edges, color="tab:blue", alpha=0.8)
         ax.set_title(f"{t}: forget acc {100 * evals[t]['forget']['acc']:.1f}%")
         ax.set_xlabel("per-sample CE (nats)")
         if num_classes:
