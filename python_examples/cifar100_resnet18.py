@@ -37,6 +37,7 @@ def main(argv=None):
     ap.add_argument("--reduced", action="store_true", help="small CPU run (see module docstring)")
     ap.add_argument("--stage1-lr", type=float, default=None)
     ap.add_argument("--stage2-lr", type=float, default=None)
+    ap.add_argument("--stage2-epochs", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -69,6 +70,8 @@ def main(argv=None):
         cfg.stage1 = dataclasses.replace(cfg.stage1, lr=args.stage1_lr)
     if args.stage2_lr is not None:
         cfg.stage2 = dataclasses.replace(cfg.stage2, lr=args.stage2_lr)
+    if args.stage2_epochs is not None:
+        cfg.stage2 = dataclasses.replace(cfg.stage2, epochs=args.stage2_epochs)
     res = ee.unlearn(model, splits, cfg, device=args.device, out_dir=out, progress=not args.no_progress)
     if args.no_progress:
         print(res.table)
