@@ -10,8 +10,9 @@ is trained from scratch as in method.md (SGD 1e-3, momentum 0.9, wd 5e-4, cosine
 
 ``--reduced``: 3 superclasses (fish, flowers, insects), 60 train / 20 test images per fine class,
 6 original epochs at batch 64 / lr 0.05, and Stage 2 with 2 epochs, batch limit 2 and a smaller
-adjacent batch. The paper's Stage-1/2 learning rates are tuned for a fully trained 20-class model;
-``--stage1-lr`` / ``--stage2-lr`` override them (the reduced run uses larger ones, see --help).
+adjacent batch. It keeps the paper's Stage-1/2 learning rates, which are tuned for a fully trained
+20-class model and barely move the weak reduced model; ``--stage1-lr`` / ``--stage2-lr`` /
+``--stage2-epochs`` override them (e.g. 5e-4 / 1e-2 / 5).
 """
 from __future__ import annotations
 
