@@ -10,6 +10,9 @@ Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with
 
 `AugmentedLagrangian` (entangle_ext.lagrangian) holds the Stage-1 multiplier state and schedule.
 
+Driver (method.md, two stages): `unlearn(model, splits, config)`, `stage1`, `stage2`, `evaluate`,
+configured by `UnlearnConfig.preset(...)`; CLI `python -m entangle_ext` / `entangle-unlearn`.
+
 Pure-PyTorch references of every operator are in `entangle_ext.reference`.
 Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.
 """
@@ -20,9 +23,13 @@ from .wasserstein import wasserstein2_1d
 from .dual import augmented_lagrangian_term, dual_update_
 from .lagrangian import AugmentedLagrangian
 from .projection import project_orthogonal, project_orthogonal_
+from .unlearn import (Splits, Stage1Config, Stage2Config, UnlearnConfig, UnlearnResult, evaluate,
+                      stage1, stage2, unlearn)
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
     "reference", "wasserstein2_1d", "project_orthogonal", "project_orthogonal_", "dual_update_",
     "augmented_lagrangian_term", "AugmentedLagrangian",
+    "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
+    "stage1", "stage2", "evaluate",
 ]

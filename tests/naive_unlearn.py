@@ -1,0 +1,125 @@
+"""A deliberately naive plain-PyTorch transcription of the reference recipe (method.md).
+
+Test oracle for tests/test_fidelity.py and the baseline of bench/bench_unlearn.py: batch-by-batch
+loops, `.backward()` into ``.grad``, per-parameter float64 projection with the 2×2 normal
+equations plus a tiny ridge, and a host-side (`.item()`) dual update — the way the authors'
+reference implementation runs. It shares no code with entangle_ext.unlearn except the data order,
+which callers pass in as explicit lists of batches.
+"""
+import copy
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+
+def naive_c0(model, remote_batches):
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for x, y in remote_batches:
+            tot += F.cross_entropy(model(x), y, reduction="sum").item()
+            n += len(y)
+    return tot / n
+
+
+def naive_stage1(model, remote_batches, forget_batches, *, lr, mu=10.0, clip=10.0, c0=None):
+    """remote_batches: the epoch's remote minibatches; forget_batches: an iterable of forget
+    minibatches in cycling order (at least one per remote batch). Returns final λ (float)."""
+    model.eval()
+    if c0 is None:
+        c0 = naive_c0(model, remote_batches)
+    lam = 0.0
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    fit = iter(forget_batches)
+    for xr, yr in remote_batches:
+        xf, yf = next(fit)
+        g = F.cross_entropy(model(xr), yr) - c0
+        ce_f = F.cross_entropy(model(xf), yf, reduction="none")
+        mask = (ce_f < clip).to(ce_f.dtype)
+        clipped = ce_f * mask + ce_f.detach() * (1 - mask)
+        loss = -clipped.mean() + lam * g + mu / 2 * g ** 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        lam = lam + mu * g.item()
+    return lam
+
+
+def _grad_list(model):
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+            for p in model.parameters()]
+
+
+def naive_stage2(model, steps, *, lr, alpha=0.5, momentum=0.9, ridge=1e-12):
+    """steps: list of (adjacent_batch, [forget batches], [remote batches]) per step, in order."""
+    model.eval()
+    ref = copy.deepcopy(model)
+    params = list(model.parameters())
+    v = [torch.zeros_like(p) for p in params]
+    opt = torch.optim.SGD(params, lr=lr)
+    for (xa, ya), fbs, rbs in steps:
+        model.zero_grad()
+        F.cross_entropy(model(xa), ya).backward()
+        g_adj = _grad_list(model)
+
+        model.zero_grad()
+        for xf, yf in fbs:
+            l = F.cross_entropy(model(xf), yf, reduction="none")
+            with torch.no_grad():
+                l_ref = F.cross_entropy(ref(xf), yf, reduction="none")
+            a = torch.sort(-l).values
+            b = torch.sort(-l_ref).values
+            w2 = ((a - b) ** 2).mean()
+            ((1 - alpha) * (-l).mean() + alpha * w2).backward()
+        g_f = _grad_list(model)
+
+        model.zero_grad()
+        for xr, yr in rbs:
+            F.cross_entropy(model(xr), yr).backward()
+        g_rem = _grad_list(model)
+
+        v = [momentum * vi + gi for vi, gi in zip(v, g_adj)]
+        G = torch.zeros(2, 2, dtype=torch.float64)
+        rhs = torch.zeros(2, dtype=torch.float64)
+        for vi, fi, ri in zip(v, g_f, g_rem):
+            vi, fi, ri = vi.double(), fi.double(), ri.double()
+            G[0, 0] += (fi * fi).sum().item()
+            G[0, 1] += (fi * ri).sum().item()
+            G[1, 1] += (ri * ri).sum().item()
+            rhs[0] += (fi * vi).sum().item()
+            rhs[1] += (ri * vi).sum().item()
+        G[1, 0] = G[0, 1]
+        c = torch.linalg.solve(G + ridge * torch.eye(2, dtype=torch.float64), rhs)
+        v = [vi - (c[0] * fi.double() + c[1] * ri.double()).to(vi.dtype)
+             for vi, fi, ri in zip(v, g_f, g_rem)]
+        opt.zero_grad()
+        for p, vi in zip(params, v):
+            p.grad = vi.clone()
+        opt.step()
+    return v
+
+
+def driver_order_stage1(splits, cfg1, seed, device="cpu"):
+    """The remote batches and cycling forget batches in the order the driver draws them."""
+    from entangle_ext.unlearn.data import BatchStream
+    rem = BatchStream(splits.remote, cfg1.remote_batch_size, shuffle=True, seed=seed, name="s1/remote", device=device)
+    fgt = BatchStream(splits.forget, cfg1.forget_batch_size, shuffle=True, seed=seed, name="s1/forget", device=device)
+    remote = [b for e in range(cfg1.epochs) for b in rem.epoch_batches(e)]
+    forget = (fgt.next() for _ in itertools.count())
+    return remote, forget
+
+
+def driver_order_stage2(splits, cfg2, seed, device="cpu"):
+    """Per-step (adjacent batch, forget batches, remote batches) in the driver's order."""
+    from entangle_ext.unlearn.data import BatchStream
+    adj = BatchStream(splits.adjacent, cfg2.adjacent_batch_size, shuffle=True, seed=seed, name="s2/adjacent", device=device)
+    fgt = BatchStream(splits.forget, cfg2.forget_batch_size, shuffle=True, seed=seed, name="s2/forget", device=device)
+    rem = BatchStream(splits.remote, cfg2.remote_batch_size, shuffle=True, seed=seed, name="s2/remote", device=device)
+    steps, step = [], 0
+    for e in range(cfg2.epochs):
+        for ab in adj.epoch_batches(e):
+            fbs = [fgt.fetch(i) for i in fgt.batch_indices(step)[:cfg2.forget_batch_limit]]
+            rbs = [rem.fetch(i) for i in rem.batch_indices(step)[:cfg2.remote_batch_limit]]
+            steps.append((ab, fbs, rbs))
+            step += 1
+    return steps

@@ -1,0 +1,332 @@
+"""Fast tests of the two-stage driver: API, presets, input errors, NaN handling, checkpoint/resume,
+the digits miniature, the _ops fallbacks, dict (Hugging Face style) batches, CIFAR-100 loading."""
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+import entangle_ext as ee
+from entangle_ext.data.digits import digits_splits
+from entangle_ext.unlearn import NonFiniteLossError, load_checkpoint
+from entangle_ext.unlearn import _ops
+
+from conftest import SHARED_DATA
+
+pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def small():
+    s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
+    return s
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+
+def tiny_config(**kw):
+    cfg = ee.UnlearnConfig.preset("digits", log_every=2, **kw)
+    cfg.stage1 = dataclasses.replace(cfg.stage1, epochs=1, remote_batch_size=16)   # 7 steps
+    cfg.stage2 = dataclasses.replace(cfg.stage2, epochs=1, adjacent_batch_size=32,  # 3 steps
+                                     forget_batch_size=8, forget_batch_limit=2,
+                                     remote_batch_size=32, remote_batch_limit=2)
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------ API
+def test_public_api():
+    for name in ("unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
+                 "stage1", "stage2", "evaluate"):
+        assert hasattr(ee, name), name
+        assert getattr(ee, name).__doc__
+
+
+@pytest.mark.parametrize("name", ["cifar100", "tinyimagenet", "celeba", "toxigen", "digits"])
+def test_presets_roundtrip(name):
+    cfg = ee.UnlearnConfig.preset(name)
+    assert cfg.recipe == "reference"
+    assert ee.UnlearnConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_preset_values_and_recipes():
+    c = ee.UnlearnConfig.preset("cifar100")
+    assert (c.stage1.lr, c.stage1.remote_batch_size, c.stage1.forget_batch_size, c.stage1.clip,
+            c.stage1.mu, c.stage1.epochs) == (2.5e-6, 128, 16, 10.0, 10.0, 1)
+    s2 = c.stage2
+    assert (s2.alpha, s2.lr, s2.momentum, s2.epochs, s2.adjacent_batch_size, s2.forget_batch_size,
+            s2.forget_batch_limit, s2.remote_batch_size, s2.remote_batch_limit) == \
+        (0.5, 2e-5, 0.9, 6, 128, 128, 10, 512, 10)
+    t = ee.UnlearnConfig.preset("toxigen")
+    assert t.stage1.clip == 5.0 and t.stage1.confidence_penalty and t.stage2.alpha == 0.8 \
+        and t.stage2.momentum == 0.7
+    assert ee.UnlearnConfig.preset("tinyimagenet").stage1.lr == 5e-5
+    ref, pap = ee.UnlearnConfig.preset("celeba"), ee.UnlearnConfig.preset("celeba", recipe="paper")
+    assert (ref.stage2.w2_scope, ref.stage2.forget_mean_sign, ref.stage2.use_momentum, ref.stage1.dual_update) \
+        == ("minibatch", -1, True, "pre")
+    assert (pap.stage2.w2_scope, pap.stage2.forget_mean_sign, pap.stage2.use_momentum, pap.stage1.dual_update) \
+        == ("forget_set", 1, False, "post")
+    with pytest.raises(ValueError):
+        ee.UnlearnConfig.preset("mnist")
+    with pytest.raises(ValueError):
+        ee.UnlearnConfig.preset("digits", recipe="blog")
+    with pytest.raises(ValueError):
+        ee.Stage2Config(alpha=1.5)
+
+
+# ---------------------------------------------------------------------------------- bad inputs
+def test_empty_split_raises(small):
+    empty = TensorDataset(torch.zeros(0, 64), torch.zeros(0, dtype=torch.long))
+    s = dataclasses.replace(small, adjacent=empty)
+    with pytest.raises(ValueError, match="adjacent"):
+        ee.unlearn(mlp(), s, tiny_config(), progress=False)
+
+
+def test_labels_outside_classes_raise(small):
+    x, y = small.remote.tensors
+    s = dataclasses.replace(small, remote=TensorDataset(x, torch.where(y == 0, 2, y)))
+    with pytest.raises(ValueError, match="outside"):
+        ee.unlearn(mlp(), s, tiny_config(), progress=False)
+
+
+def test_non_2d_logits_raise(small):
+    class Bad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(64, 2)
+
+        def forward(self, x):
+            return self.l(x).unsqueeze(1)
+    with pytest.raises(ValueError, match="2-D logits"):
+        ee.unlearn(Bad(), small, tiny_config(), progress=False)
+
+
+class NaNAfter(torch.nn.Module):
+    """Outputs NaN from the k-th gradient-enabled forward call on."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.net, self.k, self.calls = mlp(), k, 0
+
+    def forward(self, x):
+        out = self.net(x)
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls > self.k:
+                out = out * float("nan")
+        return out
+
+
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(small, tmp_path):
+    cfg = dataclasses.replace(tiny_config(), checkpoint_every=1, log_every=2)
+    with pytest.raises(NonFiniteLossError) as ei:
+        ee.unlearn(NaNAfter(3), small, cfg, out_dir=tmp_path, progress=False)   # step 3 is the first bad
+    e = ei.value
+    assert isinstance(e, ValueError) and e.stage == 1 and e.step == 3
+    assert "step 3" in str(e) and e.checkpoint.endswith("stage1_step000003.pt")
+    ck = load_checkpoint(e.checkpoint)
+    assert all(torch.isfinite(t).all() for t in ck["model"].values())
+    assert not (tmp_path / "checkpoints" / "stage1_step000004.pt").exists()
+
+
+# ---------------------------------------------------------------------------- checkpoint/resume
+def _params(m):
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def test_full_run_checkpoint_and_resume(small, tmp_path):
+    cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
+    res = ee.unlearn(mlp(), small, cfg, out_dir=tmp_path / "a", progress=False)
+    rep = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert set(rep["evals"]) == {"original", "stage1", "stage2"}
+    assert set(rep["evals"]["stage2"]) == {"forget", "adjacent", "remote", "forget_test",
+                                           "adjacent_test", "remote_test"}
+    assert (tmp_path / "a" / "forget_loss_hist.png").stat().st_size > 1000
+    assert rep["steps"] == {"stage1": 7, "stage2": 3}
+    assert [h["step"] for h in res.history if h["stage"] == 1] == list(range(7))
+    assert "original" in res.table and "stage2" in res.table
+    ck = tmp_path / "a" / "checkpoints"
+    for name in ("stage1_step000004.pt", "stage1_done.pt", "stage2_step000002.pt", "stage2_done.pt"):
+        assert (ck / name).exists(), name
+    final = _params(res.model)
+    for name in ("stage1_step000004.pt", "stage1_done.pt", "stage2_step000002.pt"):
+        r = ee.unlearn(mlp(seed=9), small, resume=ck / name, out_dir=tmp_path / name, progress=False)
+        torch.testing.assert_close(_params(r.model), final, rtol=0, atol=0, msg=name)
+    r = ee.unlearn(mlp(seed=9), small, resume=tmp_path / "a", progress=False)   # latest = stage2_done
+    torch.testing.assert_close(_params(r.model), final, rtol=0, atol=0)
+
+
+# -------------------------------------------------------------------------------- digits run
+def test_digits_reduced_run_forgets():
+    from entangle_ext.demo import train_original
+    s, _ = digits_splits(max_train_per_digit=60)
+    model = train_original(s, epochs=40)
+    cfg = ee.UnlearnConfig.preset("digits")
+    cfg.stage2 = dataclasses.replace(cfg.stage2, epochs=8)
+    r = ee.unlearn(model, s, cfg, progress=False)
+    ev = r.report["evals"]
+    assert ev["original"]["forget"]["acc"] > 0.9
+    assert ev["stage1"]["forget"]["acc"] < 0.2
+    assert ev["stage2"]["forget"]["acc"] < 0.3
+    assert ev["stage2"]["adjacent"]["acc"] > ev["stage1"]["adjacent"]["acc"] + 0.3
+    assert ev["stage2"]["remote"]["acc"] > 0.8
+
+
+def test_paper_recipe_runs(small):
+    r = ee.unlearn(mlp(), small, tiny_config(recipe="paper"), progress=False)
+    assert r.report["config"]["stage2"]["w2_scope"] == "forget_set"
+    assert all(torch.isfinite(p).all() for p in r.model.parameters())
+
+
+# ---------------------------------------------------------------------------------- dict batches
+class DictDS(Dataset):
+    def __init__(self, tds):
+        self.x, self.y = tds.tensors
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"pixels": self.x[i], "labels": self.y[i]}
+
+
+class HFStyle(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, pixels):
+        return SimpleNamespace(logits=self.net(pixels))
+
+
+def test_dict_batches_match_tuple_batches(small):
+    ds = ee.Splits(**{k: DictDS(v) for k, v in small.named().items()})
+    a, b = HFStyle(), mlp()
+    ra = ee.unlearn(a, ds, tiny_config(), progress=False)
+    rb = ee.unlearn(b, small, tiny_config(), progress=False)
+    torch.testing.assert_close(_params(ra.model), _params(rb.model), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------- _ops
+def test_ops_fallbacks():
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (5,), (2, 2, 2)]
+    basis = [[torch.randn(s, generator=g) for s in shapes] for _ in range(2)]
+    basis.append([2 * basis[0][i] - basis[1][i] for i in range(3)])   # dependent direction
+    v = [torch.randn(s, generator=g) for s in shapes]
+    v0 = [t.clone() for t in v]
+    _ops.project_(v, basis)
+    for r in range(3):
+        assert abs(sum((a * b).sum() for a, b in zip(v, basis[r]))) < 1e-4
+    flat = torch.cat([t.reshape(-1) for t in v0])
+    B = torch.stack([torch.cat([t.reshape(-1) for t in b]) for b in basis[:2]])
+    want = flat - B.T @ torch.linalg.lstsq(B @ B.T, B @ flat).solution
+    torch.testing.assert_close(torch.cat([t.reshape(-1) for t in v]), want, rtol=1e-4, atol=1e-5)
+    lam = torch.zeros(())
+    _ops.dual_update_(lam, torch.tensor(0.25), 10.0)
+    assert float(lam) == 2.5
+    gg = torch.tensor(0.5, requires_grad=True)
+    t = _ops.al_term(gg, lam, 10.0)
+    assert float(t.detach()) == pytest.approx(2.5 * 0.5 + 5 * 0.25)
+    t.backward()
+    assert float(gg.grad) == pytest.approx(2.5 + 10 * 0.5)
+
+
+# ------------------------------------------------------------------------------------ CIFAR-100
+@pytest.mark.data
+def test_cifar100_npz_splits():
+    from entangle_ext.data.cifar100 import cifar100_splits, find_cifar100
+    src = find_cifar100(SHARED_DATA)
+    if src is None:
+        pytest.skip(f"no CIFAR-100 under {SHARED_DATA}")
+    s, info = cifar100_splits(src, superclasses=["fish", "flowers", "insects"], max_train_per_class=10,
+                              max_test_per_class=4)
+    assert info["groups"]["adjacent"] == ["flatfish", "ray", "shark", "trout"]
+    assert info["num_classes"] == 3
+    assert info["sizes"] == {"forget": 10, "adjacent": 40, "remote": 100, "forget_test": 4,
+                             "adjacent_test": 16, "remote_test": 40}
+    x, y = s.forget.tensors
+    assert x.shape == (10, 3, 32, 32) and x.dtype == torch.float32 and (y == 0).all()
+    assert set(s.remote.tensors[1].tolist()) == {1, 2}
+
+
+def test_cifar100_pickle_format(tmp_path):
+    """torchvision's cifar-100-python/ pickles, written here from synthetic arrays."""
+    import pickle
+
+    import numpy as np
+    from entangle_ext.data.cifar100 import cifar100_splits, load_cifar100
+    root = tmp_path / "cifar-100-python"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    f2c = np.arange(100) % 20
+    f2c[1] = 1   # aquarium_fish in coarse 1 ("fish"), as in CIFAR-100
+    for split, n in (("train", 400), ("test", 200)):
+        fine = np.arange(n) % 100
+        pickle.dump({b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                     b"fine_labels": fine.tolist(), b"coarse_labels": f2c[fine].tolist()},
+                    open(root / split, "wb"))
+    names = [f"c{i}" for i in range(100)]
+    names[1] = "aquarium_fish"
+    pickle.dump({b"fine_label_names": [n.encode() for n in names],
+                 b"coarse_label_names": [f"s{i}".encode() for i in range(20)]}, open(root / "meta", "wb"))
+    d = load_cifar100(tmp_path)
+    assert d["x_train"].shape == (400, 32, 32, 3) and d["fine_names"][1] == "aquarium_fish"
+    s, info = cifar100_splits(data=d)
+    assert info["sizes"]["forget"] == 4 and info["sizes"]["adjacent"] == 16
+    assert info["num_classes"] == 20
+
+
+# --------------------------------------------------------------------------- no host sync (CUDA)
+@pytest.mark.cuda
+def test_steps_do_not_sync_on_cuda(small, monkeypatch):
+    """Inside stage steps nothing reads device values back: CUDA sync debug mode "error" raises on
+    any synchronising call; only the periodic flush (log_every) is allowed to sync."""
+    from entangle_ext.unlearn import stages
+
+    dev = torch.device("cuda")
+    s = ee.Splits(**{k: TensorDataset(*[t.to(dev) for t in v.tensors]) for k, v in small.named().items()})
+    orig_flush = stages._Monitor.flush
+
+    def flush(self):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return orig_flush(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+    monkeypatch.setattr(stages._Monitor, "flush", flush)
+    cfg = tiny_config()
+    model = mlp().to(dev)
+    c0 = stages.remote_loss_c0(model, s.remote, dev)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ee.stage1(model, s, cfg.stage1, c0=c0, progress=False, log_every=100)
+        ee.stage2(model, s, cfg.stage2, progress=False, log_every=100)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("case", ["full", "parallel", "zero_one", "zero_both"])
+def test_projection_degenerate_bases(case):
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(7, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)
+    basis = {"full": [a, b], "parallel": [a, -3 * a], "zero_one": [a, torch.zeros(7, dtype=torch.float64)],
+             "zero_both": [torch.zeros(7, dtype=torch.float64)] * 2}[case]
+    v = torch.randn(7, generator=g, dtype=torch.float64)
+    x = [v.clone()]
+    _ops.project_(x, [[t] for t in basis])
+    B = torch.stack(basis)
+    want = v - torch.linalg.pinv(B) @ (B @ v) if B.abs().sum() > 0 else v
+    torch.testing.assert_close(x[0], want, rtol=1e-10, atol=1e-10)
