@@ -269,13 +269,13 @@ def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], s
     target_attrs, subclass_attrs = list(target_attrs), list(subclass_attrs)
     if set(target_attrs) & set(subclass_attrs):
         raise ValueError("target_attrs and subclass_attrs must not overlap")
+    t = _attr_matrix(attrs, target_attrs)
+    s = _attr_matrix(attrs, subclass_attrs)
     need = target_attrs + subclass_attrs
     missing = [n for n in need if n not in forget_subclass]
     extra = [n for n in forget_subclass if n not in need]
     if missing or extra:
         raise ValueError(f"forget_subclass must give exactly {need}; missing {missing}, unexpected {extra}")
-    t = _attr_matrix(attrs, target_attrs)
-    s = _attr_matrix(attrs, subclass_attrs)
     n = t.shape[0]
     target = (t.astype(np.int64) * (1 << np.arange(len(target_attrs))[::-1])).sum(1) if n else np.zeros(0, np.int64)
     want_t = np.array([bool(forget_subclass[a]) for a in target_attrs])
