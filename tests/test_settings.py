@@ -553,3 +553,15 @@ def test_subset_splits_from_index_split():
     s = split_by_hierarchy([0, 1, 2, 2, 1, 3], [0, 0, 1, 1], 0)
     sp = subset_splits(ds, s)
     assert (len(sp.forget), len(sp.adjacent), len(sp.remote)) == (1, 2, 3)
+
+
+@pytest.mark.skipif(not ee.available(), reason="extension not loaded")
+def test_cli_celeba_miniature_end_to_end(celeba_root, tmp_path, capsys):
+    from entangle_ext.cli import main
+    root, _, _ = celeba_root
+    out = tmp_path / "run"
+    rc = main(["--setting", "celeba", "--data-root", str(root), "--out", str(out), "--device", "cpu",
+               "--original-epochs", "1", "--epochs", "1", "--batch-limit", "1", "--no-progress"])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["evals"]["stage2"]["forget"]["n"] == 1 and list(out.glob("original_*.pt"))
