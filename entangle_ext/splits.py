@@ -443,7 +443,10 @@ def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, bat
                 x = data[s:s + batch_size]
             else:
                 b = default_collate([data[i] for i in range(s, min(n, s + batch_size))])
-                x = split_batch(b)[0] if isinstance(b, (dict, tuple, list)) else b
+                if isinstance(b, dict):
+                    x = {k: v for k, v in b.items() if k != "labels"}
+                else:
+                    x = split_batch(b)[0] if isinstance(b, (tuple, list)) else b
             x = move_batch(x, device)
             captured.clear()
             out = model_or_fn(**x) if isinstance(x, dict) else model_or_fn(x)

@@ -565,3 +565,20 @@ def test_cli_celeba_miniature_end_to_end(celeba_root, tmp_path, capsys):
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["evals"]["stage2"]["forget"]["n"] == 1 and list(out.glob("original_*.pt"))
+
+
+def test_extract_features_dict_dataset(toxigen_csv):
+    from entangle_ext.data.toxigen import toxigen_splits
+
+    class Bag(torch.nn.Module):           # HF-style keyword inputs, returns .logits-free (B, C)
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.EmbeddingBag(1001, 6, mode="sum")
+            self.classifier = torch.nn.Linear(6, 2)
+
+        def forward(self, input_ids, attention_mask):
+            return self.classifier(self.emb(input_ids, per_sample_weights=attention_mask.float()))
+
+    s, _ = toxigen_splits(toxigen_csv, _WordTok(), max_length=8)
+    f = extract_features(Bag(), s.remote, batch_size=7)
+    assert f.shape == (len(s.remote), 6)
