@@ -582,3 +582,12 @@ def test_extract_features_dict_dataset(toxigen_csv):
     s, _ = toxigen_splits(toxigen_csv, _WordTok(), max_length=8)
     f = extract_features(Bag(), s.remote, batch_size=7)
     assert f.shape == (len(s.remote), 6)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "toxigen_annotated.csv").is_file(), reason="shared ToxiGen CSV not present")
+def test_toxigen_capped_holdout_is_stratified_among_kept_rows():
+    from entangle_ext.data.toxigen import load_toxigen, toxigen_index_splits
+    d = load_toxigen(SHARED_DATA)
+    tr, te, tr_rows, te_rows = toxigen_index_splits(d, max_per_group_label=10, test_fraction=0.2)
+    assert len(tr_rows) + len(te_rows) == 13 * 2 * 10 and len(te_rows) == 13 * 2 * 2
+    assert te.sizes() == {"forget": 2, "adjacent": 2, "remote": 48}

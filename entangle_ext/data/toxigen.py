@@ -110,11 +110,12 @@ def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
             "toxicity_ai": ai, "toxicity_human": hu, "toxic": toxic, "source": str(src)}
 
 
-def _stratified_holdout(strata: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+def _stratified_holdout(strata: np.ndarray, test_fraction: float, seed: int, keep: np.ndarray) -> np.ndarray:
+    """Held-out mask: round(test_fraction · n) random rows of every stratum, among the ``keep`` rows."""
     rng = np.random.default_rng(seed)
     test = np.zeros(len(strata), bool)
     for s in np.unique(strata):
-        idx = np.flatnonzero(strata == s)
+        idx = np.flatnonzero((strata == s) & keep)
         rng.shuffle(idx)
         test[idx[:int(round(test_fraction * len(idx)))]] = True
     return test
@@ -151,7 +152,7 @@ def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", 
         for s in np.unique(strata):
             idx = np.flatnonzero(strata == s)
             keep[rng.permutation(idx)[:max_per_group_label]] = True
-    test = _stratified_holdout(strata, test_fraction, seed) & keep
+    test = _stratified_holdout(strata, test_fraction, seed, keep)
     train_rows, test_rows = np.flatnonzero(keep & ~test), np.flatnonzero(test)
     tr = split_by_group(g[train_rows], y[train_rows], fg, forget_label=1, flip_label=0)
     te = split_by_group(g[test_rows], y[test_rows], fg, forget_label=1, flip_label=0) if len(test_rows) else None
