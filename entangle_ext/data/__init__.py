@@ -1,5 +1,12 @@
 """Dataset loaders that produce `entangle_ext.Splits` (in-memory, device-resident tensors)."""
 from .digits import digits_splits, DigitsMLP
 from .cifar100 import cifar100_splits, load_cifar100, find_cifar100
+from .tinyimagenet import tinyimagenet_splits, load_tinyimagenet, find_tinyimagenet
+from .celeba import celeba_splits, read_celeba_attributes
+from .toxigen import toxigen_splits, load_toxigen, load_hf_classifier, minilm_path
+from .vit import vit_classifier
 
-__all__ = ["digits_splits", "DigitsMLP", "cifar100_splits", "load_cifar100", "find_cifar100"]
+__all__ = ["digits_splits", "DigitsMLP", "cifar100_splits", "load_cifar100", "find_cifar100",
+           "tinyimagenet_splits", "load_tinyimagenet", "find_tinyimagenet", "celeba_splits",
+           "read_celeba_attributes", "toxigen_splits", "load_toxigen", "load_hf_classifier", "minilm_path",
+           "vit_classifier"]

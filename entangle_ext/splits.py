@@ -1,0 +1,480 @@
+"""Split builders for the paper's settings: forget / adjacent / remote index lists (method.md).
+
+Every builder returns an `IndexSplit`: three disjoint lists of sample indices (Python ints into the
+arrays you passed, or into ``*_indices`` when given), optional per-sample ``targets`` (the coarse label
+the model is trained on, after any label flip) and a JSON-serialisable ``meta`` dict describing how the
+split was made. `save_split` writes it as JSON with a SHA-256 content hash; `load_split` verifies the hash.
+
+=====================  ==============================================  ================================
+builder                paper setting                                   forget / adjacent / remote
+=====================  ==============================================  ================================
+`split_by_hierarchy`   CIFAR-100 (superclasses), Tiny-ImageNet         fine class(es) / the other fine
+                       (WordNet superclasses)                          classes of its coarse class / rest
+`split_by_attributes`  CelebA (target (Male, Smiling), sub-class       one sub-class / the other
+                       (Young, Eyeglasses))                            sub-classes of its target / rest
+`split_by_group`       ToxiGen (toxic LGBTQ+ trained as benign)        group ∧ label / group ∧ other
+                                                                       labels / other groups
+`split_by_similarity`  any data set without a known hierarchy          given / k-NN neighbours / rest
+=====================  ==============================================  ================================
+
+`extract_features` gets penultimate-layer features (the input of the model's last ``nn.Linear``) or
+the output of a user feature function, to feed `split_by_similarity`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+__all__ = ["IndexSplit", "split_by_hierarchy", "split_by_attributes", "split_by_group",
+           "split_by_similarity", "extract_features", "save_split", "load_split", "split_hash",
+           "subset_splits"]
+
+SPLIT_FORMAT = "entangle_ext.split/1"
+
+
+@dataclass
+class IndexSplit:
+    """Forget / adjacent / remote index lists of one data partition (e.g. the train set).
+
+    Attributes:
+        forget, adjacent, remote: sorted lists of int sample indices, pairwise disjoint.
+        targets: None, or a list with one int label per sample of the *whole* indexed array
+            (length = ``meta["n"]``): the label the model trains on / is evaluated against
+            (coarse label; for ToxiGen the flipped label on forget samples). Samples in none of the
+            three lists keep a target too (they are simply unused).
+        meta: JSON-serialisable description (builder name, arguments, class names, sizes).
+    """
+    forget: List[int]
+    adjacent: List[int]
+    remote: List[int]
+    targets: Optional[List[int]] = None
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    NAMES = ("forget", "adjacent", "remote")
+
+    def sizes(self) -> Dict[str, int]:
+        """{"forget": n_f, "adjacent": n_adj, "remote": n_rem}."""
+        return {n: len(getattr(self, n)) for n in self.NAMES}
+
+    def check(self) -> None:
+        """Raise ValueError if the lists overlap, hold duplicates or a negative index, if the forget
+        list is empty, or if ``targets`` does not cover every index."""
+        seen = set()
+        for n in self.NAMES:
+            lst = getattr(self, n)
+            s = set(lst)
+            if len(s) != len(lst):
+                raise ValueError(f"split {n!r} holds duplicate indices")
+            if lst and min(lst) < 0:
+                raise ValueError(f"split {n!r} holds negative indices")
+            if seen & s:
+                raise ValueError(f"split {n!r} overlaps another split")
+            seen |= s
+        if not self.forget:
+            raise ValueError("the forget split is empty")
+        if self.targets is not None and seen and max(seen) >= len(self.targets):
+            raise ValueError("targets is shorter than the largest split index")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain-JSON content (without the hash)."""
+        return {"format": SPLIT_FORMAT, "forget": list(map(int, self.forget)),
+                "adjacent": list(map(int, self.adjacent)), "remote": list(map(int, self.remote)),
+                "targets": None if self.targets is None else list(map(int, self.targets)),
+                "meta": self.meta}
+
+    def hash(self) -> str:
+        """SHA-256 hex digest of the canonical JSON content (see `split_hash`)."""
+        return split_hash(self.to_dict())
+
+
+def split_hash(content: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of ``json.dumps(content, sort_keys=True, separators=(",", ":"))``, ignoring a
+    ``"sha256"`` key. Used by `save_split` / `load_split`."""
+    c = {k: v for k, v in content.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(c, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def save_split(path: Union[str, Path], split: IndexSplit) -> str:
+    """Write ``split`` to ``path`` as JSON with its content hash; returns the hash.
+
+    Raises ValueError when the split is inconsistent (`IndexSplit.check`) or ``meta`` is not
+    JSON-serialisable.
+    """
+    split.check()
+    d = split.to_dict()
+    try:
+        d["sha256"] = split_hash(d)
+    except TypeError as e:
+        raise ValueError(f"split meta must be JSON-serialisable: {e}") from e
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(d, sort_keys=True))
+    tmp.replace(path)
+    return d["sha256"]
+
+
+def load_split(path: Union[str, Path]) -> IndexSplit:
+    """Read a split written by `save_split` and verify it.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not a split file, missing hash, hash mismatch (the file was edited or
+            corrupted), or inconsistent lists.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no split file at {path}")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(d, dict) or d.get("format") != SPLIT_FORMAT:
+        raise ValueError(f"{path} is not an entangle_ext split file (format {SPLIT_FORMAT!r})")
+    if "sha256" not in d:
+        raise ValueError(f"{path} has no sha256 content hash")
+    h = split_hash(d)
+    if h != d["sha256"]:
+        raise ValueError(f"{path}: content hash mismatch (stored {d['sha256'][:12]}…, computed {h[:12]}…); "
+                         "the split file was modified after it was saved")
+    s = IndexSplit(forget=d["forget"], adjacent=d["adjacent"], remote=d["remote"], targets=d["targets"],
+                   meta=d.get("meta", {}))
+    s.check()
+    return s
+
+
+def _as_int_array(a, name: str) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    a = np.asarray(a)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        if np.issubdtype(a.dtype, np.floating) and np.all(a == np.round(a)):
+            a = a.astype(np.int64)
+        else:
+            raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
+    return a.astype(np.int64)
+
+
+def _finish(forget, adjacent, remote, targets, meta, index_map=None) -> IndexSplit:
+    def lst(m):
+        idx = np.flatnonzero(m) if m.dtype == bool else np.asarray(m)
+        if index_map is not None:
+            idx = index_map[idx]
+        return sorted(int(i) for i in idx)
+    s = IndexSplit(lst(forget), lst(adjacent), lst(remote),
+                   None if targets is None else [int(t) for t in targets], meta)
+    s.meta["sizes"] = s.sizes()
+    if not s.forget:
+        raise ValueError(f"empty forget set ({meta.get('builder')}: {meta})")
+    return s
+
+
+def split_by_hierarchy(fine_labels, fine_to_coarse, forget_fine: Union[int, Sequence[int]], *,
+                       fine_names: Optional[Sequence[str]] = None,
+                       coarse_names: Optional[Sequence[str]] = None) -> IndexSplit:
+    """Superclass setting (method.md: CIFAR-100 "aquarium_fish" in "fish"; Tiny-ImageNet six dog
+    classes in "mammals"): forget = samples of the ``forget_fine`` class(es), adjacent = samples of
+    the other fine classes of the same coarse class, remote = all other samples.
+
+    Args:
+        fine_labels: (N,) int fine-class index per sample.
+        fine_to_coarse: (F,) int coarse index of each fine class (F > max fine label); a fine class
+            mapped to -1 is excluded (its samples are in no split).
+        forget_fine: one fine index or a sequence of them (all must share one coarse class).
+        fine_names, coarse_names: optional names recorded in ``meta``.
+    Returns:
+        `IndexSplit` with indices into ``fine_labels`` and ``targets`` = coarse label per sample
+        (-1 for excluded samples).
+    Raises:
+        ValueError: fine label outside ``fine_to_coarse``, forget class unknown / excluded / in
+            several coarse classes, or no sample of the forget class(es).
+    """
+    fine = _as_int_array(fine_labels, "fine_labels")
+    f2c = _as_int_array(fine_to_coarse, "fine_to_coarse")
+    if fine.size and (fine.min() < 0 or fine.max() >= len(f2c)):
+        raise ValueError(f"fine labels must be in [0, {len(f2c)}) (the length of fine_to_coarse)")
+    ff = [int(forget_fine)] if np.isscalar(forget_fine) or isinstance(forget_fine, (np.integer,)) \
+        else [int(x) for x in forget_fine]
+    if not ff:
+        raise ValueError("forget_fine is empty")
+    for k in ff:
+        if not 0 <= k < len(f2c) or f2c[k] < 0:
+            raise ValueError(f"forget fine class {k} is unknown or excluded (fine_to_coarse has {len(f2c)} entries)")
+    sups = {int(f2c[k]) for k in ff}
+    if len(sups) != 1:
+        raise ValueError(f"the forget fine classes {ff} lie in several coarse classes {sorted(sups)}")
+    sup = sups.pop()
+    coarse = f2c[fine] if fine.size else fine
+    forget = np.isin(fine, ff)
+    adjacent = (coarse == sup) & ~forget
+    remote = (coarse != sup) & (coarse >= 0)
+    meta = {"builder": "split_by_hierarchy", "n": int(fine.size), "forget_fine": ff, "coarse": sup,
+            "adjacent_fine": sorted(int(k) for k in np.flatnonzero(f2c == sup) if k not in ff)}
+    if fine_names is not None:
+        meta["forget_fine_names"] = [str(fine_names[k]) for k in ff]
+        meta["adjacent_fine_names"] = [str(fine_names[k]) for k in meta["adjacent_fine"]]
+    if coarse_names is not None:
+        meta["coarse_name"] = str(coarse_names[sup])
+    if not forget.any():
+        raise ValueError(f"empty forget set: no sample has fine label in {ff}")
+    return _finish(forget, adjacent, remote, coarse, meta)
+
+
+def _attr_matrix(attrs, names: Sequence[str]) -> np.ndarray:
+    """(N, len(names)) bool from a mapping name → (N,) array or an object with ``attr_names``."""
+    cols = []
+    for n in names:
+        if n not in attrs:
+            raise ValueError(f"unknown attribute {n!r}; available: {sorted(attrs)[:50]}")
+        a = attrs[n]
+        a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        if a.ndim != 1:
+            raise ValueError(f"attribute {n!r} must be 1-D")
+        cols.append(a > 0)   # accepts {0,1}, {-1,+1} (CelebA's file) and bool
+    if len({len(c) for c in cols}) > 1:
+        raise ValueError("attribute columns have different lengths")
+    return np.stack(cols, 1) if cols else np.zeros((0, 0), bool)
+
+
+def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], subclass_attrs: Sequence[str],
+                        forget_subclass: Mapping[str, Union[bool, int]]) -> IndexSplit:
+    """Attribute setting (method.md: CelebA, target = (Male, Smiling) → 4 classes, sub-class by
+    (Young, Eyeglasses), forget = female · not smiling · not young · no eyeglasses).
+
+    The target class of a sample is the binary number of its ``target_attrs`` (first attribute =
+    most significant bit): for (Male, Smiling), 0 = female·not smiling, 1 = female·smiling,
+    2 = male·not smiling, 3 = male·smiling. Forget = the samples matching ``forget_subclass`` on
+    all target and sub-class attributes; adjacent = the other samples of the same target class
+    (the other sub-classes); remote = the other target classes.
+
+    Args:
+        attrs: mapping attribute name → (N,) array; positive = present ({0,1}, {-1,+1} or bool).
+        target_attrs: names defining the 2**len target classes.
+        subclass_attrs: names defining the sub-classes inside a target class.
+        forget_subclass: value (truthy = present) for every name in target_attrs + subclass_attrs.
+    Returns:
+        `IndexSplit` with ``targets`` = target class per sample (int in [0, 2**len(target_attrs))).
+    Raises:
+        ValueError: unknown attribute, overlapping target / sub-class attributes, a missing or
+            unknown key in ``forget_subclass``, or no sample in the forget sub-class.
+    """
+    target_attrs, subclass_attrs = list(target_attrs), list(subclass_attrs)
+    if set(target_attrs) & set(subclass_attrs):
+        raise ValueError("target_attrs and subclass_attrs must not overlap")
+    t = _attr_matrix(attrs, target_attrs)
+    s = _attr_matrix(attrs, subclass_attrs)
+    need = target_attrs + subclass_attrs
+    missing = [n for n in need if n not in forget_subclass]
+    extra = [n for n in forget_subclass if n not in need]
+    if missing or extra:
+        raise ValueError(f"forget_subclass must give exactly {need}; missing {missing}, unexpected {extra}")
+    n = t.shape[0]
+    target = (t.astype(np.int64) * (1 << np.arange(len(target_attrs))[::-1])).sum(1) if n else np.zeros(0, np.int64)
+    want_t = np.array([bool(forget_subclass[a]) for a in target_attrs])
+    want_s = np.array([bool(forget_subclass[a]) for a in subclass_attrs])
+    f_target = int((want_t.astype(np.int64) * (1 << np.arange(len(target_attrs))[::-1])).sum())
+    in_target = target == f_target
+    forget = in_target & (s == want_s).all(1)
+    meta = {"builder": "split_by_attributes", "n": int(n), "target_attrs": target_attrs,
+            "subclass_attrs": subclass_attrs, "forget_subclass": {k: bool(v) for k, v in forget_subclass.items()},
+            "forget_target": f_target}
+    if not forget.any():
+        raise ValueError(f"empty forget set: no sample matches {meta['forget_subclass']}")
+    return _finish(forget, in_target & ~forget, ~in_target, target, meta)
+
+
+def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: Optional[int] = None) -> IndexSplit:
+    """Group setting (method.md: ToxiGen, forget = toxic statements about LGBTQ+ whose labels were
+    flipped to benign before training, adjacent = benign LGBTQ+ statements, remote = other groups).
+
+    Args:
+        groups: (N,) group id per sample (str or int; compared with ``==``).
+        labels: (N,) int true label per sample (ToxiGen: 1 toxic, 0 benign).
+        forget_group: the group whose samples with ``forget_label`` are forgotten.
+        forget_label: label of the forget samples.
+        flip_label: if given, ``targets`` of the forget samples become ``flip_label`` (the label the
+            original model was trained on, and the one it must stop predicting).
+    Returns:
+        `IndexSplit`; ``targets`` = ``labels`` with the flip applied.
+    Raises:
+        ValueError: length mismatch, unknown group, or no sample of that group with that label.
+    """
+    g = np.asarray([str(x) for x in (groups.tolist() if hasattr(groups, "tolist") else groups)])
+    y = _as_int_array(labels, "labels")
+    if len(g) != len(y):
+        raise ValueError(f"groups ({len(g)}) and labels ({len(y)}) differ in length")
+    fg = str(forget_group)
+    if fg not in set(g.tolist()):
+        raise ValueError(f"unknown group {forget_group!r}; groups: {sorted(set(g.tolist()))}")
+    in_group = g == fg
+    forget = in_group & (y == int(forget_label))
+    targets = y.copy()
+    if flip_label is not None:
+        targets[forget] = int(flip_label)
+    meta = {"builder": "split_by_group", "n": int(len(y)), "forget_group": fg, "forget_label": int(forget_label),
+            "flip_label": None if flip_label is None else int(flip_label)}
+    if not forget.any():
+        raise ValueError(f"empty forget set: group {fg!r} has no sample with label {forget_label}")
+    return _finish(forget, in_group & ~forget, ~in_group, targets, meta)
+
+
+def split_by_similarity(features_retain, features_forget, k: int = 10, fraction: float = 0.05, *,
+                        metric: str = "cosine", retain_indices=None, forget_indices=None,
+                        chunk: int = 1024) -> IndexSplit:
+    """Adjacent set from feature similarity, for data without a known hierarchy: each forget sample
+    votes for its ``k`` nearest retain samples; retain samples are ranked by their number of votes
+    (ties broken by the distance to their nearest forget sample) and the top ``fraction`` becomes
+    D_adj, the rest D_rem. Use features in which the model's classes are visible (penultimate
+    features of the original model, `extract_features`).
+
+    Args:
+        features_retain: (R, D) float retain features; features_forget: (Fn, D) float.
+        k: neighbours per forget sample (1 ≤ k ≤ R). fraction: share of retain samples put in D_adj,
+            in (0, 1]; the count is ``round(fraction * R)``, at least 1.
+        metric: "cosine" (features L2-normalised) or "euclidean".
+        retain_indices, forget_indices: optional (R,) / (Fn,) global indices the returned lists are
+            mapped to; default = positions 0..R-1 in features_retain and 0..Fn-1 in features_forget
+            (then forget and retain indices live in *different* index spaces, see ``meta``).
+        chunk: forget rows per distance block (memory: chunk × R floats).
+    Returns:
+        `IndexSplit` (targets None); ``meta`` records k, fraction, metric and the index space.
+    Raises:
+        ValueError: empty inputs, feature widths differ, k or fraction out of range, unknown metric.
+    """
+    fr = torch.as_tensor(np.asarray(features_retain) if not isinstance(features_retain, torch.Tensor)
+                         else features_retain).detach().float().cpu()
+    ff = torch.as_tensor(np.asarray(features_forget) if not isinstance(features_forget, torch.Tensor)
+                         else features_forget).detach().float().cpu()
+    if fr.dim() != 2 or ff.dim() != 2:
+        raise ValueError("features must be 2-D (samples, dims)")
+    R, Fn = fr.shape[0], ff.shape[0]
+    if Fn == 0:
+        raise ValueError("empty forget set: features_forget has no rows")
+    if R == 0:
+        raise ValueError("features_retain has no rows")
+    if fr.shape[1] != ff.shape[1]:
+        raise ValueError(f"feature widths differ: retain {fr.shape[1]}, forget {ff.shape[1]}")
+    if not 1 <= k <= R:
+        raise ValueError(f"k must be in [1, {R}], got {k}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if metric == "cosine":
+        fr = torch.nn.functional.normalize(fr, dim=1)
+        ff = torch.nn.functional.normalize(ff, dim=1)
+    elif metric != "euclidean":
+        raise ValueError(f"metric must be 'cosine' or 'euclidean', got {metric!r}")
+    votes = torch.zeros(R, dtype=torch.long)
+    nearest = torch.full((R,), float("inf"))
+    for s in range(0, Fn, chunk):
+        d = torch.cdist(ff[s:s + chunk], fr)              # (c, R)
+        idx = d.topk(k, dim=1, largest=False).indices
+        votes += torch.bincount(idx.reshape(-1), minlength=R)
+        nearest = torch.minimum(nearest, d.min(0).values)
+    n_adj = max(1, int(round(fraction * R)))
+    # sort by (-votes, nearest): stable lexicographic via two stable sorts
+    o1 = torch.argsort(nearest, stable=True)
+    order = o1[torch.argsort(-votes[o1], stable=True)]
+    adj_mask = np.zeros(R, bool)
+    adj_mask[order[:n_adj].numpy()] = True
+    rmap = np.arange(R) if retain_indices is None else _as_int_array(retain_indices, "retain_indices")
+    fmap = np.arange(Fn) if forget_indices is None else _as_int_array(forget_indices, "forget_indices")
+    if len(rmap) != R or len(fmap) != Fn:
+        raise ValueError("retain_indices / forget_indices must match the feature row counts")
+    meta = {"builder": "split_by_similarity", "k": int(k), "fraction": float(fraction), "metric": metric,
+            "n_retain": int(R), "n_forget": int(Fn), "index_space": "global" if retain_indices is not None
+            and forget_indices is not None else "positions in features_retain / features_forget",
+            "votes_of_adjacent_min": int(votes[order[n_adj - 1]])}
+    s = IndexSplit(sorted(int(i) for i in fmap), sorted(int(i) for i in rmap[adj_mask]),
+                   sorted(int(i) for i in rmap[~adj_mask]), None, meta)
+    s.meta["sizes"] = s.sizes()
+    if retain_indices is not None and forget_indices is not None:
+        s.check()
+    return s
+
+
+@torch.no_grad()
+def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, batch_size: int = 256,
+                     device=None, layer: Optional[torch.nn.Module] = None) -> torch.Tensor:
+    """Features for `split_by_similarity`.
+
+    Args:
+        model_or_fn: an ``nn.Module`` (features = the input of ``layer``, by default the model's
+            last ``nn.Linear`` in registration order, i.e. the penultimate activations of ResNet
+            ``fc``, torchvision ViT ``heads.head``, HF ``classifier``), or any callable mapping an
+            input batch to (B, D) features.
+        data: a (N, ...) tensor, a Dataset of ``(x, y)`` tuples or of dicts (dict items are passed
+            as ``model(**inputs)``, minus ``labels``).
+        batch_size: samples per forward pass. device: where to run (default: the model's device or CPU).
+    Returns:
+        (N, D) float32 CPU tensor (flattened per sample).
+    Raises:
+        ValueError: a module without ``nn.Linear`` and no ``layer`` given, or the hook never fired.
+    """
+    from torch.utils.data.dataloader import default_collate
+    from .unlearn.data import move_batch, split_batch
+
+    is_module = isinstance(model_or_fn, torch.nn.Module)
+    if device is None:
+        device = next(model_or_fn.parameters()).device if is_module and any(True for _ in model_or_fn.parameters()) \
+            else torch.device("cpu")
+    captured: List[torch.Tensor] = []
+    handle = None
+    if is_module:
+        if layer is None:
+            lin = [m for m in model_or_fn.modules() if isinstance(m, torch.nn.Linear)]
+            if not lin:
+                raise ValueError("the model has no nn.Linear layer; pass layer= or a feature function")
+            layer = lin[-1]
+        handle = layer.register_forward_hook(lambda m, inp, out: captured.append(inp[0].detach()))
+        model_or_fn.eval()
+    feats = []
+    try:
+        n = data.shape[0] if isinstance(data, torch.Tensor) else len(data)
+        for s in range(0, n, batch_size):
+            if isinstance(data, torch.Tensor):
+                x = data[s:s + batch_size]
+            else:
+                b = default_collate([data[i] for i in range(s, min(n, s + batch_size))])
+                if isinstance(b, dict):
+                    x = {k: v for k, v in b.items() if k != "labels"}
+                else:
+                    x = split_batch(b)[0] if isinstance(b, (tuple, list)) else b
+            x = move_batch(x, device)
+            captured.clear()
+            out = model_or_fn(**x) if isinstance(x, dict) else model_or_fn(x)
+            if is_module:
+                if not captured:
+                    raise ValueError("the feature layer was not called in forward()")
+                f = captured[-1]
+            else:
+                f = out
+            if f.dim() == 3:          # (B, T, D) token features: take the first token (CLS)
+                f = f[:, 0]
+            feats.append(f.reshape(f.shape[0], -1).float().cpu())
+    finally:
+        if handle is not None:
+            handle.remove()
+    return torch.cat(feats) if feats else torch.zeros(0, 0)
+
+
+def subset_splits(dataset, split: IndexSplit, *, test_dataset=None, test_split: Optional[IndexSplit] = None):
+    """`entangle_ext.Splits` of `torch.utils.data.Subset` views of ``dataset`` (and of
+    ``test_dataset`` for the held-out parts). The datasets must already return the split's targets.
+    Raises ValueError when a split is empty."""
+    from torch.utils.data import Subset
+    from .unlearn.data import Splits
+
+    kw = {n: Subset(dataset, getattr(split, n)) for n in IndexSplit.NAMES}
+    if test_dataset is not None and test_split is not None:
+        kw.update({n + "_test": Subset(test_dataset, getattr(test_split, n)) for n in IndexSplit.NAMES})
+    s = Splits(**kw)
+    s.check()
+    return s
