@@ -10,9 +10,6 @@ even digits; see `entangle_ext.data.digits`) that uses the operators directly:
 * ``entangle_ext.dual_update_(lam, g, mu, kind="equality")`` and ``entangle_ext.AugmentedLagrangian``
   - the Stage 1 multiplier update / penalty.
 
-The last two are being merged from main; when this build lacks them, the script says so and uses the
-driver's plain-PyTorch equivalents (`entangle_ext.unlearn._ops`, same semantics).
-
     python python_examples/dropin_ops.py
 """
 from __future__ import annotations
@@ -24,17 +21,6 @@ import torch.nn.functional as F
 
 import entangle_ext as ee
 from entangle_ext.data.digits import digits_splits
-from entangle_ext.unlearn import _ops
-
-
-def op(name, fallback, fallback_name):
-    fn = getattr(ee, name, None)
-    if fn is None:
-        print(f"entangle_ext.{name} is not in this build (it is being merged from main); "
-              f"using the driver's PyTorch fallback {fallback_name}")
-        return fallback
-    print(f"using entangle_ext.{name}")
-    return fn
 
 
 def acc(model, ds):
@@ -46,11 +32,6 @@ def acc(model, ds):
 def main():
     torch.manual_seed(0)
     s, _ = digits_splits(seed=0)
-    project = op("project_orthogonal_", _ops.project_, "entangle_ext.unlearn._ops.project_")
-    dual_update = op("dual_update_", lambda lam, g, mu, kind="equality": _ops.dual_update_(lam, g, mu),
-                     "entangle_ext.unlearn._ops.dual_update_")
-    if not hasattr(ee, "AugmentedLagrangian"):
-        print("entangle_ext.AugmentedLagrangian is not in this build; the penalty below is λ·g + μ/2·g²")
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2))
 
     # --- their ordinary training loop -------------------------------------------------------
@@ -72,17 +53,17 @@ def main():
     xa, ya = s.adjacent.tensors
     with torch.no_grad():
         c0 = F.cross_entropy(model(xr), yr)
-    lam, mu = torch.zeros(()), 10.0
+    al = ee.AugmentedLagrangian(c0, mu=10.0)          # owns λ, μ and the pinned c0 on the device
     opt = torch.optim.Adam(model.parameters(), 3e-4)
     for step in range(150):
         ir, i_f = torch.randint(len(yr), (32,)), torch.randint(len(yf), (16,))
-        g = F.cross_entropy(model(xr[ir]), yr[ir]) - c0
+        g = al.constraint(F.cross_entropy(model(xr[ir]), yr[ir]))
         ce_f = F.cross_entropy(model(xf[i_f]), yf[i_f], reduction="none")
-        loss = -(ce_f * (ce_f < 10).float()).mean() + lam * g + 0.5 * mu * g * g
+        loss = -(ce_f * (ce_f < 10).float()).mean() + al.penalty(g)    # λg + μ/2 g² (fused op)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        dual_update(lam, g.detach(), mu, kind="equality")
+        al.update()                                                     # λ ← λ + μg (dual_update_)
     report("stage 1")
 
     # --- Stage 2 in their loop: repair D_adj with projected SGD, W2-anchored forget losses -------
@@ -103,7 +84,7 @@ def main():
             g_rem = grads_of(F.cross_entropy(model(xr), yr))
             v = g_adj if v is None else [0.9 * a + b for a, b in zip(v, g_adj)]
             v = [t.clone() for t in v]
-            project(v, [g_f, g_rem], rcond=1e-10)                                  # in place
+            ee.project_orthogonal_(v, [g_f, g_rem], rcond=1e-10)                   # in place
             with torch.no_grad():
                 for p, d in zip(params, v):
                     p.sub_(lr * d)

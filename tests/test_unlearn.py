@@ -1,5 +1,5 @@
 """Fast tests of the two-stage driver: API, presets, input errors, NaN handling, checkpoint/resume,
-the digits miniature, the _ops fallbacks, dict (Hugging Face style) batches, CIFAR-100 loading."""
+the digits miniature, dict (Hugging Face style) batches, CIFAR-100 loading."""
 import dataclasses
 import json
 from types import SimpleNamespace
@@ -11,7 +11,6 @@ from torch.utils.data import Dataset, TensorDataset
 import entangle_ext as ee
 from entangle_ext.data.digits import digits_splits
 from entangle_ext.unlearn import NonFiniteLossError, load_checkpoint
-from entangle_ext.unlearn import _ops
 
 from conftest import SHARED_DATA
 
@@ -219,31 +218,6 @@ def test_dict_batches_match_tuple_batches(small):
     torch.testing.assert_close(_params(ra.model), _params(rb.model), rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------------------------------- _ops
-def test_ops_fallbacks():
-    g = torch.Generator().manual_seed(0)
-    shapes = [(3, 4), (5,), (2, 2, 2)]
-    basis = [[torch.randn(s, generator=g) for s in shapes] for _ in range(2)]
-    basis.append([2 * basis[0][i] - basis[1][i] for i in range(3)])   # dependent direction
-    v = [torch.randn(s, generator=g) for s in shapes]
-    v0 = [t.clone() for t in v]
-    _ops.project_(v, basis)
-    for r in range(3):
-        assert abs(sum((a * b).sum() for a, b in zip(v, basis[r]))) < 1e-4
-    flat = torch.cat([t.reshape(-1) for t in v0])
-    B = torch.stack([torch.cat([t.reshape(-1) for t in b]) for b in basis[:2]])
-    want = flat - B.T @ torch.linalg.lstsq(B @ B.T, B @ flat).solution
-    torch.testing.assert_close(torch.cat([t.reshape(-1) for t in v]), want, rtol=1e-4, atol=1e-5)
-    lam = torch.zeros(())
-    _ops.dual_update_(lam, torch.tensor(0.25), 10.0)
-    assert float(lam) == 2.5
-    gg = torch.tensor(0.5, requires_grad=True)
-    t = _ops.al_term(gg, lam, 10.0)
-    assert float(t.detach()) == pytest.approx(2.5 * 0.5 + 5 * 0.25)
-    t.backward()
-    assert float(gg.grad) == pytest.approx(2.5 + 10 * 0.5)
-
-
 # ------------------------------------------------------------------------------------ CIFAR-100
 @pytest.mark.data
 def test_cifar100_npz_splits():
@@ -326,7 +300,7 @@ def test_projection_degenerate_bases(case):
              "zero_both": [torch.zeros(7, dtype=torch.float64)] * 2}[case]
     v = torch.randn(7, generator=g, dtype=torch.float64)
     x = [v.clone()]
-    _ops.project_(x, [[t] for t in basis])
+    ee.project_orthogonal_(x, [[t] for t in basis], rcond=1e-10)
     B = torch.stack(basis)
     want = v - torch.linalg.pinv(B) @ (B @ v) if B.abs().sum() > 0 else v
     torch.testing.assert_close(x[0], want, rtol=1e-10, atol=1e-10)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import entangle_ext as _ee
-from . import _ops
+from ..dual import augmented_lagrangian_term, dual_update_
+from ..projection import project_orthogonal_
 from .config import Stage1Config, Stage2Config
 from .data import (BatchStream, Splits, batch_size_of, concat_batches, forward_logits, slice_batch,
                    split_batch)
@@ -160,6 +161,7 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
     dtype = params[0].dtype
     lam = torch.full((), float(config.lambda_init), dtype=dtype, device=device)
     c0_t = torch.full((), float(c0), dtype=dtype, device=device)   # fill: no H2D copy
+    mu_t = torch.full((), float(config.mu), dtype=dtype, device=device)
     rem = BatchStream(splits.remote, config.remote_batch_size, shuffle=True, seed=seed,
                       name="s1/remote", device=device)
     fgt = BatchStream(splits.forget, config.forget_batch_size, shuffle=True, seed=seed,
@@ -203,17 +205,19 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
                 obj = clipped
                 if config.confidence_penalty:
                     obj = clipped - 1.0 / (clipped + config.penalty_eps)
-                loss = -obj.mean() + _ops.al_term(g, lam, config.mu)
+                loss = -obj.mean() + augmented_lagrangian_term(g.reshape(1), lam.view(1), mu_t)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 lam_before = lam.detach().clone()
                 if config.dual_update == "pre":
-                    _ops.dual_update_(lam, g.detach(), config.mu)
+                    # λ is 0-d (one constraint); the ops take (m,) views of it, updated in place.
+                    # check_finite=False: no host sync; NaN is caught at the next log point.
+                    dual_update_(lam.view(1), g.detach().reshape(1), mu_t, check_finite=False)
                 else:
                     with torch.no_grad():
                         g_post = per_sample_ce(model, rb).mean() - c0_t
-                    _ops.dual_update_(lam, g_post, config.mu)
+                    dual_update_(lam.view(1), g_post.reshape(1), mu_t, check_finite=False)
                 mon.record(step, loss, [g.detach(), lam_before, ce_f.detach().mean(), ce_r.detach().mean()])
                 step += 1
                 bar.update(1)
@@ -415,7 +419,7 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
                     else:
                         torch._foreach_copy_(v, g_adj) if hasattr(torch, "_foreach_copy_") else \
                             [vi.copy_(gi) for vi, gi in zip(v, g_adj)]
-                    coeffs = _ops.project_(v, [g_f, g_rem], rcond=config.rcond)
+                    coeffs = project_orthogonal_(v, [g_f, g_rem], rcond=config.rcond)
                     for p, vi in zip(params, v):
                         p.grad = vi.clone()
                 opt.step()
