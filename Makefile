@@ -21,9 +21,16 @@ $(DEPS_STAMP): requirements.txt
 
 deps: $(DEPS_STAMP)
 
-# Editable install: builds entangle_ext/_C*.so in place (ninja, incremental).
-build: $(DEPS_STAMP)
+# Editable install: builds entangle_ext/_C*.so in place. Python changes need no rebuild; the
+# extension is rebuilt only when a native source or the build scripts change.
+NATIVE_SRC  := $(wildcard csrc/*.h csrc/*.txt csrc/cpu/*.cpp csrc/cuda/*.cu) setup.py pyproject.toml
+BUILD_STAMP := $(VENV)/.build-stamp
+
+$(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	@touch $@
+
+build: $(BUILD_STAMP)
 	@$(PY) -c "import entangle_ext as e; assert e.available(), e.load_error(); \
 	  print('entangle_ext', e.__version__, '| CUDA kernels built:', e.cuda_built(), e.cuda_arch_list())"
 
