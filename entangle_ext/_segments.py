@@ -58,8 +58,8 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
 def _as_offsets(off: OffsetsLike, name: str, device: torch.device) -> torch.Tensor:
     if not isinstance(off, torch.Tensor):
         try:
-            off = torch.as_tensor(list(off), dtype=torch.int64)
-        except (TypeError, ValueError) as exc:
+            off = torch.as_tensor(list(off))   # keep the inferred dtype: 2.5 must not become 2
+        except (TypeError, ValueError, RuntimeError) as exc:
             raise TypeError(f"{name} must be a 1-D integer tensor or sequence of ints") from exc
     if off.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be int32 or int64 (cu_seqlens), got {off.dtype}")

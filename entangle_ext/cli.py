@@ -76,6 +76,7 @@ def _setting(args, device):
     sup = args.superclasses.split(",") if args.superclasses else None
     splits, info = cifar100_splits(args.data_root, superclasses=sup, max_train_per_class=args.max_train_per_class,
                                    max_test_per_class=args.max_test_per_class, seed=args.seed, device=device)
+    torch.manual_seed(args.seed)   # the initial weights of the original model come from --seed
     model = resnet18_cifar(info["num_classes"]).to(device)
     train_original(model, [splits.forget, splits.adjacent, splits.remote], epochs=args.original_epochs or 30,
                    lr=1e-3, momentum=0.9, weight_decay=5e-4, batch_size=256, cosine=True, augment=True,

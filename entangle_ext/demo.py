@@ -28,11 +28,11 @@ def train_original(splits: Splits, *, epochs: int = 60, lr: float = 1e-3, seed: 
                    cache: Path | None = None) -> torch.nn.Module:
     """Train the original digits MLP (Adam, batch 64) on forget ∪ adjacent ∪ remote train,
     or load it from ``cache`` (a .pt file path) when present."""
+    seed_everything(seed)   # before the model exists: its initial weights come from this seed
     model = DigitsMLP()
     if cache is not None and cache.exists():
         model.load_state_dict(torch.load(cache, map_location="cpu"))
         return model.eval()
-    seed_everything(seed)
     x = torch.cat([splits.forget.tensors[0], splits.adjacent.tensors[0], splits.remote.tensors[0]])
     y = torch.cat([splits.forget.tensors[1], splits.adjacent.tensors[1], splits.remote.tensors[1]])
     opt = torch.optim.Adam(model.parameters(), lr=lr)

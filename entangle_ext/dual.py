@@ -18,6 +18,8 @@ and the Rockafellar / Powell-Hestenes form of the term. The class `entangle_ext.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Optional, Union
 
 import torch
@@ -36,10 +38,16 @@ def _check_kind(op: str, kind: str) -> None:
 
 
 def _as_mu(op: str, mu: Scalar, lam: torch.Tensor) -> torch.Tensor:
+    """mu as a tensor. A Python number or a CPU tensor must be > 0 (ValueError); a CUDA tensor is
+    not checked here (that would cost a host sync). Non-finite mu is handled by the kernels."""
     if isinstance(mu, torch.Tensor):
+        if mu.device.type == "cpu" and mu.is_floating_point() and bool(((mu <= 0) & torch.isfinite(mu)).any()):
+            raise ValueError(f"{op}: the penalty mu must be > 0, got {mu.tolist()}")
         return mu.detach().contiguous()
     if isinstance(mu, bool) or not isinstance(mu, (float, int)):
         raise TypeError(f"{op}: mu must be a tensor or a Python float, got {type(mu).__name__}")
+    if math.isfinite(mu) and mu <= 0:   # non-finite mu: the kernels' own policy
+        raise ValueError(f"{op}: the penalty mu must be > 0, got {mu}")
     # torch.full is a device fill (capturable), but the value is baked into a captured CUDA graph.
     return torch.full((), float(mu), dtype=lam.dtype, device=lam.device)
 

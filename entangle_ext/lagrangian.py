@@ -118,6 +118,10 @@ class AugmentedLagrangian:
         m = c0_t.numel()
         if m == 0:
             raise ValueError("AugmentedLagrangian: c0 is empty (need at least one constraint)")
+        capturing = c0_t.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing and not bool(torch.isfinite(c0_t).all()):   # once, at construction
+            raise ValueError(f"AugmentedLagrangian: the pinned values c0 must be finite, got "
+                             f"{c0_t.tolist()}")
         if isinstance(mu, torch.Tensor):
             if not mu.is_floating_point():
                 raise TypeError(f"AugmentedLagrangian: mu must be a floating tensor, got {mu.dtype}")

@@ -57,6 +57,7 @@ def main(argv=None):
         splits, info = cifar100_splits(src, seed=args.seed, device=args.device)
         train_kw = dict(epochs=30, lr=1e-3, batch_size=256)
     print("sizes:", info["sizes"], "| classes:", info["num_classes"], "| adjacent:", info["groups"]["adjacent"])
+    torch.manual_seed(args.seed)   # the initial weights of the original model come from --seed
     model = resnet18_cifar(info["num_classes"])
     train_original(model, [splits.forget, splits.adjacent, splits.remote], momentum=0.9, weight_decay=5e-4,
                    cosine=True, augment=True, device=args.device, seed=args.seed,

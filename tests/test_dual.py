@@ -588,3 +588,22 @@ def test_cuda_graph_capture_of_stage1_step():
     torch.testing.assert_close(al.mu, al_e.mu)
     assert al.lam.abs().item() > 0
     torch.testing.assert_close(model.weight, model_e.weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mu", [0.0, -1.0, torch.tensor(0.0, dtype=torch.float64),
+                                torch.tensor([1.0, -2.0], dtype=torch.float64)])
+def test_non_positive_mu_raises(mu):
+    lam = torch.zeros(2, dtype=torch.float64)
+    g = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match="mu must be > 0"):
+        ee.dual_update_(lam, g, mu)
+    with pytest.raises(ValueError, match="mu must be > 0"):
+        ee.augmented_lagrangian_term(g, lam, mu, kind="inequality")
+    assert torch.equal(lam, torch.zeros(2, dtype=torch.float64))
+
+
+def test_non_finite_c0_raises():
+    with pytest.raises(ValueError, match="c0 must be finite"):
+        ee.AugmentedLagrangian(torch.tensor([float("nan")]))
+    with pytest.raises(ValueError, match="c0 must be finite"):
+        ee.AugmentedLagrangian(float("inf"))

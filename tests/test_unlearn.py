@@ -112,6 +112,59 @@ def test_non_2d_logits_raise(small):
         ee.unlearn(Bad(), small, tiny_config(), progress=False)
 
 
+@pytest.mark.parametrize("labels", ["float", "one_hot", "column"])
+def test_malformed_labels_raise_value_error(small, labels):
+    x, y = small.remote.tensors
+    bad = {"float": y.float(), "one_hot": torch.nn.functional.one_hot(y, 2),
+           "column": y[:, None]}[labels]
+    s = dataclasses.replace(small, remote=TensorDataset(x, bad))
+    with pytest.raises(ValueError, match="labels must be integer class indices"):
+        ee.unlearn(mlp(), s, tiny_config(), progress=False)
+
+
+def test_dict_logits_are_accepted(small):
+    class DictOut(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            return {"logits": self.net(x)}
+    res = ee.unlearn(DictOut(), small, tiny_config(), progress=False)
+    assert set(res.report["evals"]) == {"original", "stage1", "stage2"}
+
+
+def test_non_finite_original_model_names_c0(small):
+    class NaNModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            return self.net(x) * float("nan")
+    with pytest.raises(ValueError, match="c0"):
+        ee.unlearn(NaNModel(), small, tiny_config(), progress=False)
+
+
+def test_unlearn_leaves_the_callers_rng_alone(small):
+    model = mlp()
+    torch.manual_seed(999)
+    expected = torch.rand(3)
+    torch.manual_seed(999)
+    ee.unlearn(model, small, tiny_config(), progress=False)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_demo_original_model_is_seeded(tmp_path):
+    from entangle_ext.demo import train_original
+    s, _ = digits_splits(max_train_per_digit=10)
+    a = train_original(s, epochs=1, seed=3)
+    torch.manual_seed(12345)   # unrelated global state must not matter
+    b = train_original(s, epochs=1, seed=3)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
 class NaNAfter(torch.nn.Module):
     """Outputs NaN from the k-th gradient-enabled forward call on."""
 

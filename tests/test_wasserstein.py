@@ -413,3 +413,8 @@ def test_cuda_cpu_offsets_and_device_mismatch():
     torch.testing.assert_close(got.cpu(), ee.wasserstein2_1d(x, x + 1, [0, 3, 6], [0, 2, 6]))
     with pytest.raises(ValueError, match="is on"):
         ee.wasserstein2_1d(x.cuda(), x)
+
+
+def test_float_offsets_in_a_list_are_rejected():
+    with pytest.raises(TypeError, match="int32 or int64"):
+        ee.wasserstein2_1d(torch.arange(5.0), torch.arange(3.0), [0, 2.5, 5], [0, 1, 3])

@@ -152,11 +152,13 @@ def split_batch(batch) -> Tuple[Any, torch.Tensor]:
 def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
     """Call the model (``model(x)`` or ``model(**inputs)``) and return (B, C) logits.
 
-    Accepts plain tensors, tuples (first element) and objects with ``.logits`` (Hugging Face).
-    Raises ValueError when the output is not a 2-D tensor of logits.
+    Accepts plain tensors, tuples (first element), dicts with a ``"logits"`` key and objects with
+    ``.logits`` (Hugging Face). Raises ValueError when the output is not a 2-D tensor of logits.
     """
     out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
-    if hasattr(out, "logits"):
+    if isinstance(out, dict) and "logits" in out:
+        out = out["logits"]
+    elif hasattr(out, "logits"):
         out = out.logits
     elif isinstance(out, (tuple, list)):
         out = out[0]

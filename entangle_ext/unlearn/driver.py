@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -112,12 +113,17 @@ def load_checkpoint(path: Union[str, Path]) -> Dict[str, Any]:
 
 @torch.no_grad()
 def _preflight(model, splits: Splits, device) -> int:
-    """Probe one batch per split: 2-D logits, consistent class count. Returns C."""
+    """Probe one batch per split: integer 1-D labels, 2-D logits, consistent class count. Returns C."""
     splits.check()
     C = None
     for name, ds in splits.named().items():
         b = BatchStream(ds, 2, shuffle=False, seed=0, name="probe", device=device).fetch(torch.arange(min(2, len(ds))))
         inputs, y = split_batch(b)
+        if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype.is_floating_point \
+                or y.dtype == torch.bool or y.dtype.is_complex:
+            got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ValueError(f"split '{name}': labels must be integer class indices of shape (batch,) "
+                             f"(e.g. int64), got {got}; one-hot or soft labels are not supported")
         logits = forward_logits(model, inputs)
         C = logits.shape[1] if C is None else C
     return C
@@ -144,6 +150,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         resume: checkpoint path / out dir / loaded dict; continues from that point (the config
             stored in the checkpoint is used when ``config`` is None).
         progress: tqdm bars.
+    Randomness: python, numpy and torch are seeded from ``config.seed`` for the run (reproducible
+    data order), and the caller's random-generator states are restored on return.
     Returns:
         `UnlearnResult` (model, report, history, table).
     Raises:
@@ -151,6 +159,15 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         NonFiniteLossError (a ValueError): NaN/Inf loss; names the stage and step; the last good
             checkpoint is kept.
     """
+    saved_rng = _rng_state()   # the run is seeded from config.seed; the caller's RNG is left as it was
+    try:
+        return _unlearn(model, splits, config, device=device, out_dir=out_dir, resume=resume,
+                        progress=progress)
+    finally:
+        _set_rng_state(saved_rng)
+
+
+def _unlearn(model, splits, config, *, device, out_dir, resume, progress) -> UnlearnResult:
     ckpt = None
     if resume is not None:
         ckpt = resume if isinstance(resume, dict) else load_checkpoint(resume)
@@ -186,6 +203,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     if "original" not in evals:
         ev("original")
     c0 = evals["original"]["remote"]["loss"] if "c0" not in (ckpt or {}) else ckpt["c0"]
+    if not math.isfinite(c0):
+        raise ValueError(f"the original model's mean cross-entropy on the remote train set (c0, the "
+                         f"Stage-1 constraint target) is {c0}: the model produces non-finite logits "
+                         "before unlearning starts")
     lam = None
 
     # ---- Stage 1
