@@ -45,9 +45,12 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
             variable-length attention APIs; on CUDA it selects the shared-memory kernel without a
             host read of the offsets. Known automatically in the dense form and when validating.
         validate: check the data (finite values, offsets start at 0 / end at N / no empty
-            segment). On CUDA this reads back to the host (one sync); pass False inside CUDA-graph
-            capture or hot loops. Without validation, a segment with NaN gives NaN (NaN sorts
-            last), Inf gives Inf/NaN, and an empty segment gives NaN with zero gradient.
+            segment). This reads values back to the host (one sync on CUDA), so pass False inside
+            CUDA-graph capture, ``torch.compile(fullgraph=True)``, meta/fake tensors or hot loops.
+            Without validation, a segment with NaN gives NaN (NaN sorts last), Inf gives Inf/NaN,
+            an empty ragged segment gives NaN with zero gradient, and malformed offsets are clamped
+            to [0, N] (memory-safe, result unspecified). Dense inputs with zero values per row
+            always raise (the shape is known without reading data).
 
     Returns:
         W2^2 in squared units of the inputs: shape ``()`` for 1-D dense input, ``(S,)`` otherwise
