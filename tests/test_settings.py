@@ -489,6 +489,7 @@ def test_minilm_classifier_offline():
 
 # --------------------------------------------------------------------------- models, presets, CLI
 def test_vit_classifier():
+    pytest.importorskip("torchvision")   # the ViT builder uses torchvision's VisionTransformer
     from entangle_ext.data.vit import vit_classifier
     m = vit_classifier(3, arch="small", image_size=32)
     assert m(torch.randn(2, 3, 32, 32)).shape == (2, 3)
@@ -531,6 +532,7 @@ def test_cli_setting_choices_and_bad_root(tmp_path, capsys):
 @pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 def test_unlearn_runs_on_celeba_miniature_with_small_vit(celeba_root):
     """End-to-end plumbing: loader → small ViT → both stages (a few steps) → six-split evaluation."""
+    pytest.importorskip("torchvision")   # the ViT builder uses torchvision's VisionTransformer
     from entangle_ext.data.celeba import celeba_splits
     from entangle_ext.data.vit import vit_classifier
     root, _, _ = celeba_root
@@ -557,6 +559,7 @@ def test_subset_splits_from_index_split():
 
 @pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 def test_cli_celeba_miniature_end_to_end(celeba_root, tmp_path, capsys):
+    pytest.importorskip("torchvision")   # the ViT builder uses torchvision's VisionTransformer
     from entangle_ext.cli import main
     root, _, _ = celeba_root
     out = tmp_path / "run"
