@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 #include <tuple>
 #include <vector>
@@ -25,22 +28,57 @@ inline void segment_bounds(const int64_t* off, int64_t s, int64_t n, int64_t* lo
   *hi = b;
 }
 
+// Order-preserving unsigned keys (the same map as the CUDA kernels): NaN is canonicalised to +NaN
+// (sorts last, like torch.sort) and -0.0 to +0.0 (so that +0/-0 tie and keep their input order).
+inline uint32_t sort_key(float x) {
+  if (std::isnan(x)) x = std::numeric_limits<float>::quiet_NaN();
+  if (x == 0.f) x = 0.f;
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+inline uint64_t sort_key(double x) {
+  if (std::isnan(x)) x = std::numeric_limits<double>::quiet_NaN();
+  if (x == 0.0) x = 0.0;
+  uint64_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return (b & 0x8000000000000000ull) ? ~b : (b | 0x8000000000000000ull);
+}
+
 // Stable sort of x[lo:hi): writes the global source indices to perm[lo:hi) and the sorted values
-// to sorted[0:n). Sorts (value, index) pairs for locality. NaN sorts last, like torch.sort.
+// to sorted[0:n). Sorting (key, index) as one integer (float32) or an integer pair (float64)
+// makes every element distinct, so an unstable std::sort gives the stable order with cheap
+// integer compares.
+struct SortScratch {
+  std::vector<uint64_t> packed;                      // float32: key << 32 | local index
+  std::vector<std::pair<uint64_t, int64_t>> pairs;   // float64, or float32 segments >= 2^32
+};
+
 template <typename scalar_t>
 void stable_sort_segment(const scalar_t* x, int64_t lo, int64_t hi, int64_t* perm,
-                         std::vector<std::pair<scalar_t, int64_t>>& buf, std::vector<scalar_t>& sorted) {
+                         SortScratch& scratch, std::vector<scalar_t>& sorted) {
   const int64_t n = hi - lo;
-  buf.resize(n);
   sorted.resize(n);
-  for (int64_t i = 0; i < n; ++i) buf[i] = {x[lo + i], lo + i};
-  std::stable_sort(buf.begin(), buf.end(), [](const auto& p, const auto& q) {
-    if (std::isnan(q.first)) return !std::isnan(p.first);
-    return p.first < q.first;
-  });
+  if (std::is_same<scalar_t, float>::value && n < (int64_t(1) << 32)) {
+    auto& buf = scratch.packed;
+    buf.resize(n);
+    for (int64_t i = 0; i < n; ++i)
+      buf[i] = (static_cast<uint64_t>(sort_key(x[lo + i])) << 32) | static_cast<uint64_t>(i);
+    std::sort(buf.begin(), buf.end());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t src = lo + static_cast<int64_t>(buf[i] & 0xffffffffull);
+      perm[lo + i] = src;
+      sorted[i] = x[src];
+    }
+    return;
+  }
+  auto& buf = scratch.pairs;
+  buf.resize(n);
+  for (int64_t i = 0; i < n; ++i) buf[i] = {static_cast<uint64_t>(sort_key(x[lo + i])), lo + i};
+  std::sort(buf.begin(), buf.end());
   for (int64_t i = 0; i < n; ++i) {
     perm[lo + i] = buf[i].second;
-    sorted[i] = buf[i].first;
+    sorted[i] = x[buf[i].second];
   }
 }
 
@@ -67,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w2_forward_cpu(const at::Tensor& 
     scalar_t* out = w2.data_ptr<scalar_t>();
     at::parallel_for(0, S, 1, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> a, b;
-      std::vector<std::pair<scalar_t, int64_t>> buf;
+      SortScratch buf;
       for (int64_t s = begin; s < end; ++s) {
         int64_t ulo, uhi, vlo, vhi;
         segment_bounds(uo, s, Nu, &ulo, &uhi);

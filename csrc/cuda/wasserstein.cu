@@ -311,6 +311,11 @@ __device__ __forceinline__ SidePos side_position(int64_t p, const int64_t* uo, c
 template <int POW, typename T, typename acc_t>
 __device__ __forceinline__ acc_t overlap_sum(const SidePos& r, acc_t x, const T* other,
                                              const int64_t* other_perm, int64_t N_other) {
+  if (r.n_self == r.n_other) {  // equal sizes: rank pairing, w_ii = n (no 64-bit divisions)
+    const int64_t sj = other_perm[r.other_lo + r.i];
+    const acc_t d = x - ((sj >= 0 && sj < N_other) ? acc_t(other[sj]) : acc_t(0));
+    return acc_t(r.n_self) * (POW == 2 ? d * d : d);
+  }
   int64_t j_lo, j_hi;
   overlap_range(r.i, r.n_self, r.n_other, &j_lo, &j_hi);
   acc_t acc = 0;
