@@ -73,6 +73,28 @@ __device__ __forceinline__ double to_d<float>(float x) {
   return static_cast<double>(x);
 }
 
+// Block sum of M per-thread doubles in a fixed order (deterministic, no atomics): warp shuffles,
+// then warps 0..kWarps-1 in order; out[m] is written by threads m, m + kThreads, ...
+template <int M>
+__device__ __forceinline__ void block_sum_fixed_order(const double (&acc)[M], double (*smem)[M],
+                                                      double* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    double x = acc[m];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    if (lane == 0) smem[warp][m] = x;
+  }
+  __syncthreads();
+  for (int m = threadIdx.x; m < M; m += kThreads) {
+    double s = 0.0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += smem[w][m];
+    out[m] = s;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Pass 1: per-chunk Gram entries and V g.
 // ------------------------------------------------------------------------------------------------
@@ -120,23 +142,8 @@ proj_pass1_kernel(TensorListMeta<KMAX> meta, int k, int64_t slot_base, double* _
     }
   }
 
-  // Block reduction in a fixed order: warp shuffles, then warp 0..kWarps-1 in order.
   __shared__ double smem[kWarps][M];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    double x = acc[m];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
-    if (lane == 0) smem[warp][m] = x;
-  }
-  __syncthreads();
-  for (int m = threadIdx.x; m < M; m += kThreads) {
-    double s = 0.0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += smem[w][m];
-    partials[(slot_base + blockIdx.x) * M + m] = s;
-  }
+  block_sum_fixed_order<M>(acc, smem, partials + (slot_base + blockIdx.x) * M);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -156,21 +163,7 @@ proj_finish_kernel(const double* __restrict__ partials, int64_t nslots, int k, d
   }
   __shared__ double smem[kWarps][M];
   __shared__ double total[M];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    double x = acc[m];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
-    if (lane == 0) smem[warp][m] = x;
-  }
-  __syncthreads();
-  for (int m = threadIdx.x; m < M; m += kThreads) {
-    double s = 0.0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += smem[w][m];
-    total[m] = s;
-  }
+  block_sum_fixed_order<M>(acc, smem, total);
   __syncthreads();
   if (threadIdx.x == 0) {
     double c[kProjMaxK];

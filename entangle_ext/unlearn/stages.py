@@ -122,6 +122,19 @@ def _bar(total, initial, desc, progress):
 
 
 # ---------------------------------------------------------------------------------------------- 1
+def _end_step(step, total, mon, bar, log_every, checkpoint_every, checkpoint_fn, state, postfix):
+    """Shared end of a Stage-1/Stage-2 step: progress bar; every ``log_every`` steps (and at a
+    checkpoint or the last step) read the logged device values back (the only host sync, which is
+    also where non-finite losses are detected) and show ``postfix(last)``; write a checkpoint every
+    ``checkpoint_every`` steps."""
+    bar.update(1)
+    ckpt_now = checkpoint_fn is not None and checkpoint_every and step % checkpoint_every == 0
+    if step % log_every == 0 or step == total or ckpt_now:
+        bar.set_postfix(refresh=False, **postfix(mon.flush()))
+    if ckpt_now and step < total:
+        checkpoint_fn(step, state(step))
+
+
 def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
            device: Optional[torch.device] = None, seed: int = 0, c0: Optional[float] = None,
            eval_batch_size: int = 512, log_every: int = 10, checkpoint_every: int = 0,
@@ -220,14 +233,9 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
                     dual_update_(lam.view(1), g_post.reshape(1), mu_t, check_finite=False)
                 mon.record(step, loss, [g.detach(), lam_before, ce_f.detach().mean(), ce_r.detach().mean()])
                 step += 1
-                bar.update(1)
-                ckpt_now = checkpoint_fn is not None and checkpoint_every and step % checkpoint_every == 0
-                if step % log_every == 0 or step == total or ckpt_now:
-                    last = mon.flush()
-                    bar.set_postfix(loss=f"{last['loss']:.3f}", viol=f"{last['violation']:+.3f}",
-                                    lam=f"{last['lambda']:.3f}", refresh=False)
-                if ckpt_now and step < total:
-                    checkpoint_fn(step, state(step))
+                _end_step(step, total, mon, bar, log_every, checkpoint_every, checkpoint_fn, state,
+                          lambda last: dict(loss=f"{last['loss']:.3f}", viol=f"{last['violation']:+.3f}",
+                                            lam=f"{last['lambda']:.3f}"))
             mon.flush()
     except _Bad as bad:
         bar.close()
@@ -427,14 +435,9 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
                     p.grad = None
                 mon.record(step, l_adj, [f_obj, w2, f_ce, r_ce, coeffs[0], coeffs[1]])
                 step += 1
-                bar.update(1)
-                ckpt_now = checkpoint_fn is not None and checkpoint_every and step % checkpoint_every == 0
-                if step % log_every == 0 or step == total or ckpt_now:
-                    last = mon.flush()
-                    bar.set_postfix(adj=f"{last['loss']:.3f}", w2=f"{last['w2']:.2e}",
-                                    f_ce=f"{last['forget_ce']:.2f}", refresh=False)
-                if ckpt_now and step < total:
-                    checkpoint_fn(step, state(step))
+                _end_step(step, total, mon, bar, log_every, checkpoint_every, checkpoint_fn, state,
+                          lambda last: dict(adj=f"{last['loss']:.3f}", w2=f"{last['w2']:.2e}",
+                                            f_ce=f"{last['forget_ce']:.2f}"))
             mon.flush()
     except _Bad as bad:
         bar.close()
