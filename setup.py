@@ -95,6 +95,15 @@ def nvidia_include_dirs():
     return dirs
 
 
+def openmp_flags():
+    """["-fopenmp"] when torch's ATen parallel backend is OpenMP (the Linux/Windows wheels), else []
+    (e.g. macOS builds without libomp). ENTANGLE_NO_OPENMP=1 turns it off."""
+    if _flag("ENTANGLE_NO_OPENMP") or sys.platform == "darwin":
+        return []
+    info = torch.__config__.parallel_info()
+    return ["-fopenmp"] if "OpenMP" in info else []
+
+
 def extensions():
     sources = read_sources()
     cuda = want_cuda()
@@ -104,21 +113,25 @@ def extensions():
         f'-DENTANGLE_VERSION="{VERSION}"',
         f'-DENTANGLE_TORCH_VERSION="{torch.__version__}"',
     ]
-    cxx = ["-O3"] + defines
+    # OpenMP: at::parallel_for is an inline template, so it runs threads inside our .so only when
+    # our own translation units are compiled with OpenMP, as torch itself is (libgomp with GCC).
+    omp = openmp_flags()
+    cxx = ["-O3"] + omp + defines
     if not cuda:
-        return [cpp_extension.CppExtension("entangle_ext._C", cpp, extra_compile_args={"cxx": cxx})]
+        return [cpp_extension.CppExtension("entangle_ext._C", cpp, extra_compile_args={"cxx": cxx},
+                                           extra_link_args=omp)]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "native")
     defines += ["-DENTANGLE_WITH_CUDA", f'-DENTANGLE_CUDA_ARCH_LIST="{arch}"']
-    cxx = ["-O3"] + defines
+    cxx = ["-O3"] + omp + defines
     nvcc = ["-O3", "-lineinfo"] + defines
     print(f"entangle_ext: building CPU + CUDA kernels (torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}, TORCH_CUDA_ARCH_LIST={arch})", flush=True)
     return [cpp_extension.CUDAExtension(
         "entangle_ext._C", cpp + cu,
         include_dirs=nvidia_include_dirs(),
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc})]
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=omp)]
 
 
 setup(
