@@ -1,5 +1,6 @@
 """Stage-1 and Stage-2 step time: the driver (entangle_ext.stage1 / stage2) vs the naive
-transcription of the reference recipe (tests/naive_unlearn.py), same model, data, settings and run.
+transcription of the reference recipe (entangle_ext/reference/unlearn.py), same model, data,
+settings and run.
 
 ResNet-18 (CIFAR stem, 20 classes, 11.2 M parameters) at CIFAR shapes (3×32×32) on random inputs.
 Defaults: paper batch sizes on CUDA (Stage 1 remote 128 / forget 16; Stage 2 adjacent 128, forget
@@ -21,11 +22,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import entangle_ext as ee  # noqa: E402
-from entangle_ext.data.cifar100 import resnet18_cifar  # noqa: E402
-from naive_unlearn import (driver_order_stage1, driver_order_stage2, naive_stage1,  # noqa: E402
-                           naive_stage2)
+import entangle_ext as ee
+from entangle_ext.data.cifar100 import resnet18_cifar
+from entangle_ext.reference.unlearn import (driver_order_stage1, driver_order_stage2, naive_stage1,
+                                            naive_stage2)
 
 
 def _sync(dev):

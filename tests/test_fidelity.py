@@ -1,5 +1,6 @@
 """The driver (entangle_ext.stage1 / stage2) matches a naive transcription of the reference recipe
-(tests/naive_unlearn.py) parameter for parameter, in float64, after several steps of each stage."""
+(entangle_ext/reference/unlearn.py) parameter for parameter, in float64, after several steps of
+each stage."""
 import copy
 
 import pytest
@@ -9,7 +10,8 @@ import entangle_ext as ee
 from entangle_ext.data.digits import digits_splits
 from entangle_ext.unlearn import Stage1Config, Stage2Config
 
-from naive_unlearn import driver_order_stage1, driver_order_stage2, naive_c0, naive_stage1, naive_stage2
+from entangle_ext.reference.unlearn import (driver_order_stage1, driver_order_stage2, naive_c0,
+                                            naive_stage1, naive_stage2)
 
 SIGN = -1
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")

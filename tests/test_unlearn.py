@@ -1,5 +1,6 @@
 """Fast tests of the two-stage driver: API, presets, input errors, NaN handling, checkpoint/resume,
 the digits miniature, dict (Hugging Face style) batches, CIFAR-100 loading."""
+import copy
 import dataclasses
 import json
 from types import SimpleNamespace
@@ -10,7 +11,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 import entangle_ext as ee
 from entangle_ext.data.digits import digits_splits
-from entangle_ext.unlearn import NonFiniteLossError, load_checkpoint
+from entangle_ext.unlearn import NonFiniteLossError, StageLoop, load_checkpoint
+from entangle_ext.unlearn.data import BatchStream
 
 from conftest import SHARED_DATA
 
@@ -83,6 +85,43 @@ def test_preset_values_and_recipes():
         ee.UnlearnConfig.preset("digits", recipe="blog")
     with pytest.raises(ValueError):
         ee.Stage2Config(alpha=1.5)
+
+
+@pytest.mark.parametrize("stage, name, value", [("stage2", "w2_scope", "everything"),
+                                                ("stage1", "dual_update", "later"),
+                                                ("stage2", "forget_mean_sign", 0),
+                                                ("stage2", "alpha", 2.0),
+                                                ("stage2", "rcond", 0.0)])
+def test_assigned_config_fields_are_validated_at_unlearn_entry(small, stage, name, value):
+    cfg = tiny_config()
+    setattr(getattr(cfg, stage), name, value)   # no check on assignment ...
+    model = mlp()
+    before = _params(model)
+    with pytest.raises(ValueError, match=name):  # ... but before any compute
+        ee.unlearn(model, small, cfg, progress=False)
+    assert torch.equal(_params(model), before)
+    with pytest.raises(ValueError, match=name):
+        getattr(ee, stage)(model, small, getattr(cfg, stage), progress=False)
+
+
+def test_config_types_and_choices_are_checked_at_construction():
+    with pytest.raises(ValueError, match="dual_update"):
+        ee.Stage1Config(dual_update="later")
+    with pytest.raises(ValueError, match="recipe"):
+        ee.UnlearnConfig(recipe="blog")
+    with pytest.raises(TypeError, match="epochs"):
+        ee.Stage2Config(epochs=1.5)
+    with pytest.raises(TypeError, match="use_momentum"):
+        ee.Stage2Config(use_momentum="yes")
+    with pytest.raises(TypeError, match="lr"):
+        ee.Stage1Config(lr=float("nan"))
+    with pytest.raises(TypeError, match="stage1"):
+        ee.UnlearnConfig(stage1={"lr": 1e-3})
+    cfg = ee.UnlearnConfig()
+    cfg.log_every = 0
+    with pytest.raises(ValueError, match="log_every"):
+        cfg.validate()
+    assert ee.Stage2Config().rcond is None   # the projection operator's own default
 
 
 # ---------------------------------------------------------------------------------- bad inputs
@@ -220,6 +259,70 @@ def test_full_run_checkpoint_and_resume(small, tmp_path):
     torch.testing.assert_close(_params(r.model), final, rtol=0, atol=0)
 
 
+def test_stage1_checkpoint_carries_the_augmented_lagrangian(small, tmp_path):
+    cfg = dataclasses.replace(tiny_config(), checkpoint_every=3)
+    res = ee.unlearn(mlp(), small, cfg, out_dir=tmp_path, progress=False)
+    mid = load_checkpoint(tmp_path / "checkpoints" / "stage1_step000003.pt")
+    done = load_checkpoint(tmp_path / "checkpoints" / "stage1_done.pt")
+    al = ee.AugmentedLagrangian(0.0, mu=cfg.stage1.mu, dtype=torch.float32)
+    al.load_state_dict(done["lagrangian"])
+    assert float(al.lam) == pytest.approx(res.report["lambda_final"], rel=1e-6)
+    assert float(al.c0) == pytest.approx(res.report["c0"], rel=1e-6)
+    assert int(mid["lagrangian"]["steps"]) == 3 and int(al.steps) == 7
+    # the λ logged at step 3 is the multiplier stored after step 3
+    lam3 = next(h["lambda"] for h in res.history if h["stage"] == 1 and h["step"] == 3)
+    assert float(mid["lagrangian"]["lam"]) == pytest.approx(lam3, rel=1e-6)
+
+
+class _GradientAscent:
+    """A minimal unlearning method on the shared stage loop: SGD ascent on the forget loss."""
+
+    def __init__(self, model, splits, lr=0.05, epochs=3):
+        self.model, self.epochs = model, epochs
+        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
+        self.stream = BatchStream(splits.forget, 8, shuffle=True, seed=0, name="ga", device="cpu")
+
+    def step(self, _, batch):
+        from entangle_ext.unlearn.losses import per_sample_ce
+        ce = per_sample_ce(self.model, batch).mean()
+        self.opt.zero_grad()
+        (-ce).backward()
+        self.opt.step()
+        return -ce, [ce]
+
+    def run(self, resume_state=None, **loop_args):
+        loop = StageLoop("ga", "GA", ["forget_ce"], progress=False, **loop_args)
+        return loop.run(self.stream, self.epochs, self.step, resume_state=resume_state,
+                        objects={"model": self.model, "optimizer": self.opt})
+
+
+def test_stage_loop_runs_another_method_with_checkpoint_and_resume(small, tmp_path):
+    full = _GradientAscent(mlp(), small)
+    steps, history = full.run(log_every=2)
+    assert steps == 9 and [h["step"] for h in history] == list(range(9))
+    assert history[-1]["forget_ce"] > history[0]["forget_ce"]          # ascent raises the loss
+    saved = {}
+    part = _GradientAscent(mlp(), small)
+    part.run(log_every=4, checkpoint_every=5, checkpoint_fn=lambda step, st: saved.update(copy.deepcopy(st)))
+    assert saved["step"] == 5 and saved["stage"] == "ga" and len(saved["history"]) == 5
+    resumed = _GradientAscent(mlp(seed=7), small)
+    steps, hist = resumed.run(resume_state=saved)
+    assert steps == 9 and hist == history
+    torch.testing.assert_close(_params(resumed.model), _params(full.model), rtol=0, atol=0)
+
+
+def test_stage_loop_stops_at_the_first_non_finite_step(small):
+    calls = []
+
+    def step(i, batch):
+        calls.append(i)
+        return torch.tensor(float("nan") if i >= 4 else 1.0), []
+    stream = BatchStream(small.forget, 2, shuffle=False, seed=0, name="t", device="cpu")
+    with pytest.raises(NonFiniteLossError, match="Stage ga at step 4") as ei:
+        StageLoop("ga", "t", [], log_every=3, progress=False).run(stream, 1, step, objects={})
+    assert ei.value.step == 4 and calls == list(range(6))   # detected at the next log point
+
+
 # -------------------------------------------------------------------------------- digits run
 def test_digits_reduced_run_forgets():
     from entangle_ext.demo import train_original
@@ -320,20 +423,23 @@ def test_cifar100_pickle_format(tmp_path):
 @pytest.mark.cuda
 def test_steps_do_not_sync_on_cuda(small, monkeypatch):
     """Inside stage steps nothing reads device values back: CUDA sync debug mode "error" raises on
-    any synchronising call; only the periodic flush (log_every) is allowed to sync."""
-    from entangle_ext.unlearn import stages
+    any synchronising call; only the periodic flush (log_every) is allowed to sync, and the one
+    host read of Stage 1's setup (AugmentedLagrangian checks once that c0 is finite)."""
+    from entangle_ext.unlearn import loop, stages
 
     dev = torch.device("cuda")
     s = ee.Splits(**{k: TensorDataset(*[t.to(dev) for t in v.tensors]) for k, v in small.named().items()})
-    orig_flush = stages._Monitor.flush
 
-    def flush(self):
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return orig_flush(self)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-    monkeypatch.setattr(stages._Monitor, "flush", flush)
+    def allow_sync(fn):
+        def wrapped(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+        return wrapped
+    monkeypatch.setattr(loop._Monitor, "flush", allow_sync(loop._Monitor.flush))
+    monkeypatch.setattr(stages, "_make_lagrangian", allow_sync(stages._make_lagrangian))
     cfg = tiny_config()
     model = mlp().to(dev)
     c0 = stages.remote_loss_c0(model, s.remote, dev)

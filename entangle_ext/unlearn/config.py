@@ -1,10 +1,11 @@
-"""Hyperparameters of the two-stage method (method.md, "Paper settings") as dataclasses.
+"""Hyperparameters of the two-stage method as dataclasses (docs/algorithm.md §8).
 
 `UnlearnConfig.preset(name, recipe=...)` returns the published setting for "cifar100",
 "tinyimagenet", "celeba", "toxigen", plus "digits" (the CPU miniature used by `entangle_ext.demo`).
 
 ``recipe="reference"`` (default) follows the authors' reference implementation;
-``recipe="paper"`` switches the four documented differences to the paper's text:
+``recipe="paper"`` switches the four documented differences to the paper's text
+(docs/algorithm.md §7):
 
 =========================  ==========================  ==============================
 difference                 reference                   paper
@@ -14,35 +15,97 @@ mean term in L̃_f           mean(−ℓ)                    mean(+ℓ)
 Stage 2 momentum           v ← m·v + g_adj             none (v = g_adj)
 Stage 1 dual update        g before the Adam step      g re-evaluated after the step
 =========================  ==========================  ==============================
+
+Every config is checked by its ``validate()`` (types and choices from the field annotations,
+then ranges), which runs at construction and again at the entry of `unlearn`, `stage1` and
+`stage2`, so fields assigned after construction are checked too.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional, Tuple
 
-__all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES"]
+__all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "Recipe",
+           "DualUpdate", "W2Scope"]
 
-RECIPES = ("reference", "paper")
+Recipe = Literal["reference", "paper"]
+DualUpdate = Literal["pre", "post"]          # Stage 1: g before / after the Adam step
+W2Scope = Literal["minibatch", "forget_set"]  # Stage 2: W2² per forget minibatch / over all of them
+RECIPES = typing.get_args(Recipe)
 
 
+# ------------------------------------------------------------------------------- validation
+def _matches(value, hint) -> bool:
+    """Does ``value`` fit the annotation ``hint`` (bool, int, float, str, Optional, Literal,
+    Tuple[...] or a config dataclass)?"""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return any(value == c and _matches(value, type(c)) for c in args)
+    if origin is typing.Union:
+        return any(_matches(value, a) for a in args)
+    if origin is tuple:
+        return isinstance(value, (tuple, list)) and len(value) == len(args) and \
+            all(_matches(v, a) for v, a in zip(value, args))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, hint)
+
+
+def _check_fields(cfg) -> None:
+    """TypeError for a field whose value does not fit its annotation; ValueError for a value
+    outside a Literal's choices (a recipe switch)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, hint = getattr(cfg, f.name), hints[f.name]
+        if _matches(value, hint):
+            continue
+        where = f"{type(cfg).__name__}.{f.name}"
+        if typing.get_origin(hint) is Literal:
+            raise ValueError(f"{where} must be one of {typing.get_args(hint)}, got {value!r}")
+        raise TypeError(f"{where} must be {getattr(hint, '__name__', hint)} (finite when a float), "
+                        f"got {value!r} ({type(value).__name__})")
+
+
+def _require(cfg, ok: bool, name: str, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{type(cfg).__name__}.{name} must be {rule}, got {getattr(cfg, name)!r}")
+
+
+def _at_least(cfg, lo, *names: str) -> None:
+    for n in names:
+        _require(cfg, getattr(cfg, n) >= lo, n, f">= {lo}")
+
+
+# ------------------------------------------------------------------------------- configs
 @dataclass
 class Stage1Config:
-    """Stage 1, augmented Lagrangian: min −L_f(θ) s.t. L_rem(θ) = L_rem(θ0) (method.md).
+    """Stage 1, augmented Lagrangian: min −L_f(θ) s.t. L_rem(θ) = L_rem(θ0) (docs/algorithm.md §2).
 
     Attributes:
-        lr: Adam learning rate (no schedule).
+        lr: Adam learning rate (no schedule), >= 0.
         remote_batch_size, forget_batch_size: minibatch sizes (samples) of the D_rem loader (one
             epoch = the step budget) and of the cycling D_f loader.
-        clip: c; forget samples with CE ≥ c (nats) pass no gradient (their value still counts).
+        clip: c > 0; forget samples with CE ≥ c (nats) pass no gradient (their value still counts).
         confidence_penalty: ToxiGen variant: the per-sample forget objective becomes
             clippedCE − 1/(CE + penalty_eps).
-        penalty_eps: the 1e-3 of that penalty.
-        mu: penalty weight μ of the augmented Lagrangian; lambda_init: initial multiplier λ.
-        epochs: passes over the D_rem loader (method.md: 1).
+        penalty_eps: the 1e-3 of that penalty (> 0).
+        mu: penalty weight μ > 0 of the augmented Lagrangian; lambda_init: initial multiplier λ.
+        epochs: passes over the D_rem loader (the paper: 1).
         dual_update: "pre" (reference: λ += μ·g with g from before the step) or "post" (paper:
-            g re-evaluated on the same remote batch after the step).
+            g re-evaluated on the same remote batch after the step); docs/algorithm.md §6.
         adam_betas, adam_eps: Adam constants (PyTorch defaults).
+    Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
+        value outside its choices or range.
     """
     lr: float = 2.5e-6
     remote_batch_size: int = 128
@@ -53,26 +116,32 @@ class Stage1Config:
     mu: float = 10.0
     lambda_init: float = 0.0
     epochs: int = 1
-    dual_update: str = "pre"
-    adam_betas: tuple = (0.9, 0.999)
+    dual_update: DualUpdate = "pre"
+    adam_betas: Tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
 
     def __post_init__(self):
-        if self.dual_update not in ("pre", "post"):
-            raise ValueError(f"Stage1Config.dual_update must be 'pre' or 'post', got {self.dual_update!r}")
-        for name in ("remote_batch_size", "forget_batch_size", "epochs"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"Stage1Config.{name} must be >= 1")
+        self.validate()
+
+    def validate(self) -> "Stage1Config":
+        """Check every field (see the class docstring); returns self."""
+        _check_fields(self)
+        _at_least(self, 1, "remote_batch_size", "forget_batch_size", "epochs")
+        _at_least(self, 0, "lr", "adam_eps")
+        for n in ("clip", "penalty_eps", "mu"):
+            _require(self, getattr(self, n) > 0, n, "> 0")
+        _require(self, all(0 <= b < 1 for b in self.adam_betas), "adam_betas", "in [0, 1)")
+        return self
 
 
 @dataclass
 class Stage2Config:
-    """Stage 2, W-PGD (method.md).
+    """Stage 2, W-PGD (docs/algorithm.md §3).
 
     Attributes:
-        alpha: weight α of W2² in L̃_f = (1−α)·mean term + α·W2².
+        alpha: weight α ∈ [0, 1] of W2² in L̃_f = (1−α)·mean term + α·W2².
         lr: plain SGD learning rate; momentum: m of v ← m·v + g_adj; use_momentum: False = paper.
-        epochs: passes E over the D_adj loader.
+        epochs: passes E over the D_adj loader (0 = no step).
         adjacent_batch_size: D_adj minibatch (samples).
         forget_batch_size, forget_batch_limit: g_f sums over up to ``limit`` forget minibatches
             (a fresh pass of the forget loader each step).
@@ -82,7 +151,10 @@ class Stage2Config:
         forget_mean_sign: -1 (reference: mean(−ℓ)) or +1 (paper: mean(+ℓ)).
         micro_batch: max samples per forward/backward pass when accumulating g_f / g_rem; None =
             one pass over all the concatenated batches (fewest passes, most memory).
-        rcond: relative cutoff of the pseudo-inverse in the projection.
+        rcond: relative eigenvalue cutoff of the pseudo-inverse in the projection
+            (docs/algorithm.md §5), in [1e-15, 1); None = the projection operator's own default.
+    Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
+        value outside its choices or range.
     """
     alpha: float = 0.5
     lr: float = 2e-5
@@ -94,26 +166,26 @@ class Stage2Config:
     forget_batch_limit: int = 10
     remote_batch_size: int = 512
     remote_batch_limit: int = 10
-    w2_scope: str = "minibatch"
-    forget_mean_sign: int = -1
+    w2_scope: W2Scope = "minibatch"
+    forget_mean_sign: Literal[-1, 1] = -1
     micro_batch: Optional[int] = None
-    rcond: float = 1e-10
+    rcond: Optional[float] = None
 
     def __post_init__(self):
-        if self.w2_scope not in ("minibatch", "forget_set"):
-            raise ValueError(f"Stage2Config.w2_scope must be 'minibatch' or 'forget_set', got {self.w2_scope!r}")
-        if self.forget_mean_sign not in (-1, 1):
-            raise ValueError("Stage2Config.forget_mean_sign must be -1 or +1")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"Stage2Config.alpha must be in [0, 1], got {self.alpha}")
-        for name in ("adjacent_batch_size", "forget_batch_size", "forget_batch_limit",
-                     "remote_batch_size", "remote_batch_limit"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"Stage2Config.{name} must be >= 1")
-        if self.epochs < 0:
-            raise ValueError("Stage2Config.epochs must be >= 0")
-        if self.micro_batch is not None and self.micro_batch < 1:
-            raise ValueError("Stage2Config.micro_batch must be None or >= 1")
+        self.validate()
+
+    def validate(self) -> "Stage2Config":
+        """Check every field (see the class docstring); returns self."""
+        _check_fields(self)
+        _require(self, 0.0 <= self.alpha <= 1.0, "alpha", "in [0, 1]")
+        _at_least(self, 1, "adjacent_batch_size", "forget_batch_size", "forget_batch_limit",
+                  "remote_batch_size", "remote_batch_limit")
+        _at_least(self, 0, "epochs", "lr", "momentum")
+        _require(self, self.micro_batch is None or self.micro_batch >= 1, "micro_batch",
+                 "None or >= 1")
+        _require(self, self.rcond is None or 1e-15 <= self.rcond < 1, "rcond",
+                 "None or in [1e-15, 1)")
+        return self
 
 
 @dataclass
@@ -122,18 +194,22 @@ class UnlearnConfig:
 
     Attributes:
         stage1, stage2: the stage hyperparameters.
-        recipe: "reference" or "paper" (see module docstring); informational once applied.
+        recipe: "reference" or "paper" (see the module docstring); informational once applied.
         seed: seeds torch/numpy/random and every data-order stream.
         deterministic: `torch.use_deterministic_algorithms(True)` (+ cuDNN deterministic).
-        log_every: steps between host reads of the logged values (tqdm postfix, history, NaN check).
-        checkpoint_every: steps between mid-stage checkpoints (0 = only after each stage); needs out_dir.
-        eval_batch_size: batch size of the evaluation / c0 passes.
+        log_every: steps (>= 1) between host reads of the logged values (progress bar, history,
+            non-finite check).
+        checkpoint_every: steps (>= 0) between mid-stage checkpoints (0 = only after each stage);
+            needs out_dir.
+        eval_batch_size: batch size (>= 1) of the evaluation / c0 passes.
         run_stage1, run_stage2: skip a stage (e.g. α-ablations from a saved Stage-1 model).
-        histogram_bins: bins of the forget-loss histogram PNG.
+        histogram_bins: bins (>= 1) of the forget-loss histogram PNG.
+    Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
+        value outside its choices or range (nested stage configs included).
     """
     stage1: Stage1Config = field(default_factory=Stage1Config)
     stage2: Stage2Config = field(default_factory=Stage2Config)
-    recipe: str = "reference"
+    recipe: Recipe = "reference"
     seed: int = 0
     deterministic: bool = False
     log_every: int = 10
@@ -144,12 +220,18 @@ class UnlearnConfig:
     histogram_bins: int = 40
 
     def __post_init__(self):
-        if self.recipe not in RECIPES:
-            raise ValueError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
-        if self.log_every < 1:
-            raise ValueError("log_every must be >= 1")
+        self.validate()
 
-    def with_recipe(self, recipe: str) -> "UnlearnConfig":
+    def validate(self) -> "UnlearnConfig":
+        """Check every field and both stage configs (see the class docstring); returns self."""
+        _check_fields(self)
+        self.stage1.validate()
+        self.stage2.validate()
+        _at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
+        _at_least(self, 0, "checkpoint_every")
+        return self
+
+    def with_recipe(self, recipe: Recipe) -> "UnlearnConfig":
         """Return a copy with the four reference/paper differences set for ``recipe``.
 
         Raises ValueError for an unknown recipe.
@@ -163,15 +245,15 @@ class UnlearnConfig:
         return dataclasses.replace(self, stage1=s1, stage2=s2, recipe=recipe)
 
     @classmethod
-    def preset(cls, name: str, recipe: str = "reference", **overrides) -> "UnlearnConfig":
-        """The hyperparameters of one paper setting (method.md table) or of the digits demo.
+    def preset(cls, name: str, recipe: Recipe = "reference", **overrides) -> "UnlearnConfig":
+        """The hyperparameters of one paper setting (docs/algorithm.md §8) or of the digits demo.
 
         Args:
             name: "cifar100", "tinyimagenet", "celeba", "toxigen" or "digits".
             recipe: "reference" or "paper".
             overrides: top-level UnlearnConfig fields (e.g. seed=1).
         Raises:
-            ValueError: unknown preset or recipe.
+            ValueError: unknown preset or recipe, or an override out of range.
         """
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
@@ -184,6 +266,7 @@ class UnlearnConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "UnlearnConfig":
+        """Inverse of `to_dict` (also after a JSON round trip); validates."""
         d = dict(d)
         s1 = dict(d.pop("stage1", {}))
         if "adam_betas" in s1:
@@ -191,7 +274,7 @@ class UnlearnConfig:
         return cls(stage1=Stage1Config(**s1), stage2=Stage2Config(**d.pop("stage2", {})), **d)
 
 
-# (Stage1 kwargs, Stage2 kwargs) per setting; method.md "Paper settings".
+# (Stage1 kwargs, Stage2 kwargs) per setting; sources in docs/algorithm.md §8.
 PRESETS = {
     "cifar100": (dict(lr=2.5e-6, remote_batch_size=128, forget_batch_size=16),
                  dict(alpha=0.5, lr=2e-5, momentum=0.9, epochs=6, adjacent_batch_size=128,

@@ -20,7 +20,7 @@ __all__ = ["Splits", "BatchStream", "forward_logits", "move_batch", "batch_size_
 
 @dataclass
 class Splits:
-    """The three disjoint training sets of method.md plus optional held-out parts.
+    """The three disjoint training sets (docs/algorithm.md §1) plus optional held-out parts.
 
     Attributes:
         forget: D_f train (the sub-population to forget; keeps its coarse label).
@@ -103,6 +103,10 @@ class BatchStream:
             batch = default_collate([ds[int(i)] for i in idx])
         return move_batch(batch, self.device)
 
+    def fetch_pass(self, epoch: int, limit: int) -> List[Any]:
+        """The first ``limit`` batches of epoch ``epoch`` (a fresh shuffled pass per epoch)."""
+        return [self.fetch(idx) for idx in self.batch_indices(epoch)[:limit]]
+
     def epoch_batches(self, epoch: int, start: int = 0) -> Iterator[Any]:
         """Batches of one epoch, from batch index ``start``."""
         for idx in self.batch_indices(epoch)[start:]:
@@ -118,10 +122,11 @@ class BatchStream:
         self.pos += 1
         return b
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
+        """The cycling position {"epoch", "pos"} (the order itself is a function of the seed)."""
         return {"epoch": self.epoch, "pos": self.pos}
 
-    def load_state(self, s: dict) -> None:
+    def load_state_dict(self, s: dict) -> None:
         self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
 
 

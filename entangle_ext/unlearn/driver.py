@@ -1,24 +1,23 @@
-"""`entangle_ext.unlearn`: original evaluation → Stage 1 → Stage 2 → report (method.md)."""
+"""`entangle_ext.unlearn`: evaluate the original model → Stage 1 → evaluate → Stage 2 → evaluate
+→ report (docs/algorithm.md §2, §3)."""
 from __future__ import annotations
 
-import json
 import math
-import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-import numpy as np
 import torch
 
+from .checkpoint import Checkpointer, load_checkpoint, preserved_rng, seed_everything, set_rng_state
 from .config import UnlearnConfig
 from .data import BatchStream, Splits, forward_logits, split_batch
-from .evaluate import evaluate, format_table, plot_forget_histograms
+from .evaluate import evaluate
+from .report import build_report, format_table, write_report
 from .stages import stage1, stage2
 
-__all__ = ["unlearn", "UnlearnResult", "seed_everything", "Checkpointer", "load_checkpoint"]
+__all__ = ["unlearn", "UnlearnResult"]
 
 
 @dataclass
@@ -38,103 +37,12 @@ class UnlearnResult:
     table: str = ""
 
 
-def seed_everything(seed: int, deterministic: bool = False) -> None:
-    """Seed python, numpy and torch (all devices); optionally force deterministic algorithms."""
-    random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
-    torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-
-
-def _rng_state() -> dict:
-    s = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def _set_rng_state(s: dict) -> None:
-    torch.set_rng_state(s["torch"])
-    np.random.set_state(s["numpy"])
-    random.setstate(s["python"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
-class Checkpointer:
-    """Writes ``{out_dir}/checkpoints/{tag}.pt`` atomically (tmp + rename) and remembers the last
-    good one in ``last_path``. Called as ``ckpt(step, state)`` by the stages."""
-
-    def __init__(self, out_dir: Optional[Union[str, Path]], common: Dict[str, Any]):
-        self.dir = Path(out_dir) / "checkpoints" if out_dir is not None else None
-        self.common = common
-        self.last_path: Optional[str] = None
-        if self.dir is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-
-    def save(self, tag: str, state: Dict[str, Any]) -> Optional[str]:
-        if self.dir is None:
-            return None
-        path = self.dir / f"{tag}.pt"
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save({**self.common, **state, "rng": _rng_state(), "tag": tag}, tmp)
-        os.replace(tmp, path)
-        latest = self.dir / "latest.pt"
-        tmp2 = self.dir / "latest.pt.tmp"
-        torch.save({"path": str(path)}, tmp2)
-        os.replace(tmp2, latest)
-        self.last_path = str(path)
-        return self.last_path
-
-    def __call__(self, step: int, state: Dict[str, Any]) -> Optional[str]:
-        return self.save(f"stage{state['stage']}_step{step:06d}", state)
-
-
-def load_checkpoint(path: Union[str, Path]) -> Dict[str, Any]:
-    """Load a checkpoint written by `unlearn` (a file, or an out dir / checkpoints dir, whose
-    latest checkpoint is used). Raises FileNotFoundError."""
-    p = Path(path)
-    if p.is_dir():
-        cand = [p / "checkpoints" / "latest.pt", p / "latest.pt"]
-        for c in cand:
-            if c.exists():
-                p = Path(torch.load(c, weights_only=False)["path"])
-                break
-        else:
-            raise FileNotFoundError(f"no checkpoint under {path}")
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint {p} not found")
-    return torch.load(p, map_location="cpu", weights_only=False)
-
-
-@torch.no_grad()
-def _preflight(model, splits: Splits, device) -> int:
-    """Probe one batch per split: integer 1-D labels, 2-D logits, consistent class count. Returns C."""
-    splits.check()
-    C = None
-    for name, ds in splits.named().items():
-        b = BatchStream(ds, 2, shuffle=False, seed=0, name="probe", device=device).fetch(torch.arange(min(2, len(ds))))
-        inputs, y = split_batch(b)
-        if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype.is_floating_point \
-                or y.dtype == torch.bool or y.dtype.is_complex:
-            got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
-            raise ValueError(f"split '{name}': labels must be integer class indices of shape (batch,) "
-                             f"(e.g. int64), got {got}; one-hot or soft labels are not supported")
-        logits = forward_logits(model, inputs)
-        C = logits.shape[1] if C is None else C
-    return C
-
-
 def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConfig] = None, *,
             device: Optional[Union[str, torch.device]] = None,
             out_dir: Optional[Union[str, Path]] = None,
             resume: Optional[Union[str, Path, Dict[str, Any]]] = None,
             progress: bool = True) -> UnlearnResult:
-    """Run the two-stage method of method.md on ``model`` and report the three splits.
+    """Run the two-stage method (docs/algorithm.md §2, §3) on ``model`` and report the three splits.
 
     Steps: evaluate θ0 on all splits (c0 = its remote-train mean CE) → `stage1` (augmented
     Lagrangian) → evaluate → `stage2` (W-PGD) → evaluate → table, JSON report, histogram PNG.
@@ -143,7 +51,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         model: classifier returning (B, C) logits (tensor, tuple or object with ``.logits``); moved
             to ``device``, kept in eval mode, updated in place. Float32 or float64.
         splits: `Splits` (forget/adjacent/remote train + optional held-out).
-        config: `UnlearnConfig` (default: ``UnlearnConfig()``, i.e. the CIFAR-100 hyperparameters).
+        config: `UnlearnConfig` (default: ``UnlearnConfig()``, i.e. the CIFAR-100 hyperparameters);
+            validated here, so fields assigned after construction are checked too.
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage and every ``config.checkpoint_every`` steps).
@@ -155,112 +64,143 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     Returns:
         `UnlearnResult` (model, report, history, table).
     Raises:
-        ValueError: empty splits, labels outside the model's classes, non 2-D logits, bad config.
+        ValueError: empty splits, labels outside the model's classes, non 2-D logits, an invalid
+            config (TypeError for a wrong field type or a non-`Splits` ``splits``).
         NonFiniteLossError (a ValueError): NaN/Inf loss; names the stage and step; the last good
             checkpoint is kept.
     """
-    saved_rng = _rng_state()   # the run is seeded from config.seed; the caller's RNG is left as it was
-    try:
-        return _unlearn(model, splits, config, device=device, out_dir=out_dir, resume=resume,
-                        progress=progress)
-    finally:
-        _set_rng_state(saved_rng)
-
-
-def _unlearn(model, splits, config, *, device, out_dir, resume, progress) -> UnlearnResult:
-    ckpt = None
-    if resume is not None:
-        ckpt = resume if isinstance(resume, dict) else load_checkpoint(resume)
+    with preserved_rng():   # the run is seeded from config.seed; the caller's RNG is left as it was
+        ckpt = None if resume is None else resume if isinstance(resume, dict) else load_checkpoint(resume)
         if config is None:
-            config = UnlearnConfig.from_dict(ckpt["config"])
-    config = config or UnlearnConfig()
-    if not isinstance(splits, Splits):
-        raise TypeError("splits must be an entangle_ext.Splits")
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    model.to(device).eval()
-    seed_everything(config.seed, config.deterministic)
-    if ckpt is not None and "rng" in ckpt:
-        _set_rng_state(ckpt["rng"])
-    C = _preflight(model, splits, device)
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    timings: Dict[str, float] = {}
-    evals: Dict[str, Dict[str, dict]] = dict(ckpt.get("evals", {})) if ckpt else {}
-    history: List[dict] = []
-    common = {"config": config.to_dict(), "evals": evals}
-    saver = Checkpointer(out, common)
+            config = UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else UnlearnConfig()
+        if not isinstance(config, UnlearnConfig):
+            raise TypeError(f"config must be an entangle_ext.UnlearnConfig, got {type(config).__name__}")
+        config.validate()
+        if not isinstance(splits, Splits):
+            raise TypeError("splits must be an entangle_ext.Splits")
+        device = torch.device(device) if device is not None else next(model.parameters()).device
+        model.to(device).eval()
+        seed_everything(config.seed, config.deterministic)
+        if ckpt is not None and "rng" in ckpt:
+            set_rng_state(ckpt["rng"])
+        run = _Run(model, splits, config, device, _preflight(model, splits, device), out_dir, ckpt,
+                   progress)
+        if "original" not in run.evals:
+            run.evaluate("original")
+        c0 = run.constraint_target()
+        lam = run.stage1(c0)
+        run.stage2()
+        return run.finish(c0, lam)
 
-    done_stage = 0
-    if ckpt is not None:
-        done_stage = ckpt["stage"] if ckpt.get("stage_done") else ckpt["stage"] - 1
-    def ev(tag):
+
+@torch.no_grad()
+def _preflight(model, splits: Splits, device) -> int:
+    """Probe one batch per split: integer 1-D labels, 2-D logits, consistent class count. Returns C."""
+    splits.check()
+    C = None
+    for name, ds in splits.named().items():
+        probe = BatchStream(ds, 2, shuffle=False, seed=0, name="probe", device=device)
+        b = probe.fetch(torch.arange(min(2, len(ds))))
+        inputs, y = split_batch(b)
+        if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype.is_floating_point \
+                or y.dtype == torch.bool or y.dtype.is_complex:
+            got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ValueError(f"split '{name}': labels must be integer class indices of shape (batch,) "
+                             f"(e.g. int64), got {got}; one-hot or soft labels are not supported")
+        logits = forward_logits(model, inputs)
+        C = logits.shape[1] if C is None else C
+    return C
+
+
+class _Run:
+    """One `unlearn` call: its evaluations, timings, step history, checkpoints and resume point."""
+
+    def __init__(self, model, splits, config: UnlearnConfig, device, num_classes: int, out_dir,
+                 ckpt: Optional[Dict[str, Any]], progress: bool):
+        self.model, self.splits, self.config, self.device = model, splits, config, device
+        self.num_classes, self.progress = num_classes, progress
+        self.out = Path(out_dir) if out_dir is not None else None
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.ckpt = ckpt or {}
+        self.evals: Dict[str, Dict[str, dict]] = dict(self.ckpt.get("evals", {}))
+        self.timings: Dict[str, float] = {}
+        self.history: List[dict] = []
+        self.saver = Checkpointer(self.out, {"config": config.to_dict(), "evals": self.evals})
+        # stages completed by the checkpoint we resume from
+        self.done_stage = 0 if not self.ckpt else \
+            self.ckpt["stage"] if self.ckpt.get("stage_done") else self.ckpt["stage"] - 1
+
+    def _timed(self, name: str, fn):
         t = time.perf_counter()
-        evals[tag] = evaluate(model, splits, device=device, batch_size=config.eval_batch_size,
-                              num_classes=C)
-        timings[f"eval_{tag}"] = time.perf_counter() - t
+        out = fn()
+        self.timings[name] = time.perf_counter() - t
+        return out
 
-    if "original" not in evals:
-        ev("original")
-    c0 = evals["original"]["remote"]["loss"] if "c0" not in (ckpt or {}) else ckpt["c0"]
-    if not math.isfinite(c0):
-        raise ValueError(f"the original model's mean cross-entropy on the remote train set (c0, the "
-                         f"Stage-1 constraint target) is {c0}: the model produces non-finite logits "
-                         "before unlearning starts")
-    lam = None
+    def evaluate(self, tag: str) -> None:
+        self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
+            self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
+            num_classes=self.num_classes))
 
-    # ---- Stage 1
-    s1_state = ckpt if (ckpt is not None and ckpt["stage"] == 1 and not ckpt.get("stage_done")) else None
-    if config.run_stage1 and done_stage < 1:
-        t = time.perf_counter()
-        r1 = stage1(model, splits, config.stage1, device=device, seed=config.seed, c0=c0,
-                    eval_batch_size=config.eval_batch_size, log_every=config.log_every,
-                    checkpoint_every=config.checkpoint_every, checkpoint_fn=saver,
-                    resume_state=s1_state, progress=progress)
-        timings["stage1"] = time.perf_counter() - t
-        history += r1.history
-        lam = float(r1.lam)
-        ev("stage1")
-        saver.save("stage1_done", {"stage": 1, "stage_done": True, "step": r1.steps,
-                                   "model": model.state_dict(), "lam": r1.lam.detach().clone(),
-                                   "c0": c0, "history": history})
-    elif ckpt is not None and done_stage >= 1:
-        model.load_state_dict(ckpt["model"]) if ckpt["stage"] == 1 else None
-        history += [h for h in ckpt.get("history", []) if h.get("stage") == 1]
-        lam = float(ckpt["lam"]) if "lam" in ckpt else None
+    def constraint_target(self) -> float:
+        """c0 = the original model's mean CE on the remote train set (nats); ValueError if not finite."""
+        c0 = self.ckpt["c0"] if "c0" in self.ckpt else self.evals["original"]["remote"]["loss"]
+        if not math.isfinite(c0):
+            raise ValueError(f"the original model's mean cross-entropy on the remote train set (c0, the "
+                             f"Stage-1 constraint target) is {c0}: the model produces non-finite logits "
+                             "before unlearning starts")
+        self.saver.common["c0"] = c0
+        return c0
 
-    # ---- Stage 2
-    s2_state = ckpt if (ckpt is not None and ckpt["stage"] == 2 and not ckpt.get("stage_done")) else None
-    if config.run_stage2 and done_stage < 2:
-        t = time.perf_counter()
-        s1_hist = list(history)
-        r2 = stage2(model, splits, config.stage2, device=device, seed=config.seed,
-                    log_every=config.log_every, checkpoint_every=config.checkpoint_every,
-                    checkpoint_fn=saver, resume_state=s2_state, progress=progress)
-        timings["stage2"] = time.perf_counter() - t
-        history = s1_hist + r2.history
-        ev("stage2")
-        saver.save("stage2_done", {"stage": 2, "stage_done": True, "step": r2.steps,
-                                   "model": model.state_dict(), "history": history})
-    elif ckpt is not None and done_stage >= 2:
-        model.load_state_dict(ckpt["model"])
-        history = list(ckpt.get("history", []))
+    def _loop_args(self, stage: int) -> Dict[str, Any]:
+        resume = self.ckpt if self.ckpt.get("stage") == stage and not self.ckpt.get("stage_done") else None
+        return dict(device=self.device, seed=self.config.seed, log_every=self.config.log_every,
+                    checkpoint_every=self.config.checkpoint_every, checkpoint_fn=self.saver,
+                    resume_state=resume, progress=self.progress)
 
-    table = format_table(evals)
-    report = {"config": config.to_dict(), "num_classes": C, "c0": c0, "lambda_final": lam,
-              "steps": {"stage1": sum(1 for h in history if h["stage"] == 1),
-                        "stage2": sum(1 for h in history if h["stage"] == 2)},
-              "timings_s": timings,
-              "evals": {t: {n: {k: v for k, v in r.items() if k != "losses"} for n, r in e.items()}
-                        for t, e in evals.items()},
-              "checkpoint": saver.last_path}
-    if out is not None:
-        report["histogram_png"] = plot_forget_histograms(evals, str(out / "forget_loss_hist.png"),
-                                                         bins=config.histogram_bins, num_classes=C)
-        with open(out / "report.json", "w") as f:
-            json.dump(report, f, indent=2)
-        with open(out / "history.json", "w") as f:
-            json.dump(history, f)
-    if progress:
-        print(table)
-    return UnlearnResult(model=model, report=report, history=history, table=table)
+    def stage1(self, c0: float) -> Optional[float]:
+        """Run (or take from the checkpoint) Stage 1; returns the final λ (None when skipped)."""
+        if self.config.run_stage1 and self.done_stage < 1:
+            r = self._timed("stage1", lambda: stage1(
+                self.model, self.splits, self.config.stage1, c0=c0,
+                eval_batch_size=self.config.eval_batch_size, **self._loop_args(1)))
+            self.history += r.history
+            self.evaluate("stage1")
+            self.saver.save("stage1_done", {"stage": 1, "stage_done": True, "step": r.steps,
+                                            "model": self.model.state_dict(),
+                                            "lagrangian": r.lagrangian.state_dict(),
+                                            "history": self.history})
+            return float(r.lam)
+        if self.ckpt and self.done_stage >= 1:
+            if self.ckpt["stage"] == 1:
+                self.model.load_state_dict(self.ckpt["model"])
+            self.history += [h for h in self.ckpt.get("history", []) if h.get("stage") == 1]
+            return float(self.ckpt["lagrangian"]["lam"]) if "lagrangian" in self.ckpt else None
+        return None
+
+    def stage2(self) -> None:
+        """Run (or take from the checkpoint) Stage 2."""
+        if self.config.run_stage2 and self.done_stage < 2:
+            r = self._timed("stage2", lambda: stage2(self.model, self.splits, self.config.stage2,
+                                                     **self._loop_args(2)))
+            self.history = self.history + r.history
+            self.evaluate("stage2")
+            self.saver.save("stage2_done", {"stage": 2, "stage_done": True, "step": r.steps,
+                                            "model": self.model.state_dict(),
+                                            "history": self.history})
+        elif self.ckpt and self.done_stage >= 2:
+            self.model.load_state_dict(self.ckpt["model"])
+            self.history = list(self.ckpt.get("history", []))
+
+    def finish(self, c0: float, lam: Optional[float]) -> UnlearnResult:
+        """Table, report (and its files under out_dir); prints the table when progress is on."""
+        table = format_table(self.evals)
+        report = build_report(config=self.config.to_dict(), num_classes=self.num_classes, c0=c0,
+                              lam=lam, history=self.history, timings=self.timings,
+                              evals=self.evals, checkpoint=self.saver.last_path)
+        if self.out is not None:
+            write_report(self.out, report, self.history, self.evals,
+                         bins=self.config.histogram_bins, num_classes=self.num_classes)
+        if self.progress:
+            print(table)
+        return UnlearnResult(model=self.model, report=report, history=self.history, table=table)

@@ -1,5 +1,6 @@
-"""Evaluation of the three splits (train and held-out) at original / after Stage 1 / after Stage 2,
-the printed table, and the forget-loss histogram PNG (method.md: results are accuracies on all six)."""
+"""Evaluation of the three splits (train and held-out): accuracy and mean cross-entropy at each
+evaluation point (original / after Stage 1 / after Stage 2; docs/algorithm.md §10). The table,
+plot and report files built from these results are in `entangle_ext.unlearn.report`."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional
@@ -8,7 +9,7 @@ import torch
 
 from .data import BatchStream, Splits, forward_logits, split_batch
 
-__all__ = ["evaluate", "format_table", "plot_forget_histograms"]
+__all__ = ["evaluate"]
 
 
 @torch.no_grad()
@@ -63,53 +64,3 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
                 r["losses"] = torch.cat(losses).cpu().tolist()
         out[name] = r
     return out
-
-
-def format_table(evals: Dict[str, Dict[str, dict]]) -> str:
-    """Accuracy (%) / mean CE table: rows = checkpoints (original, stage1, stage2), columns = splits."""
-    names = []
-    for e in evals.values():
-        for n in e:
-            if n not in names:
-                names.append(n)
-    head = f"{'model':<10}" + "".join(f"{n:>18}" for n in names)
-    lines = ["accuracy % (mean CE)", head, "-" * len(head)]
-    for tag, e in evals.items():
-        cells = []
-        for n in names:
-            r = e.get(n)
-            cells.append(f"{'-':>18}" if r is None else f"{100 * r['acc']:>9.2f} ({r['loss']:5.2f})")
-        lines.append(f"{tag:<10}" + "".join(cells))
-    return "\n".join(lines)
-
-
-def plot_forget_histograms(evals: Dict[str, Dict[str, dict]], path: str, bins: int = 40,
-                           num_classes: Optional[int] = None) -> str:
-    """PNG of the per-sample forget-train CE histograms at each evaluation point (matplotlib, Agg).
-
-    The dashed line marks log C (the Prop. 4.2 threshold) when ``num_classes`` is given.
-    Returns the path written.
-    """
-    import math
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tags = [t for t, e in evals.items() if "losses" in e.get("forget", {})]
-    fig, axes = plt.subplots(1, max(len(tags), 1), figsize=(4.2 * max(len(tags), 1), 3.2),
-                             sharex=True, sharey=True, squeeze=False)
-    hi = max([max(evals[t]["forget"]["losses"]) for t in tags] + [math.log(num_classes or 2)]) * 1.02
-    edges = [hi * i / bins for i in range(bins + 1)]   # common bins: comparable panels
-    for ax, t in zip(axes[0], tags):
-        ls = evals[t]["forget"]["losses"]
-        ax.hist(ls, bins=edges, color="tab:blue", alpha=0.8)
-        ax.set_title(f"{t}: forget acc {100 * evals[t]['forget']['acc']:.1f}%")
-        ax.set_xlabel("per-sample CE (nats)")
-        if num_classes:
-            ax.axvline(math.log(num_classes), color="k", ls="--", lw=1)
-    axes[0][0].set_ylabel("forget samples")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

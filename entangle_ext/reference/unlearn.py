@@ -1,10 +1,12 @@
-"""A deliberately naive plain-PyTorch transcription of the reference recipe (method.md).
+"""A deliberately naive plain-PyTorch transcription of the reference recipe of both stages
+(docs/algorithm.md §2, §3, §7), the way the authors' reference implementation runs them.
 
-Test oracle for tests/test_fidelity.py and the baseline of bench/bench_unlearn.py: batch-by-batch
-loops, `.backward()` into ``.grad``, per-parameter float64 projection with the 2×2 normal
-equations plus a tiny ridge, and a host-side (`.item()`) dual update — the way the authors'
-reference implementation runs. It shares no code with entangle_ext.unlearn except the data order,
-which callers pass in as explicit lists of batches.
+It is the test oracle of the driver (tests/test_fidelity.py compares `entangle_ext.stage1` /
+`stage2` with it parameter for parameter in float64) and the baseline of bench/bench_unlearn.py:
+batch-by-batch loops, `.backward()` into ``.grad``, a per-parameter float64 projection with the
+2×2 normal equations plus a tiny ridge, and a host-side (`.item()`) dual update. It shares no code
+with `entangle_ext.unlearn` except the data order, which callers pass in as explicit lists of
+batches (`driver_order_stage1` / `driver_order_stage2` draw them as the driver does).
 """
 import copy
 import itertools
@@ -99,11 +101,15 @@ def naive_stage2(model, steps, *, lr, alpha=0.5, momentum=0.9, ridge=1e-12):
     return v
 
 
+def _stream(dataset, batch_size, seed, name, device):
+    from entangle_ext.unlearn.data import BatchStream
+    return BatchStream(dataset, batch_size, shuffle=True, seed=seed, name=name, device=device)
+
+
 def driver_order_stage1(splits, cfg1, seed, device="cpu"):
     """The remote batches and cycling forget batches in the order the driver draws them."""
-    from entangle_ext.unlearn.data import BatchStream
-    rem = BatchStream(splits.remote, cfg1.remote_batch_size, shuffle=True, seed=seed, name="s1/remote", device=device)
-    fgt = BatchStream(splits.forget, cfg1.forget_batch_size, shuffle=True, seed=seed, name="s1/forget", device=device)
+    rem = _stream(splits.remote, cfg1.remote_batch_size, seed, "s1/remote", device)
+    fgt = _stream(splits.forget, cfg1.forget_batch_size, seed, "s1/forget", device)
     remote = [b for e in range(cfg1.epochs) for b in rem.epoch_batches(e)]
     forget = (fgt.next() for _ in itertools.count())
     return remote, forget
@@ -111,10 +117,9 @@ def driver_order_stage1(splits, cfg1, seed, device="cpu"):
 
 def driver_order_stage2(splits, cfg2, seed, device="cpu"):
     """Per-step (adjacent batch, forget batches, remote batches) in the driver's order."""
-    from entangle_ext.unlearn.data import BatchStream
-    adj = BatchStream(splits.adjacent, cfg2.adjacent_batch_size, shuffle=True, seed=seed, name="s2/adjacent", device=device)
-    fgt = BatchStream(splits.forget, cfg2.forget_batch_size, shuffle=True, seed=seed, name="s2/forget", device=device)
-    rem = BatchStream(splits.remote, cfg2.remote_batch_size, shuffle=True, seed=seed, name="s2/remote", device=device)
+    adj = _stream(splits.adjacent, cfg2.adjacent_batch_size, seed, "s2/adjacent", device)
+    fgt = _stream(splits.forget, cfg2.forget_batch_size, seed, "s2/forget", device)
+    rem = _stream(splits.remote, cfg2.remote_batch_size, seed, "s2/remote", device)
     steps, step = [], 0
     for e in range(cfg2.epochs):
         for ab in adj.epoch_batches(e):

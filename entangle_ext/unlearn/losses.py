@@ -1,0 +1,142 @@
+"""Per-sample losses and gradient estimates the stages are built from: per-sample cross-entropy,
+the Stage-2 forget objective L̃_f with its Wasserstein-2 term (docs/algorithm.md §3, §4), and
+gradients accumulated over several minibatches in bounded-memory forward passes.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .._ext import available
+from ..reference import wasserstein2_1d as _w2_reference
+from ..wasserstein import wasserstein2_1d
+from .config import Stage2Config
+from .data import batch_size_of, concat_batches, forward_logits, slice_batch, split_batch
+
+__all__ = ["trainable_params", "per_sample_ce", "grads_of", "forget_objective", "forget_grad",
+           "remote_grad"]
+
+Grads = List[torch.Tensor]
+
+
+def trainable_params(model: torch.nn.Module) -> List[torch.nn.Parameter]:
+    """The parameters with ``requires_grad``, in ``model.parameters()`` order."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def per_sample_ce(model: torch.nn.Module, batch) -> torch.Tensor:
+    """Per-sample cross-entropy ℓ_i (nats), shape (B,), dtype of the logits, on their device."""
+    inputs, y = split_batch(batch)
+    return F.cross_entropy(forward_logits(model, inputs), y, reduction="none")
+
+
+def grads_of(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> Grads:
+    """∇ loss for each parameter (zeros for parameters the loss does not reach); no ``.grad``."""
+    gs = torch.autograd.grad(loss, params, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for g, p in zip(gs, params)]
+
+
+def _add_(acc: Optional[Grads], grads: Grads) -> Grads:
+    if acc is None:
+        return [g.clone() for g in grads]
+    torch._foreach_add_(acc, list(grads))
+    return acc
+
+
+def _chunks(batches: List[Any], micro_batch: Optional[int]):
+    """Group batches into forward passes: one concatenated pass (micro_batch None), slices of at
+    most micro_batch samples, or one pass per batch when shapes cannot be concatenated."""
+    cat = concat_batches(batches) if len(batches) > 1 else batches[0]
+    if cat is None:
+        return batches
+    n = batch_size_of(cat)
+    if micro_batch is None or micro_batch >= n:
+        return [cat]
+    return [slice_batch(cat, i, min(i + micro_batch, n)) for i in range(0, n, micro_batch)]
+
+
+def _w2(a: torch.Tensor, b: torch.Tensor, sizes: List[int], per_batch: bool) -> torch.Tensor:
+    """Σ over segments of W2²(a_seg, b_seg) in ONE operator call (dense (S, n) or ragged)."""
+    if available():
+        fn, kw = wasserstein2_1d, {"validate": False}
+    else:
+        warnings.warn("entangle_ext native extension not loaded; using the pure-PyTorch W2 reference",
+                      RuntimeWarning, stacklevel=3)
+        fn, kw = _w2_reference, {}
+    if not per_batch or len(sizes) == 1:
+        return fn(a, b, reduction="sum", **kw)
+    if all(s == sizes[0] for s in sizes):
+        S, n = len(sizes), sizes[0]
+        return fn(a.view(S, n), b.view(S, n), reduction="sum", **kw)
+    off = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0).tolist()), dtype=torch.long)
+    off = off.to(a.device, non_blocking=True)   # host-known sizes: async copy, no stream sync
+    if fn is _w2_reference:
+        return fn(a, b, off, off, reduction="sum")
+    return fn(a, b, off, off, reduction="sum", max_seqlen=max(sizes), **kw)
+
+
+def forget_objective(a: torch.Tensor, b: torch.Tensor, sizes: List[int], config: Stage2Config):
+    """L̃_f of Stage 2 (docs/algorithm.md §3) given a = −ℓ(θ) and b = −ℓ(θ̄), both (N,) over the
+    concatenated forget batches of ``sizes``: Σ_batches[(1−α)·mean(sign·ℓ) + α·W2²(a, b)]
+    (reference, w2_scope="minibatch") or (1−α)·mean(sign·ℓ) + α·W2² over all N samples
+    (w2_scope="forget_set"). Returns (objective, Σ W2², mean forget CE), 0-d tensors."""
+    per_batch = config.w2_scope == "minibatch"
+    ell = -a
+    sign = float(config.forget_mean_sign)
+    if per_batch:
+        if all(s == sizes[0] for s in sizes):
+            mean_term = ell.view(len(sizes), sizes[0]).mean(1).sum()
+        else:
+            w = torch.cat([torch.full((s,), 1.0 / s, dtype=ell.dtype) for s in sizes])
+            mean_term = (w.to(ell.device, non_blocking=True) * ell).sum()
+    else:
+        mean_term = ell.mean()
+    w2 = _w2(a, b, sizes, per_batch)
+    obj = (1.0 - config.alpha) * sign * mean_term + config.alpha * w2
+    return obj, w2, ell.detach().mean()
+
+
+def forget_grad(model, ref_model, params, batches: List[Any], config: Stage2Config):
+    """g_f = ∇ L̃_f over the forget ``batches`` (reference losses ℓ(θ̄) from the frozen
+    ``ref_model`` on the same samples, no grad). With several forward chunks (``micro_batch``):
+    d obj / d ℓ from a no-grad pass, then Σ_chunks ∇(w·ℓ) (exact, bounded memory).
+    Returns (g_f, objective, W2², mean forget CE), the last three 0-d detached tensors."""
+    sizes = [batch_size_of(b) for b in batches]
+    chunks = _chunks(batches, config.micro_batch)
+    with torch.no_grad():
+        b_ref = torch.cat([-per_sample_ce(ref_model, c) for c in chunks])
+    if len(chunks) == 1:
+        a = -per_sample_ce(model, chunks[0])
+        obj, w2, mce = forget_objective(a, b_ref, sizes, config)
+        return grads_of(obj, params), obj.detach(), w2.detach(), mce
+    with torch.no_grad():
+        a0 = torch.cat([-per_sample_ce(model, c) for c in chunks])
+    a0.requires_grad_(True)
+    with torch.enable_grad():
+        obj, w2, mce = forget_objective(a0, b_ref, sizes, config)
+        (w,) = torch.autograd.grad(obj, a0)
+    acc, off = None, 0
+    for c in chunks:
+        n = batch_size_of(c)
+        acc = _add_(acc, grads_of((w[off:off + n] * -per_sample_ce(model, c)).sum(), params))
+        off += n
+    return acc, obj.detach(), w2.detach(), mce
+
+
+def remote_grad(model, params, batches: List[Any], micro_batch: Optional[int]) -> Tuple[Grads, torch.Tensor]:
+    """g_rem = ∇ Σ_b mean CE(batch b) over the remote ``batches``, in chunks of at most
+    ``micro_batch`` samples. Returns (g_rem, mean over batches of the batch-mean CE, 0-d)."""
+    sizes = [batch_size_of(b) for b in batches]
+    wts = torch.cat([torch.full((s,), 1.0 / s) for s in sizes])
+    acc, off, total = None, 0, None
+    for c in _chunks(batches, micro_batch):
+        ce = per_sample_ce(model, c)
+        n = ce.shape[0]
+        loss = (wts[off:off + n].to(ce.device, ce.dtype, non_blocking=True) * ce).sum()
+        acc = _add_(acc, grads_of(loss, params))
+        total = loss.detach() if total is None else total + loss.detach()
+        off += n
+    return acc, total / len(sizes)
