@@ -1,4 +1,4 @@
-"""Split builders for the paper's settings: forget / adjacent / remote index lists (method.md).
+"""Split builders for the paper's settings: forget / adjacent / remote index lists (docs/algorithm.md §1).
 
 Every builder returns an `IndexSplit`: three disjoint lists of sample indices (Python ints into the
 arrays you passed, or into ``*_indices`` when given), optional per-sample ``targets`` (the coarse label
@@ -180,7 +180,7 @@ def _finish(forget, adjacent, remote, targets, meta, index_map=None) -> IndexSpl
 def split_by_hierarchy(fine_labels, fine_to_coarse, forget_fine: Union[int, Sequence[int]], *,
                        fine_names: Optional[Sequence[str]] = None,
                        coarse_names: Optional[Sequence[str]] = None) -> IndexSplit:
-    """Superclass setting (method.md: CIFAR-100 "aquarium_fish" in "fish"; Tiny-ImageNet six dog
+    """Superclass setting (docs/algorithm.md §1: CIFAR-100 "aquarium_fish" in "fish"; Tiny-ImageNet six dog
     classes in "mammals"): forget = samples of the ``forget_fine`` class(es), adjacent = samples of
     the other fine classes of the same coarse class, remote = all other samples.
 
@@ -246,7 +246,7 @@ def _attr_matrix(attrs, names: Sequence[str]) -> np.ndarray:
 
 def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], subclass_attrs: Sequence[str],
                         forget_subclass: Mapping[str, Union[bool, int]]) -> IndexSplit:
-    """Attribute setting (method.md: CelebA, target = (Male, Smiling) → 4 classes, sub-class by
+    """Attribute setting (docs/algorithm.md §1: CelebA, target = (Male, Smiling) → 4 classes, sub-class by
     (Young, Eyeglasses), forget = female · not smiling · not young · no eyeglasses).
 
     The target class of a sample is the binary number of its ``target_attrs`` (first attribute =
@@ -292,7 +292,7 @@ def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], s
 
 
 def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: Optional[int] = None) -> IndexSplit:
-    """Group setting (method.md: ToxiGen, forget = toxic statements about LGBTQ+ whose labels were
+    """Group setting (docs/algorithm.md §1: ToxiGen, forget = toxic statements about LGBTQ+ whose labels were
     flipped to benign before training, adjacent = benign LGBTQ+ statements, remote = other groups).
 
     Args:
@@ -470,7 +470,7 @@ def subset_splits(dataset, split: IndexSplit, *, test_dataset=None, test_split: 
     ``test_dataset`` for the held-out parts). The datasets must already return the split's targets.
     Raises ValueError when a split is empty."""
     from torch.utils.data import Subset
-    from .unlearn.data import Splits
+    from .unlearn import Splits
 
     kw = {n: Subset(dataset, getattr(split, n)) for n in IndexSplit.NAMES}
     if test_dataset is not None and test_split is not None:

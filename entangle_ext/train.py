@@ -1,24 +1,88 @@
-"""Training of the *original* model θ0 (before unlearning), as described in method.md
-("Original models: CIFAR ResNet-18 from scratch, SGD 1e-3 momentum 0.9 wd 5e-4, cosine, 30 epochs,
-batch 256"), with an on-disk cache."""
+"""Training of the *original* model θ0 (before unlearning), with an on-disk cache.
+
+One trainer for every setting: `train_original(model, datasets, recipe)`. A `TrainRecipe` holds the
+optimizer, learning rate, epochs, batch size, schedule and augmentation; each setting's recipe lives
+in the settings registry (`entangle_ext.settings`, docs/algorithm.md §8), e.g. the paper's CIFAR-100
+ResNet-18 (SGD 1e-3, momentum 0.9, weight decay 5e-4, cosine, 30 epochs, batch 256, flip + crop).
+
+Data order: one ``torch.Generator`` seeded with ``seed`` draws a fresh permutation of the union of
+the datasets at each epoch and the augmentation randomness, so a run is a pure function of
+(model initialisation, data, recipe, seed).
+"""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset, TensorDataset
+from torch.utils.data._utils.collate import default_collate
 
-from .unlearn.data import BatchStream, forward_logits, split_batch
-from .unlearn.driver import seed_everything
+from .unlearn import seed_everything
+from .unlearn.data import forward_logits, move_batch, split_batch
 
-__all__ = ["train_original", "cifar_augment"]
+__all__ = ["TrainRecipe", "train_original", "cifar_augment"]
+
+Optimizer = Literal["sgd", "adam", "adamw"]
+Schedule = Literal["constant", "cosine"]
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """How the original model is trained (docs/algorithm.md §8).
+
+    Attributes:
+        optimizer: "sgd" (with ``momentum``), "adam" or "adamw" (``torch.optim``, default betas/eps).
+        lr: learning rate (peak value under "cosine").
+        epochs: passes over the union of the training datasets (0 = leave the model as built).
+        batch_size: samples per step (the last batch of an epoch may be smaller).
+        momentum: SGD momentum (ignored by Adam/AdamW).
+        weight_decay: the optimizer's weight decay (L2 for SGD/Adam, decoupled for AdamW).
+        schedule: "constant", or "cosine" = `CosineAnnealingLR` over all steps, stepped per batch.
+        augment: random horizontal flip + translation by up to 4 px (`cifar_augment`) on image
+            batches ((B, C, H, W) tensors); ignored for other inputs.
+    Raises:
+        ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
+            momentum or weight decay.
+    """
+    optimizer: Optimizer = "sgd"
+    lr: float = 1e-3
+    epochs: int = 30
+    batch_size: int = 256
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    schedule: Schedule = "cosine"
+    augment: bool = False
+
+    def __post_init__(self):
+        if self.optimizer not in ("sgd", "adam", "adamw"):
+            raise ValueError(f"TrainRecipe.optimizer must be 'sgd', 'adam' or 'adamw', got {self.optimizer!r}")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"TrainRecipe.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainRecipe.lr must be > 0, got {self.lr}")
+        if int(self.epochs) != self.epochs or self.epochs < 0:
+            raise ValueError(f"TrainRecipe.epochs must be an integer >= 0, got {self.epochs}")
+        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
+            raise ValueError(f"TrainRecipe.batch_size must be an integer >= 1, got {self.batch_size}")
+        if self.momentum < 0 or self.weight_decay < 0:
+            raise ValueError("TrainRecipe.momentum and weight_decay must be >= 0")
+
+    def replace(self, **changes) -> "TrainRecipe":
+        """A copy with ``changes`` applied (validated); None values are ignored."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """Standard CIFAR augmentation on a (B, 3, H, W) batch, per sample: random horizontal flip
-    and random translation by up to 4 pixels with zero padding (= RandomCrop(32, padding=4))."""
+    """Standard CIFAR augmentation on a (B, C, H, W) batch, per sample: random horizontal flip
+    and random translation by up to 4 pixels with zero padding (= RandomCrop(H, padding=4)).
+    Random numbers come from ``generator`` (a CPU generator); the result is on ``x.device``."""
     B, _, H, W = x.shape
     flip = torch.rand(B, generator=generator) < 0.5
     x = torch.where(flip.to(x.device).view(B, 1, 1, 1), x.flip(3), x)
@@ -31,17 +95,46 @@ def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None) 
     return pad.gather(3, cols)
 
 
-def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], *, epochs: int = 30,
-                   lr: float = 1e-3, momentum: float = 0.9, weight_decay: float = 5e-4,
-                   batch_size: int = 256, cosine: bool = True, augment: bool = False,
+def _union(datasets: Sequence[Dataset]) -> Dataset:
+    """One dataset over all of ``datasets`` (concatenated tensors when every one has ``.tensors``)."""
+    if all(getattr(d, "tensors", None) is not None for d in datasets):
+        return TensorDataset(*[torch.cat([d.tensors[i] for d in datasets]) for i in range(len(datasets[0].tensors))])
+    return ConcatDataset(list(datasets))
+
+
+def _batch(data: Dataset, idx: torch.Tensor, device: torch.device):
+    tensors = getattr(data, "tensors", None)
+    if tensors is not None:
+        return move_batch(tuple(t[idx.to(t.device)] for t in tensors), device)
+    return move_batch(default_collate([data[int(i)] for i in idx]), device)
+
+
+def _optimizer(model: torch.nn.Module, r: TrainRecipe) -> torch.optim.Optimizer:
+    params = model.parameters()
+    if r.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=r.lr, momentum=r.momentum, weight_decay=r.weight_decay)
+    cls = torch.optim.Adam if r.optimizer == "adam" else torch.optim.AdamW
+    return cls(params, lr=r.lr, weight_decay=r.weight_decay)
+
+
+def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe = TrainRecipe(), *,
                    device=None, seed: int = 0, cache: Optional[Union[str, Path]] = None,
-                   progress: bool = True, optimizer: str = "sgd") -> torch.nn.Module:
-    """Train ``model`` (train mode, SGD + momentum + weight decay, cosine LR over all steps) on the
-    union of ``datasets`` ((x, y) or dict batches), or load ``cache`` when it exists (and write it
-    afterwards). ``optimizer="adamw"`` uses AdamW (lr, weight_decay; momentum ignored) instead, for
-    the ViT / transformer settings. Returns the model in eval mode on ``device``."""
-    if optimizer not in ("sgd", "adamw"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {optimizer!r}")
+                   progress: bool = True) -> torch.nn.Module:
+    """Train ``model`` (in train mode) on the union of ``datasets`` following ``recipe``, or load
+    ``cache`` (a state-dict file) when it exists; the trained weights are written to ``cache``.
+
+    Args:
+        model: any module returning (B, C) logits (or HF-style ``.logits``); moved to ``device``.
+        datasets: (x, y) or dict (``"labels"`` + model inputs) datasets, e.g. the train parts of
+            `Splits`; labels are int64 class indices.
+        recipe: `TrainRecipe`. seed: seeds python/numpy/torch (dropout) and the data-order and
+            augmentation generator. device: default = the model's device.
+        progress: tqdm bar per step (loss shown once per epoch).
+    Returns:
+        ``model`` in eval mode on ``device``.
+    Raises:
+        ValueError: ``datasets`` empty or holding no sample.
+    """
     from tqdm.auto import tqdm
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -49,23 +142,21 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], *, epoch
     if cache is not None and Path(cache).exists():
         model.load_state_dict(torch.load(cache, map_location=device))
         return model.eval()
+    if not datasets or sum(len(d) for d in datasets) == 0:
+        raise ValueError("train_original needs at least one non-empty dataset")
     seed_everything(seed)
-    data = torch.utils.data.ConcatDataset(list(datasets))
-    if all(getattr(d, "tensors", None) is not None for d in datasets):
-        data = torch.utils.data.TensorDataset(*[torch.cat([d.tensors[i] for d in datasets])
-                                                for i in range(len(datasets[0].tensors))])
-    stream = BatchStream(data, batch_size, shuffle=True, seed=seed, name="train", device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay) \
-        if optimizer == "sgd" else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    total = epochs * len(stream)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total, 1)) if cosine else None
+    data = _union(datasets)
     gen = torch.Generator().manual_seed(seed)
-    bar = tqdm(total=total, desc="original model", disable=not progress, dynamic_ncols=True)
+    opt = _optimizer(model, recipe)
+    steps = -(-len(data) // recipe.batch_size)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(recipe.epochs * steps, 1)) \
+        if recipe.schedule == "cosine" else None
+    bar = tqdm(total=recipe.epochs * steps, desc="original model", disable=not progress, dynamic_ncols=True)
     model.train()
-    for e in range(epochs):
-        for b in stream.epoch_batches(e):
-            inputs, y = split_batch(b)
-            if augment and isinstance(inputs, torch.Tensor):
+    for e in range(recipe.epochs):
+        for idx in torch.randperm(len(data), generator=gen).split(recipe.batch_size):
+            inputs, y = split_batch(_batch(data, idx, device))
+            if recipe.augment and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
                 inputs = cifar_augment(inputs, gen)
             loss = F.cross_entropy(forward_logits(model, inputs), y)
             opt.zero_grad(set_to_none=True)

@@ -4,9 +4,9 @@ A hand-written loop on sklearn's digits (parity labels; forget digit 3, siblings
 even digits; see `entangle_ext.data.digits`) that uses the operators directly:
 
 * ``entangle_ext.wasserstein2_1d(u, v)`` - exact 1-D W2² between the per-sample forget losses of the
-  model and of a frozen snapshot (the W2 anchor of Stage 2, method.md);
+  model and of a frozen snapshot (the W2 anchor of Stage 2, docs/algorithm.md §3, §4);
 * ``entangle_ext.project_orthogonal_(grads, basis, rcond=...)`` - in-place projection of the adjacent
-  gradient off span{g_f, g_rem} (Stage 2 step 5);
+  gradient off span{g_f, g_rem} (Stage 2, docs/algorithm.md §5);
 * ``entangle_ext.dual_update_(lam, g, mu, kind="equality")`` and ``entangle_ext.AugmentedLagrangian``
   - the Stage 1 multiplier update / penalty.
 
@@ -44,7 +44,8 @@ def main():
             F.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
             opt.step()
     report = lambda tag: print(f"{tag:<9} forget {acc(model, s.forget_test):6.1f}  adjacent "
-                               f"{acc(model, s.adjacent_test):6.1f}  remote {acc(model, s.remote_test):6.1f}  (test acc %)")
+                               f"{acc(model, s.adjacent_test):6.1f}  remote {acc(model, s.remote_test):6.1f}"
+                               "  (test acc %)")
     report("original")
 
     # --- Stage 1 in their loop: ascend on D_f, keep L_rem at its original value (AL + dual_update_) --

@@ -20,10 +20,11 @@ import time
 import numpy as np
 import torch
 
-from entangle_ext.data.cifar100 import _to_tensor, find_cifar100, load_cifar100, resnet18_cifar
+from entangle_ext.data.cifar100 import CIFAR100_MEAN, CIFAR100_STD, load_cifar100, resnet18_cifar
+from entangle_ext.data.tinyimagenet import images_to_tensor
 from entangle_ext.data.vit import vit_classifier
 from entangle_ext.splits import extract_features, split_by_similarity
-from entangle_ext.train import train_original
+from entangle_ext.train import TrainRecipe, train_original
 
 
 def recovery(feats_r, feats_f, retain, forget, true_adj, k, metric):
@@ -46,10 +47,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    src = find_cifar100(args.data_root)
-    if src is None:
-        raise SystemExit("CIFAR-100 not found: pass --data-root")
-    d = load_cifar100(src)
+    try:
+        d = load_cifar100(args.data_root)
+    except FileNotFoundError as e:
+        raise SystemExit(f"similarity_split_cifar100: {e}")
     fine, coarse = d["y_train_fine"], d["y_train_coarse"]
     rng = np.random.default_rng(args.seed)
     sel = np.concatenate([rng.choice(np.flatnonzero(fine == k), args.per_class, replace=False) for k in range(100)])
@@ -73,13 +74,14 @@ def main(argv=None):
 
     # trained model: penultimate features
     t0 = time.perf_counter()
-    x = _to_tensor(d["x_train"][sel], args.device, torch.float32)
+    x = images_to_tensor(d["x_train"][sel], args.device, mean=CIFAR100_MEAN, std=CIFAR100_STD)
     y = torch.as_tensor(coarse[sel], device=args.device)
     torch.manual_seed(args.seed)
     model = vit_classifier(20, arch="small", image_size=32) if args.model == "small" else resnet18_cifar(20)
-    train_original(model, [torch.utils.data.TensorDataset(x, y)], epochs=args.epochs, lr=1e-3, weight_decay=0.05,
-                   batch_size=128, augment=True, device=args.device, seed=args.seed, optimizer="adamw", progress=False)
-    xt = _to_tensor(d["x_test"], args.device, torch.float32)
+    recipe = TrainRecipe("adamw", lr=1e-3, epochs=args.epochs, batch_size=128, weight_decay=0.05, augment=True)
+    train_original(model, [torch.utils.data.TensorDataset(x, y)], recipe, device=args.device, seed=args.seed,
+                   progress=False)
+    xt = images_to_tensor(d["x_test"], args.device, mean=CIFAR100_MEAN, std=CIFAR100_STD)
     with torch.no_grad():
         acc = torch.cat([model(xt[i:i + 512]).argmax(1).cpu() for i in range(0, len(xt), 512)])
     acc = (acc.numpy() == d["y_test_coarse"]).mean()

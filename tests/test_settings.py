@@ -71,6 +71,38 @@ def test_split_by_hierarchy_errors():
     assert (s.forget, s.adjacent, s.remote) == ([0], [1], [])
 
 
+def test_cifar100_splits_follow_split_by_hierarchy():
+    """cifar100_splits = split_by_hierarchy on the kept superclasses; samples ordered class by class."""
+    from entangle_ext.data.cifar100 import CIFAR100_MEAN, CIFAR100_STD, cifar100_splits
+    from entangle_ext.data.tinyimagenet import images_to_tensor
+    rng = np.random.default_rng(0)
+    f2c = np.arange(100) % 20
+
+    def part(n):
+        fine = rng.integers(0, 100, n)
+        return rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), fine, f2c[fine]
+    (xtr, ftr, ctr), (xte, fte, cte) = part(3000), part(600)
+    d = dict(x_train=xtr, y_train_fine=ftr, y_train_coarse=ctr, x_test=xte, y_test_fine=fte, y_test_coarse=cte,
+             fine_names=[f"c{i}" for i in range(100)], coarse_names=[f"s{i}" for i in range(20)])
+    s, info = cifar100_splits(data=d, forget_fine="c21", superclasses=["s1", "s5"], max_train_per_class=20)
+    kept = np.where(f2c == 1, 0, np.where(f2c == 5, 1, -1))          # c21 is in s1; s1 -> 0, s5 -> 1
+    ref_tr, ref_te = split_by_hierarchy(ftr, kept, 21), split_by_hierarchy(fte, kept, 21)
+    tr, te = info["index_splits"]["train"], info["index_splits"]["test"]
+    assert (te.forget, te.adjacent, te.remote, te.targets) == (ref_te.forget, ref_te.adjacent, ref_te.remote,
+                                                               ref_te.targets)
+    for n in IndexSplit.NAMES:                                          # train: capped subsets of the same split
+        assert set(getattr(tr, n)) <= set(getattr(ref_tr, n))
+        assert np.bincount(ftr[getattr(tr, n)], minlength=100).max() <= 20
+    order = sorted(ref_te.adjacent, key=lambda i: (fte[i], i))
+    torch.testing.assert_close(s.adjacent_test.tensors[0], images_to_tensor(xte[order], mean=CIFAR100_MEAN,
+                                                                              std=CIFAR100_STD), rtol=0, atol=0)
+    assert s.adjacent_test.tensors[1].tolist() == [0] * len(order) and set(s.remote.tensors[1].tolist()) == {1}
+    assert info["sizes"]["forget_test"] == len(ref_te.forget) and info["groups"]["forget"] == ["c21"]
+    d["y_test_coarse"] = (cte + 1) % 20
+    with pytest.raises(ValueError, match="two coarse"):
+        cifar100_splits(data=d, forget_fine="c21")
+
+
 def _celeba_attrs(n, seed=0):
     rng = np.random.default_rng(seed)
     return {k: rng.choice([-1, 1], n) for k in ("Male", "Smiling", "Young", "Eyeglasses", "Blond_Hair")}
@@ -327,24 +359,18 @@ CELEBA_ATTRS = ("5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bal
 
 @pytest.fixture
 def celeba_root(tmp_path):
-    """torchvision celeba/ layout with 48 generated 22×27 JPEGs (real aspect 178:218 scaled down);
-    every (Male, Smiling, Young, Eyeglasses) combination appears in each partition."""
-    rng = np.random.default_rng(0)
+    """torchvision celeba/ layout with 48 generated 22×27 JPEGs (real aspect 178:218 scaled down, written
+    by `write_celeba_miniature`); every (Male, Smiling, Young, Eyeglasses) combination appears once in
+    each partition (checked here, read back from the files)."""
+    from entangle_ext.data.celeba import write_celeba_miniature
+    write_celeba_miniature(tmp_path, 48, size=(22, 27))
     d = tmp_path / "celeba"
-    (d / "img_align_celeba").mkdir(parents=True)
-    n = 48
-    vals = rng.choice([-1, 1], (n, 40))
-    combos = np.array([[(c >> b) & 1 for b in (3, 2, 1, 0)] for c in range(16)]) * 2 - 1
+    rows = [l.split() for l in (d / "list_attr_celeba.txt").read_text().splitlines()[2:]]
+    vals = np.array([[int(v) for v in r[1:]] for r in rows])
+    part = np.array([int(l.split()[1]) for l in (d / "list_eval_partition.txt").read_text().splitlines()])
     cols = [CELEBA_ATTRS.index(a) for a in ("Male", "Smiling", "Young", "Eyeglasses")]
-    vals[:, cols] = np.tile(combos, (3, 1))
-    part = np.repeat([0, 1, 2], 16)
-    lines = [str(n), " ".join(CELEBA_ATTRS)]
-    for i in range(n):
-        name = f"{i + 1:06d}.jpg"
-        _jpeg(d / "img_align_celeba" / name, rng, size=(22, 27))
-        lines.append(name + " " + " ".join(f"{v:2d}" for v in vals[i]))
-    (d / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
-    (d / "list_eval_partition.txt").write_text("".join(f"{i + 1:06d}.jpg {p}\n" for i, p in enumerate(part)))
+    for p in range(3):
+        assert (part == p).sum() == 16 and len({tuple(r) for r in vals[part == p][:, cols]}) == 16
     return tmp_path, vals, part
 
 
@@ -499,7 +525,7 @@ def test_vit_classifier():
         vit_classifier(3, arch="vit_h_14")
 
 
-def test_presets_match_method_md():
+def test_presets_match_the_published_settings():
     t = ee.UnlearnConfig.preset("toxigen")
     assert (t.stage1.lr, t.stage1.remote_batch_size, t.stage1.forget_batch_size, t.stage1.clip,
             t.stage1.confidence_penalty) == (2.5e-6, 64, 64, 5.0, True)

@@ -1,4 +1,4 @@
-"""CelebA in the paper's attribute setting (method.md, "Paper settings", CelebA row).
+"""CelebA in the paper's attribute setting (docs/algorithm.md §1, CelebA row).
 
 Target (what the model predicts) = (Male, Smiling) → 4 classes: 0 female·not smiling,
 1 female·smiling, 2 male·not smiling, 3 male·smiling. Sub-classes inside a target class are given
@@ -6,7 +6,8 @@ by (Young, Eyeglasses). D_f = female · not smiling · not young · no eyeglasse
 3 sub-classes of target class 0; D_rem = target classes 1–3. Train = official partition 0,
 held-out = official partition 2 (test) by default.
 
-On-disk format = torchvision's ``CelebA`` layout: ``<root>/celeba/`` (or ``<root>`` itself) holding
+On-disk format = torchvision's ``CelebA`` layout: ``<root>/celeba/`` (or ``<root>`` itself; without a
+root, ``celeba/`` in the data directories of `entangle_ext.data.data_dirs`) holding
 ``img_align_celeba/*.jpg`` (178×218 aligned crops), ``list_attr_celeba.txt`` (line 1: count,
 line 2: the 40 attribute names, then ``<file> ±1 ×40``) and ``list_eval_partition.txt``
 (``<file> 0|1|2``). Images are centre-cropped to a square and resized to ``image_size`` with Pillow.
@@ -22,34 +23,46 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_attributes
-from ..unlearn.data import Splits
+from ..unlearn import Splits
+from .root import data_dirs
 from .tinyimagenet import images_to_tensor
 
-__all__ = ["find_celeba", "read_celeba_attributes", "load_celeba_images", "celeba_splits", "TARGET_ATTRS",
-           "SUBCLASS_ATTRS", "FORGET_SUBCLASS", "CLASS_NAMES"]
+__all__ = ["find_celeba", "read_celeba_attributes", "load_celeba_images", "celeba_splits", "write_celeba_miniature",
+           "TARGET_ATTRS", "SUBCLASS_ATTRS", "FORGET_SUBCLASS", "CLASS_NAMES", "ATTRIBUTES"]
 
 TARGET_ATTRS = ("Male", "Smiling")
 SUBCLASS_ATTRS = ("Young", "Eyeglasses")
 FORGET_SUBCLASS = {"Male": False, "Smiling": False, "Young": False, "Eyeglasses": False}
 CLASS_NAMES = ("female·not smiling", "female·smiling", "male·not smiling", "male·smiling")
 _FILES = ("list_attr_celeba.txt", "list_eval_partition.txt")
+ATTRIBUTES = tuple(
+    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair Blond_Hair "
+    "Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup High_Cheekbones "
+    "Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose Receding_Hairline "
+    "Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat Wearing_Lipstick "
+    "Wearing_Necklace Wearing_Necktie Young".split())
+"""The 40 CelebA attribute names in the order of ``list_attr_celeba.txt``."""
 
 
-def find_celeba(root: Union[str, Path]) -> Path:
+def find_celeba(root: Union[str, Path, None] = None) -> Path:
     """The CelebA directory (``root/celeba`` or ``root``) holding the two list files and
-    ``img_align_celeba/``. Raises FileNotFoundError naming what is missing."""
-    r = Path(root)
-    for c in (r / "celeba", r):
-        if all((c / f).is_file() for f in _FILES) and (c / "img_align_celeba").is_dir():
-            return c
-    c = r / "celeba" if (r / "celeba").is_dir() else r
-    missing = [f for f in _FILES if not (c / f).is_file()] + \
-        ([] if (c / "img_align_celeba").is_dir() else ["img_align_celeba/"])
-    raise FileNotFoundError(f"no CelebA at {root}: {c} lacks {missing} (torchvision layout: celeba/"
-                            "img_align_celeba/*.jpg, list_attr_celeba.txt, list_eval_partition.txt)")
+    ``img_align_celeba/``; with ``root`` None, ``celeba/`` in the data directories of
+    `entangle_ext.data.data_dirs`. Raises FileNotFoundError naming every place and what it lacks."""
+    lacks = []
+    for _, r in data_dirs(root):
+        for c in (r / "celeba", r):
+            if all((c / f).is_file() for f in _FILES) and (c / "img_align_celeba").is_dir():
+                return c
+        c = r / "celeba" if (r / "celeba").is_dir() else r
+        missing = [f for f in _FILES if not (c / f).is_file()] + \
+            ([] if (c / "img_align_celeba").is_dir() else ["img_align_celeba/"])
+        lacks.append(f"{c} lacks {missing}")
+    raise FileNotFoundError(f"no CelebA at {root if root is not None else 'the data directories'}: "
+                            + "; ".join(lacks) + " (torchvision layout: celeba/img_align_celeba/*.jpg, "
+                            "list_attr_celeba.txt, list_eval_partition.txt)")
 
 
-def read_celeba_attributes(root: Union[str, Path]) -> Dict[str, object]:
+def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, object]:
     """Parse the attribute and partition lists.
 
     Returns:
@@ -103,7 +116,7 @@ def load_celeba_images(directory: Union[str, Path], files: Sequence[str], image_
     return out
 
 
-def celeba_splits(root: Union[str, Path], *, target_attrs: Sequence[str] = TARGET_ATTRS,
+def celeba_splits(root: Union[str, Path, None] = None, *, target_attrs: Sequence[str] = TARGET_ATTRS,
                   subclass_attrs: Sequence[str] = SUBCLASS_ATTRS,
                   forget_subclass: Mapping[str, bool] = FORGET_SUBCLASS, image_size: int = 64,
                   train_partition: int = 0, test_partition: Optional[int] = 2,
@@ -163,3 +176,35 @@ def celeba_splits(root: Union[str, Path], *, target_attrs: Sequence[str] = TARGE
             [str(c) for c in range(2 ** k)], "sizes": {n: len(v) for n, v in kw.items()},
             "forget_subclass": dict(forget_subclass), "index_splits": idx_splits, "files": files_out}
     return splits, info
+
+
+def write_celeba_miniature(root: Union[str, Path], n: int = 48, *, seed: int = 0,
+                           size: Tuple[int, int] = (178, 218)) -> Path:
+    """Write a generated CelebA miniature in torchvision's layout under ``root/celeba`` (for smoke
+    runs and tests; its images are noise and its accuracies mean nothing). Returns ``root``.
+
+    Image i (JPEG, ``size`` = (width, height), random pixels) gets random ±1 attributes, except that
+    (Male, Smiling, Young, Eyeglasses) take the (i mod 16)-th combination (binary, Male = most
+    significant bit; -1 = absent) and its partition is (i // 16) mod 3, so with n a multiple of 48
+    every combination appears n / 48 times in each partition. Raises ValueError for n < 1.
+    """
+    from PIL import Image
+
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    rng = np.random.default_rng(seed)
+    d = Path(root) / "celeba"
+    (d / "img_align_celeba").mkdir(parents=True, exist_ok=True)
+    vals = rng.choice([-1, 1], (n, len(ATTRIBUTES)))
+    combos = np.array([[(c >> b) & 1 for b in (3, 2, 1, 0)] for c in range(16)]) * 2 - 1
+    vals[:, [ATTRIBUTES.index(a) for a in ("Male", "Smiling", "Young", "Eyeglasses")]] = combos[np.arange(n) % 16]
+    part = (np.arange(n) // 16) % 3
+    lines = [str(n), " ".join(ATTRIBUTES)]
+    for i in range(n):
+        name = f"{i + 1:06d}.jpg"
+        pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(d / "img_align_celeba" / name, format="JPEG", quality=70)
+        lines.append(name + " " + " ".join(f"{v:2d}" for v in vals[i]))
+    (d / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
+    (d / "list_eval_partition.txt").write_text("".join(f"{i + 1:06d}.jpg {p}\n" for i, p in enumerate(part)))
+    return Path(root)

@@ -1,17 +1,17 @@
-"""CIFAR-100 in the paper's superclass setting (method.md, Table 1).
+"""CIFAR-100 in the paper's superclass setting (docs/algorithm.md §1; Table 1 of the paper).
 
 The model predicts the 20 coarse labels (superclasses). D_f = fine class "aquarium_fish",
 D_adj = the other 4 fine classes of superclass "fish", D_rem = the other 19 superclasses;
-train = official train set, held-out = official test set.
+train = official train set, held-out = official test set. The splits come from
+`entangle_ext.splits.split_by_hierarchy`.
 
-Accepted on-disk formats (`load_cifar100`):
+Accepted on-disk formats (`load_cifar100`), looked up with `entangle_ext.data.find_data_file`:
 * torchvision's ``cifar-100-python/`` pickles (``train``, ``test``, ``meta``);
-* ``cifar100.npz`` as in /work/shared/data (keys x_train, y_train_fine, y_train_coarse, x_test,
-  y_test_fine, y_test_coarse, fine_names, coarse_names; see its README).
+* ``cifar100.npz`` (keys x_train, y_train_fine, y_train_coarse, x_test, y_test_fine, y_test_coarse,
+  fine_names, coarse_names).
 """
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
@@ -20,48 +20,47 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from ..unlearn.data import Splits
+from ..splits import IndexSplit, split_by_hierarchy
+from ..unlearn import Splits
+from .root import find_data_file
+from .tinyimagenet import images_to_tensor
 
 __all__ = ["find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "CIFAR100_MEAN",
            "CIFAR100_STD"]
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+_NAMES = ("cifar-100-python", "cifar100.npz")
+
+
+def _is_cifar100(p: Path) -> bool:
+    return (p.is_file() and p.suffix == ".npz") or (p.is_dir() and p.name == "cifar-100-python")
+
+
+def _locate(root) -> Path:
+    return find_data_file(_NAMES, root, is_data=_is_cifar100, what="CIFAR-100")
 
 
 def find_cifar100(root: Union[str, Path, None] = None) -> Optional[Path]:
-    """The CIFAR-100 source at ``root`` or, when ``root`` is None, under $ENTANGLE_SHARED_DATA or
-    ../shared/data (relative to the repository): a ``.npz`` file or a directory holding
-    ``cifar100.npz`` or ``cifar-100-python/``. None when nothing is found."""
-    cands = []
-    if root is not None:
-        cands.append(Path(root))
-    else:
-        if os.environ.get("ENTANGLE_SHARED_DATA"):
-            cands.append(Path(os.environ["ENTANGLE_SHARED_DATA"]))
-        cands.append(Path(__file__).resolve().parents[3] / "shared" / "data")
-    for c in cands:
-        if c.is_file() and c.suffix == ".npz":
-            return c
-        if (c / "cifar-100-python").is_dir():
-            return c / "cifar-100-python"
-        if c.name == "cifar-100-python" and c.is_dir():
-            return c
-        if (c / "cifar100.npz").is_file():
-            return c / "cifar100.npz"
-    return None
+    """The CIFAR-100 source: ``root`` itself (a ``.npz`` file or a ``cifar-100-python/`` directory)
+    or ``cifar-100-python/`` / ``cifar100.npz`` inside it; with ``root`` None, inside the data
+    directories of `entangle_ext.data.data_dirs`. None when nothing is found (`load_cifar100`
+    raises instead, naming every place looked at)."""
+    try:
+        return _locate(root)
+    except FileNotFoundError:
+        return None
 
 
-def load_cifar100(root: Union[str, Path]) -> dict:
+def load_cifar100(root: Union[str, Path, None] = None) -> dict:
     """Read CIFAR-100 from either format into numpy arrays.
 
     Returns dict with x_train (50000, 32, 32, 3) uint8 HWC, y_train_fine / y_train_coarse (int64),
     x_test (10000, 32, 32, 3), y_test_fine / y_test_coarse, fine_names (100 str), coarse_names (20).
-    Raises FileNotFoundError when no CIFAR-100 is found at/under ``root``.
+    Raises FileNotFoundError when no CIFAR-100 is found (see `find_cifar100`); the message names
+    every place looked at.
     """
-    src = find_cifar100(root)
-    if src is None:
-        raise FileNotFoundError(f"no CIFAR-100 (cifar100.npz or cifar-100-python/) at {root}")
+    src = _locate(root)
     if src.suffix == ".npz":
         d = np.load(src, allow_pickle=False)
         return {k: d[k] for k in ("x_train", "y_train_fine", "y_train_coarse", "x_test", "y_test_fine",
@@ -81,19 +80,13 @@ def load_cifar100(root: Union[str, Path]) -> dict:
     return out
 
 
-def _to_tensor(x: np.ndarray, device, dtype) -> torch.Tensor:
-    t = torch.as_tensor(x, device=device).permute(0, 3, 1, 2).to(dtype).div_(255.0)
-    mean = torch.tensor(CIFAR100_MEAN, device=device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR100_STD, device=device, dtype=dtype).view(1, 3, 1, 1)
-    return ((t - mean) / std).contiguous()
-
-
 def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "aquarium_fish",
                     superclasses: Optional[Sequence[str]] = None,
                     max_train_per_class: Optional[int] = None,
                     max_test_per_class: Optional[int] = None, seed: int = 0, device="cpu",
                     dtype=torch.float32, data: Optional[dict] = None) -> Tuple[Splits, dict]:
-    """Splits of the CIFAR-100 superclass setting as device-resident TensorDatasets.
+    """Splits of the CIFAR-100 superclass setting as device-resident TensorDatasets, built with
+    `entangle_ext.splits.split_by_hierarchy` (docs/algorithm.md §1).
 
     Args:
         root: data location (see `find_cifar100`). data: an already loaded `load_cifar100` dict.
@@ -103,50 +96,66 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
         max_train_per_class, max_test_per_class: cap per fine class (random subset, ``seed``).
     Returns:
         (splits, info): x (N, 3, 32, 32) ``dtype`` normalised with CIFAR-100 mean/std, y (N,)
-        int64 coarse labels, on ``device``; info: names, num_classes, sizes, fine classes per split.
+        int64 coarse labels, on ``device``; within a split the samples are ordered by fine class,
+        then by index in the official array. info: names, num_classes, sizes, fine classes per
+        split, and "index_splits" ({"train", "test"}: `IndexSplit` over the official arrays).
     Raises:
-        ValueError: unknown class names; FileNotFoundError: no data.
+        ValueError: unknown class names, or fine/coarse labels that disagree between samples;
+        FileNotFoundError: no data.
     """
     d = data if data is not None else load_cifar100(root)
     fine_names, coarse_names = list(d["fine_names"]), list(d["coarse_names"])
     if forget_fine not in fine_names:
         raise ValueError(f"unknown fine class {forget_fine!r}")
     f_id = fine_names.index(forget_fine)
-    f2c = np.zeros(100, dtype=np.int64)
+    f2c = np.zeros(len(fine_names), dtype=np.int64)
     f2c[d["y_train_fine"]] = d["y_train_coarse"]
     sup = int(f2c[f_id])
-    keep = list(range(20)) if superclasses is None else [coarse_names.index(s) if s in coarse_names
-                                                         else _bad(s) for s in superclasses]
+    keep = list(range(len(coarse_names))) if superclasses is None else \
+        [coarse_names.index(s) if s in coarse_names else _bad(s) for s in superclasses]
     if sup not in keep:
         raise ValueError(f"superclasses must include {coarse_names[sup]!r}, the forget class's superclass")
-    remap = {c: i for i, c in enumerate(keep)}
+    f2k = np.full(len(fine_names), -1, dtype=np.int64)   # fine class -> kept coarse index (-1: dropped)
+    for i, c in enumerate(keep):
+        f2k[f2c == c] = i
     rng = np.random.default_rng(seed)
-
-    def select(fine, cap):
-        idx = []
-        for k in range(100):
-            if int(f2c[k]) not in remap:
-                continue
-            ik = np.flatnonzero(fine == k)
-            if cap is not None and len(ik) > cap:
-                ik = np.sort(rng.choice(ik, cap, replace=False))
-            idx.append(ik)
-        return np.concatenate(idx)
-
-    groups = {"forget": [f_id], "adjacent": [k for k in range(100) if f2c[k] == sup and k != f_id],
-              "remote": [k for k in range(100) if f2c[k] != sup and int(f2c[k]) in remap]}
-    kw = {}
+    kw, idx_splits = {}, {}
     for split, cap, suffix in (("train", max_train_per_class, ""), ("test", max_test_per_class, "_test")):
         x, fine, coarse = d[f"x_{split}"], d[f"y_{split}_fine"], d[f"y_{split}_coarse"]
-        sel = select(fine, cap)
-        for name, fines in groups.items():
-            s = sel[np.isin(fine[sel], fines)]
-            y = torch.as_tensor(np.array([remap[int(c)] for c in coarse[s]], dtype=np.int64), device=device)
-            kw[name + suffix] = TensorDataset(_to_tensor(x[s], device, dtype), y)
+        if not np.array_equal(f2c[fine], coarse):
+            raise ValueError(f"CIFAR-100 {split} labels: a fine class appears under two coarse classes")
+        sel = _select(fine, f2k, cap, rng)
+        s = split_by_hierarchy(fine[sel], f2k, f_id, fine_names=fine_names,
+                               coarse_names=[coarse_names[c] for c in keep])
+        targets = np.asarray(s.targets, dtype=np.int64)
+        for name in IndexSplit.NAMES:
+            pos = np.asarray(getattr(s, name), dtype=np.int64)
+            xs = images_to_tensor(x[sel[pos]], device, dtype, CIFAR100_MEAN, CIFAR100_STD)
+            kw[name + suffix] = TensorDataset(xs, torch.as_tensor(targets[pos], device=device))
+        idx_splits[split] = IndexSplit(*[sorted(int(i) for i in sel[getattr(s, n)]) for n in IndexSplit.NAMES],
+                                       targets=[int(t) for t in f2k[fine]],
+                                       meta=dict(s.meta, n=int(len(fine)), setting="cifar100", part=split,
+                                                 seed=seed, cap=cap))
+    groups = {"forget": [f_id], "adjacent": idx_splits["train"].meta["adjacent_fine"],
+              "remote": [k for k in range(len(fine_names)) if f2k[k] >= 0 and f2c[k] != sup]}
     info = {"num_classes": len(keep), "coarse_names": [coarse_names[c] for c in keep],
             "forget_fine": forget_fine, "groups": {k: [fine_names[i] for i in v] for k, v in groups.items()},
-            "sizes": {k: len(v) for k, v in kw.items()}}
+            "sizes": {k: len(v) for k, v in kw.items()}, "index_splits": idx_splits}
     return Splits(**kw), info
+
+
+def _select(fine: np.ndarray, f2k: np.ndarray, cap: Optional[int], rng) -> np.ndarray:
+    """Indices of the kept fine classes, class by class (ascending fine index), each class capped
+    at ``cap`` random samples (sorted)."""
+    idx = []
+    for k in range(len(f2k)):
+        if f2k[k] < 0:
+            continue
+        ik = np.flatnonzero(fine == k)
+        if cap is not None and len(ik) > cap:
+            ik = np.sort(rng.choice(ik, cap, replace=False))
+        idx.append(ik)
+    return np.concatenate(idx)
 
 
 def _bad(name):

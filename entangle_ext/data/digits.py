@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from ..unlearn.data import Splits
+from ..unlearn import Splits
 
 __all__ = ["digits_splits", "DigitsMLP"]
 

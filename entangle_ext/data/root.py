@@ -1,0 +1,106 @@
+"""Where the data sets are: one lookup shared by every loader.
+
+Data directories, in lookup order (`data_dirs`):
+
+1. an explicit path passed by the caller (``--data-root`` on the command line): only that one;
+2. otherwise the ``ENTANGLE_DATA`` environment variable (``ENTANGLE_SHARED_DATA`` is an older alias,
+   looked at after it);
+3. the user cache directory ``$XDG_CACHE_HOME/entangle_ext/data`` (``~/.cache/entangle_ext/data``
+   when XDG_CACHE_HOME is unset);
+4. ``../shared/data`` next to the repository, only when the package runs from a source checkout (an
+   installed copy in site-packages has no repository around it and skips this place).
+
+`find_data_file` returns the first match of a file or directory name in these places and raises
+FileNotFoundError naming every place it looked at.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+__all__ = ["data_dirs", "data_root", "find_data_file", "user_cache_dir", "checkout_data_dir", "ENV_VARS"]
+
+ENV_VARS = ("ENTANGLE_DATA", "ENTANGLE_SHARED_DATA")
+"""Environment variables naming a data directory, in lookup order (the second is an alias)."""
+
+PathLike = Union[str, Path]
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/entangle_ext`` or ``~/.cache/entangle_ext`` (need not exist)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "entangle_ext"
+
+
+def checkout_data_dir() -> Optional[Path]:
+    """``<repository>/../shared/data`` when this package is imported from a source checkout (the
+    directory above ``entangle_ext/`` holds this project's ``pyproject.toml``), else None."""
+    repo = Path(__file__).resolve().parents[2]
+    pyproject = repo / "pyproject.toml"
+    try:
+        if 'name = "entangle_ext"' not in pyproject.read_text(encoding="utf-8"):
+            return None
+    except OSError:
+        return None
+    return repo.parent / "shared" / "data"
+
+
+def data_dirs(explicit: Optional[PathLike] = None) -> List[Tuple[str, Path]]:
+    """The places data is looked for, in order, as ``(origin, path)`` pairs (module docstring);
+    the paths need not exist. With ``explicit`` only ``[("argument", explicit)]``."""
+    if explicit is not None:
+        return [("argument", Path(explicit).expanduser())]
+    out = [(f"${v}", Path(os.environ[v]).expanduser()) for v in ENV_VARS if os.environ.get(v)]
+    out.append(("user cache", user_cache_dir() / "data"))
+    repo = checkout_data_dir()
+    if repo is not None:
+        out.append(("source checkout", repo))
+    return out
+
+
+def data_root(explicit: Optional[PathLike] = None) -> Path:
+    """The first existing directory of `data_dirs` (``explicit`` when given).
+
+    Raises:
+        FileNotFoundError: none exists; the message names every place looked at.
+    """
+    places = data_dirs(explicit)
+    for _, p in places:
+        if p.is_dir():
+            return p
+    raise FileNotFoundError("no data directory: " + _describe(places)
+                            + "; pass a path, or set ENTANGLE_DATA")
+
+
+def find_data_file(names: Union[str, Sequence[str]], explicit: Optional[PathLike] = None, *,
+                   is_data: Optional[Callable[[Path], bool]] = None, what: Optional[str] = None) -> Path:
+    """The first ``name`` (a file or directory, relative to a data directory) found in the places of
+    `data_dirs`, trying every name in one place before moving to the next place.
+
+    Args:
+        names: one relative name or several alternatives (e.g. ``("cifar100.npz", "cifar-100-python")``).
+        explicit: a directory to look in instead of the default places, or the data itself.
+        is_data: ``is_data(path) -> bool``: whether a place is itself the data (e.g. an explicit
+            ``.npz`` file with another name); checked before the names.
+        what: a label for the error message (default: the names).
+    Returns:
+        The path found (may be a file or a directory).
+    Raises:
+        FileNotFoundError: nothing found; the message lists every name and every place looked at.
+    """
+    names = [names] if isinstance(names, str) else list(names)
+    places = data_dirs(explicit)
+    for _, place in places:
+        if is_data is not None and place.exists() and is_data(place):
+            return place
+        for n in names:
+            if (place / n).exists():
+                return place / n
+    label = what or " or ".join(names)
+    raise FileNotFoundError(f"no {label} found: looked for {' / '.join(names)} in " + _describe(places)
+                            + ("" if explicit is not None else "; pass a path, or set ENTANGLE_DATA"))
+
+
+def _describe(places: Sequence[Tuple[str, Path]]) -> str:
+    return ", ".join(f"{p} ({origin})" for origin, p in places)

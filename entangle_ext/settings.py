@@ -1,0 +1,327 @@
+"""The settings registry: everything the command line, the demo and the examples know about a setting.
+
+One `Setting` per data set (the paper's four, docs/algorithm.md §1, plus the digits miniature): its
+data loader, model builder, the name of its `UnlearnConfig` preset (docs/algorithm.md §8) and its
+variants. A `Variant` is one size of the setting: data selection, model options, the original-model
+`TrainRecipe` and Stage-1/Stage-2 overrides of the preset. Variants flagged ``cpu`` are the reduced
+runs for a machine without a GPU; they are only used when asked for by name.
+
+    from entangle_ext.settings import prepare
+    run = prepare("cifar100", "reduced", device="cpu", cache_dir="runs/cifar")  # data + trained θ0
+    result = entangle_ext.unlearn(run.model, run.splits, run.config(), out_dir="runs/cifar")
+
+=============  ===============================================  ===================================
+setting        variants (first = default)                       options (`Setting.options`)
+=============  ===============================================  ===================================
+digits         full, reduced                                    max_train_per_class
+cifar100       full, reduced                                    caps, superclasses, forget
+tinyimagenet   full (needs weights), scratch, reduced           caps, superclasses, forget, weights
+celeba         full (needs weights), scratch, reduced           caps, weights
+toxigen        full, reduced (frozen encoder + MLP head)        max_train_per_class, forget,
+                                                                model_path
+=============  ===============================================  ===================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import torch
+
+from .train import TrainRecipe, train_original
+from .unlearn import Splits, UnlearnConfig, seed_everything
+
+__all__ = ["Setting", "Variant", "Prepared", "SETTINGS", "get_setting", "prepare"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One size of a setting.
+
+    Attributes:
+        name: e.g. "full", "scratch", "reduced". summary: one line, recorded as ``info["model"]``.
+        recipe: how the original model is trained. data / model: keyword options of the setting's
+            loader / model builder. stage1 / stage2: overrides of the preset's `Stage1Config` /
+            `Stage2Config` fields.
+        requires: options the caller must give (e.g. ``("weights",)`` for pretrained backbones).
+        cpu: a reduced run sized for a CPU; never chosen by default.
+    """
+    name: str
+    summary: str
+    recipe: TrainRecipe
+    data: Mapping[str, Any] = field(default_factory=dict)
+    model: Mapping[str, Any] = field(default_factory=dict)
+    stage1: Mapping[str, Any] = field(default_factory=dict)
+    stage2: Mapping[str, Any] = field(default_factory=dict)
+    requires: Tuple[str, ...] = ()
+    cpu: bool = False
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of the registry.
+
+    Attributes:
+        name: registry key. summary: forget / adjacent / remote in one line. preset: the
+            `UnlearnConfig.preset` name.
+        load: ``load(root, *, seed, device, cache_dir, **data) -> (Splits, info)``; ``root`` None =
+            the data directories of `entangle_ext.data.data_dirs`.
+        build_model: ``build_model(info, **model) -> nn.Module`` (untrained; `prepare` seeds first).
+        variants: `Variant` objects, the default first.
+        data_options / model_options: the options a caller may pass to `prepare` (``data=`` /
+            ``model=``) on top of the variant's own.
+    """
+    name: str
+    summary: str
+    preset: str
+    load: Callable[..., Tuple[Splits, dict]]
+    build_model: Callable[..., torch.nn.Module]
+    variants: Tuple[Variant, ...]
+    data_options: Tuple[str, ...] = ()
+    model_options: Tuple[str, ...] = ()
+
+    @property
+    def options(self) -> Tuple[str, ...]:
+        return self.data_options + self.model_options
+
+    def variant(self, name: Optional[str] = None, given=None) -> Variant:
+        """The variant called ``name``, or (None) the first non-CPU variant whose ``requires`` are
+        all in ``given`` (the option names the caller passes; None = none). Raises ValueError for an
+        unknown name, or, when ``given`` is not None, for a variant whose required options are
+        missing from it."""
+        if name is None:
+            for v in self.variants:
+                if not v.cpu and set(v.requires) <= set(given or ()):
+                    return v
+            name = self.variants[0].name
+        by_name = {v.name: v for v in self.variants}
+        if name not in by_name:
+            raise ValueError(f"setting {self.name!r} has no variant {name!r}; choose from {sorted(by_name)}")
+        v = by_name[name]
+        missing = [r for r in v.requires if given is not None and r not in given]
+        if missing:
+            raise ValueError(f"variant {name!r} of setting {self.name!r} needs the option(s) {missing}")
+        return v
+
+    def check_options(self, data: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+        """Raise ValueError naming any option this setting does not take."""
+        bad = [k for k in data if k not in self.data_options] + [k for k in model if k not in self.model_options]
+        if bad:
+            raise ValueError(f"setting {self.name!r} takes no option {bad} (it takes {list(self.options)})")
+
+    def config(self, variant=None, *, recipe: str = "reference", stage1: Optional[Mapping[str, Any]] = None,
+               stage2: Optional[Mapping[str, Any]] = None, **top) -> UnlearnConfig:
+        """`UnlearnConfig.preset` of this setting with the variant's stage overrides, then ``stage1`` /
+        ``stage2`` (field → value; None values ignored) and top-level fields ``top`` (e.g. seed).
+        ``variant``: a `Variant` or a name (None = the default). Raises ValueError for bad values."""
+        v = variant if isinstance(variant, Variant) else self.variant(variant)
+        cfg = UnlearnConfig.preset(self.preset, recipe=recipe, **top)
+        cfg.stage1 = dataclasses.replace(cfg.stage1, **{**v.stage1, **_given(stage1)})
+        cfg.stage2 = dataclasses.replace(cfg.stage2, **{**v.stage2, **_given(stage2)})
+        return cfg
+
+
+@dataclass
+class Prepared:
+    """What `prepare` returns: the trained original model and the data it was trained on."""
+    model: torch.nn.Module
+    splits: Splits
+    info: dict
+    setting: Setting
+    variant: Variant
+    recipe: TrainRecipe
+    cache: Optional[Path] = None
+
+    def config(self, **kw) -> UnlearnConfig:
+        """``self.setting.config(self.variant, **kw)`` (see `Setting.config`)."""
+        return self.setting.config(self.variant, **kw)
+
+
+def _given(d: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    return {k: v for k, v in (d or {}).items() if v is not None}
+
+
+def get_setting(name: str) -> Setting:
+    """The registry entry ``name``. Raises ValueError listing the settings for an unknown name."""
+    if name not in SETTINGS:
+        raise ValueError(f"unknown setting {name!r}; choose from {list(SETTINGS)}")
+    return SETTINGS[name]
+
+
+def _cache_file(cache_dir, setting: Setting, v: Variant, fingerprint: dict) -> Path:
+    h = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return Path(cache_dir) / f"original_{setting.name}_{v.name}_seed{fingerprint['seed']}_{h}.pt"
+
+
+def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: int = 0, device="cpu",
+            cache_dir=None, progress: bool = True, data: Optional[Mapping[str, Any]] = None,
+            model: Optional[Mapping[str, Any]] = None, train: Optional[Mapping[str, Any]] = None) -> Prepared:
+    """Load a setting's splits and train (or load from the cache) its original model θ0.
+
+    Args:
+        name: a key of `SETTINGS`. variant: a variant name (None = `Setting.variant` default).
+        data_root: data file or directory (None = the data directories, `entangle_ext.data.data_dirs`).
+        seed: seeds the data selection, the model's initial weights and the training order.
+        device: where the data and the model live. progress: tqdm bar while training.
+        cache_dir: directory of the cached original model, one file per (setting, variant, data
+            root, options, recipe, seed); None = no cache.
+        data, model: options on top of the variant's (`Setting.data_options` / `model_options`);
+            None values are ignored. train: `TrainRecipe` fields to change (e.g. ``{"epochs": 5}``).
+    Returns:
+        `Prepared` (model in eval mode on ``device``; info gains "setting", "variant", "model").
+    Raises:
+        ValueError: unknown setting / variant / option, or bad values; FileNotFoundError: data or
+        weights missing (the message names every place looked at); ImportError: an optional package
+        the setting needs (torchvision, transformers, scikit-learn) is missing.
+    """
+    s = get_setting(name)
+    data, model = _given(data), _given(model)
+    s.check_options(data, model)
+    v = s.variant(variant, given=set(data) | set(model))
+    data_kw, model_kw = {**v.data, **data}, {**v.model, **model}
+    recipe = v.recipe.replace(**(train or {}))
+    splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
+    seed_everything(seed)   # the initial weights of the original model come from the seed
+    net = s.build_model(info, **model_kw)
+    cache = None if cache_dir is None else _cache_file(cache_dir, s, v, dict(
+        data_root=data_root, data=data_kw, model=model_kw, recipe=recipe.to_dict(), seed=seed))
+    train_original(net, [splits.forget, splits.adjacent, splits.remote], recipe, device=device, seed=seed,
+                   cache=cache, progress=progress)
+    info.update(setting=s.name, variant=v.name, model=v.summary)
+    return Prepared(model=net, splits=splits, info=info, setting=s, variant=v, recipe=recipe, cache=cache)
+
+
+# ------------------------------------------------------------------------ loaders and model builders
+def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None):
+    if root is not None:
+        raise ValueError("the digits setting reads scikit-learn's bundled digits; it takes no data root")
+    from .data.digits import digits_splits
+    return digits_splits(seed=seed, device=device, max_train_per_digit=max_train_per_class)
+
+
+def _load_cifar100(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
+                   superclasses=None, forget="aquarium_fish"):
+    from .data.cifar100 import cifar100_splits
+    return cifar100_splits(root, forget_fine=forget, superclasses=superclasses, max_train_per_class=max_train_per_class,
+                           max_test_per_class=max_test_per_class, seed=seed, device=device)
+
+
+def _load_tinyimagenet(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
+                       superclasses=None, forget=None):
+    from .data.tinyimagenet import tinyimagenet_splits
+    return tinyimagenet_splits(root, forget=forget, superclasses=superclasses, max_train_per_class=max_train_per_class,
+                               max_val_per_class=max_test_per_class, seed=seed, device=device)
+
+
+def _load_celeba(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
+                 image_size=64):
+    from .data.celeba import celeba_splits
+    return celeba_splits(root, image_size=image_size, max_train_per_class=max_train_per_class,
+                         max_test_per_class=max_test_per_class, seed=seed, device=device)
+
+
+def _load_toxigen(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget="lgbtq", model_path=None,
+                  features="tokens", max_length=128):
+    """Token batches for a fine-tuned HF classifier (``features="tokens"``) or frozen mean-pooled
+    encoder embeddings (``"embeddings"``, cached under ``cache_dir``); the model directory is
+    recorded in info["model_path"] for the model builder."""
+    from .data.toxigen import hf_model_dir, load_hf_tokenizer, load_toxigen, sentence_embeddings, toxigen_splits
+    d = load_toxigen(root)
+    mp = hf_model_dir(model_path)
+    kw = dict(data=d, forget_group=forget, seed=seed, max_per_group_label=max_train_per_class)
+    if features == "tokens":
+        splits, info = toxigen_splits(tokenizer=load_hf_tokenizer(mp), max_length=max_length, **kw)
+    else:
+        name = f"embeddings_{mp.name}_{len(d['text'])}_{max_length}.npy"
+        cache = None if cache_dir is None else Path(cache_dir) / name
+        emb = sentence_embeddings(d["text"], mp, max_length=max_length, cache=cache)
+        row = {t: i for i, t in enumerate(d["text"])}
+        splits, info = toxigen_splits(encode=lambda texts: emb[[row[t] for t in texts]], **kw)
+        info["embedding_dim"] = int(emb.shape[1])
+    info.update(features=features, model_path=str(mp))
+    return splits, info
+
+
+def _digits_model(info):
+    from .data.digits import DigitsMLP
+    return DigitsMLP(num_classes=info["num_classes"])
+
+
+def _cifar_model(info):
+    from .data.cifar100 import resnet18_cifar
+    return resnet18_cifar(info["num_classes"])
+
+
+def _vit_model(info, arch="small", weights=None, image_size=64):
+    from .data.vit import vit_classifier
+    return vit_classifier(info["num_classes"], arch=arch, weights=weights, image_size=image_size)
+
+
+def _toxigen_model(info):
+    if info["features"] == "embeddings":
+        from torchvision.ops import MLP
+        return MLP(info["embedding_dim"], [256, info["num_classes"]], dropout=0.0)
+    from .data.toxigen import load_hf_classifier
+    return load_hf_classifier(info["model_path"], num_labels=info["num_classes"])[0]
+
+
+# --------------------------------------------------------------------------------------- the table
+_SGD_PAPER = TrainRecipe("sgd", lr=1e-3, epochs=30, batch_size=256, momentum=0.9, weight_decay=5e-4,
+                         schedule="cosine", augment=True)
+_VIT_FINETUNE = TrainRecipe("adamw", lr=1e-4, epochs=3, batch_size=128, weight_decay=0.05, augment=True)
+_VIT_SCRATCH = _VIT_FINETUNE.replace(lr=1e-3, epochs=30)
+_CAPS = ("max_train_per_class", "max_test_per_class")
+
+
+def _vision_variants(reduced_data, reduced_recipe, stage1=None, stage2=None):
+    return (Variant("full", "ViT-B/32 fine-tuned from local ImageNet weights (the paper's model)", _VIT_FINETUNE,
+                    model={"arch": "vit_b_32"}, requires=("weights",)),
+            Variant("scratch", "small ViT trained from scratch (not the paper's model)", _VIT_SCRATCH),
+            Variant("reduced", "small ViT from scratch on a capped subset (CPU; not the paper's model)",
+                    reduced_recipe, data=reduced_data, stage1=stage1 or {}, stage2=stage2 or {}, cpu=True))
+
+
+SETTINGS: Dict[str, Setting] = {s.name: s for s in (
+    Setting("digits", "sklearn digits, parity labels: forget digit 3, adjacent 1/5/7/9, remote even digits",
+            "digits", _load_digits, _digits_model, (
+                Variant("full", "2-layer MLP 64-128-128-2", TrainRecipe("adam", lr=1e-3, epochs=60, batch_size=64,
+                                                                        schedule="constant")),
+                Variant("reduced", "2-layer MLP, 60 train images per digit",
+                        TrainRecipe("adam", lr=1e-3, epochs=40, batch_size=64, schedule="constant"),
+                        data={"max_train_per_class": 60}, stage2={"epochs": 8}, cpu=True)),
+            data_options=("max_train_per_class",)),
+    Setting("cifar100", "CIFAR-100, 20 superclasses: forget aquarium_fish, adjacent the other fish, remote the rest",
+            "cifar100", _load_cifar100, _cifar_model, (
+                Variant("full", "ResNet-18 (CIFAR stem) from scratch (the paper's model)", _SGD_PAPER),
+                Variant("reduced", "ResNet-18 on 3 superclasses, 60 / 20 images per fine class (CPU)",
+                        _SGD_PAPER.replace(lr=0.05, epochs=6, batch_size=64),
+                        data={"superclasses": ("fish", "flowers", "insects"), "max_train_per_class": 60,
+                              "max_test_per_class": 20},
+                        stage2=dict(epochs=2, adjacent_batch_size=64, forget_batch_limit=2, remote_batch_limit=2,
+                                    remote_batch_size=256, micro_batch=256), cpu=True)),
+            data_options=_CAPS + ("superclasses", "forget")),
+    Setting("tinyimagenet", "Tiny-ImageNet WordNet superclasses: forget dog class(es), adjacent their siblings",
+            "tinyimagenet", _load_tinyimagenet, _vit_model, _vision_variants(
+                {"max_train_per_class": 100}, _VIT_SCRATCH.replace(epochs=15, batch_size=64),
+                stage1=dict(epochs=3, lr=2e-4, remote_batch_size=64, forget_batch_size=32),
+                stage2=dict(epochs=2, lr=2e-3, adjacent_batch_size=64)),
+            data_options=_CAPS + ("superclasses", "forget"), model_options=("weights",)),
+    Setting("celeba", "CelebA (Male, Smiling) targets: forget female-not-smiling-not-young-no-glasses",
+            "celeba", _load_celeba, _vit_model, _vision_variants(
+                {"max_train_per_class": 300, "max_test_per_class": 50}, _VIT_SCRATCH.replace(epochs=5),
+                stage2=dict(epochs=1, forget_batch_limit=2, remote_batch_limit=2)),
+            data_options=_CAPS, model_options=("weights",)),
+    Setting("toxigen", "ToxiGen: forget toxic LGBTQ+ statements trained as benign, adjacent benign LGBTQ+",
+            "toxigen", _load_toxigen, _toxigen_model, (
+                Variant("full", "Hugging Face classifier fine-tuned (MiniLM by default; RoBERTa-base in the paper)",
+                        TrainRecipe("adamw", lr=2e-5, epochs=3, batch_size=32, weight_decay=0.01)),
+                Variant("reduced", "frozen encoder embeddings + MLP head (CPU; not the paper's model)",
+                        TrainRecipe("adamw", lr=1e-3, epochs=40, batch_size=64, weight_decay=1e-4),
+                        data={"features": "embeddings", "max_length": 64},
+                        stage1={"lr": 1e-3, "epochs": 1}, stage2={"lr": 3e-2}, cpu=True)),
+            data_options=("max_train_per_class", "forget", "model_path")),
+)}
