@@ -43,8 +43,11 @@ demo: build
 bench: build
 	$(PY) bench/bench_w2.py --device cpu
 
+# One capped run on a GPU machine (build for the local GPU, tests, compute-sanitizer, benchmarks,
+# summary.txt/json in $(OUT)); GPU_CHECK_ARGS=--dry-run exercises it without a GPU.
+GPU_CHECK_ARGS ?=
 gpu-check:
-	bash scripts/gpu_check.sh $(or $(OUT),gpu_results)
+	bash scripts/gpu_check.sh $(GPU_CHECK_ARGS) $(or $(OUT),gpu_results)
 
 clean:
 	rm -rf build *.egg-info entangle_ext/_C*.so

@@ -125,7 +125,11 @@ def extensions():
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "native")
     defines += ["-DENTANGLE_WITH_CUDA", f'-DENTANGLE_CUDA_ARCH_LIST="{arch}"']
     cxx = ["-O3"] + omp + defines
-    nvcc = ["-O3", "-lineinfo"] + defines
+    # Diagnostics numbered (to name them), plus two warnings that guard the kernels' contracts: a
+    # launch without an explicit stream, reordered member initialisers. The same flags are used by
+    # the warning check in tests/test_build.py.
+    nvcc = ["-O3", "-lineinfo", "-Xcudafe", "--display_error_number", "--Wdefault-stream-launch",
+            "--Wreorder"] + defines
     print(f"entangle_ext: building CPU + CUDA kernels (torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}, TORCH_CUDA_ARCH_LIST={arch})", flush=True)
     return [cpp_extension.CUDAExtension(

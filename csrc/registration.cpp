@@ -33,10 +33,11 @@ TORCH_LIBRARY(entangle_ext, m) {
       "wasserstein2_1d_backward(Tensor grad, Tensor u, Tensor v, Tensor u_offsets, "
       "Tensor v_offsets, Tensor u_perm, Tensor v_perm) -> (Tensor, Tensor)");
 
-  // ---- BEGIN dual (issue 4): augmented-Lagrangian dual update and penalty term ------------------
-  // lam: (m,) float32/float64 multipliers; g: (m,) constraint values, same dtype/device; mu: () or
-  // (m,) penalty (a tensor so that a schedule is not frozen into a captured CUDA graph).
-  // kind: "equality" | "inequality" (g <= 0 convention). Kernels: csrc/cpu/dual.cpp, csrc/cuda/dual.cu.
+  // ---- Augmented Lagrangian: dual update and penalty term (docs/algorithm.md §2, §6) ----------
+  // lam: (m,) float32/float64 multipliers (m >= 0); g: (m,) constraint values, same dtype/device;
+  // mu: () or (m,) penalty (a tensor so that a schedule is not frozen into a captured CUDA graph).
+  // kind: "equality" | "inequality" (g <= 0 convention). Shared helpers:
+  // csrc/augmented_lagrangian.h; kernels: csrc/{cpu,cuda}/augmented_lagrangian.*
   // In place: lam <- clip_[lam_min, lam_max](proj((1 - damping) * lam + mu * g)), proj = max(0, .)
   // for inequality. Entries with non-finite g or mu keep lam. check_finite: raise ValueError (and
   // leave lam untouched) on non-finite g/mu; on CUDA this costs one host sync (not capturable).
@@ -50,7 +51,7 @@ TORCH_LIBRARY(entangle_ext, m) {
   m.def(
       "augmented_lagrangian_backward(Tensor grad, Tensor g, Tensor lam, Tensor mu, str kind) "
       "-> Tensor");
-  // ---- END dual -------------------------------------------------------------------------------
+  // ---- end augmented Lagrangian ----------------------------------------------------------------
 
   // ---- Low-rank orthogonal gradient projection (method.md Stage 2 step 5, Prop. 4.1) ----------
   // out = g - V^T c, c = (V V^T)^+ V g (float64 solve, relative eigenvalue cutoff rcond on the

@@ -20,7 +20,7 @@ from ._version import __version__
 from ._ext import available, built_torch_version, cuda_arch_list, cuda_built, load_error
 from . import reference
 from .wasserstein import wasserstein2_1d
-from .dual import augmented_lagrangian_term, dual_update_
+from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 from .lagrangian import AugmentedLagrangian
 from .projection import project_orthogonal, project_orthogonal_
 from .unlearn import (Splits, Stage1Config, Stage2Config, UnlearnConfig, UnlearnResult, evaluate,

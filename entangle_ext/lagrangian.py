@@ -1,6 +1,6 @@
 """`AugmentedLagrangian`: the multiplier state of Stage 1 (equality/inequality constraints).
 
-Stage 1 of the method (docs: method.md) minimises -L_f(theta) subject to L_rem(theta) = c0 with
+Stage 1 of the method (docs/algorithm.md §2) minimises -L_f(theta) subject to L_rem(theta) = c0 with
 c0 = L_rem(theta_0) pinned once. This class owns everything that is not the model: the multipliers
 lam, the penalty mu (with an optional growth schedule), the pinned values c0 and the last
 violation, all as device tensors that are updated in place, so a whole training step that calls
@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
-from .dual import augmented_lagrangian_term, dual_update_
+from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 
 __all__ = ["AugmentedLagrangian"]
 
@@ -23,7 +23,7 @@ _STATE_VERSION = 1
 class AugmentedLagrangian:
     r"""Augmented-Lagrangian multipliers, penalty and schedule for m constraints (Stage 1).
 
-    Per training step (method.md, Stage 1), with g = values - c0 (shape ``(m,)``)::
+    Per training step (docs/algorithm.md §2, §6), with g = values - c0 (shape ``(m,)``)::
 
         loss = forget_term + al.penalty(g)   # lam^T g + (mu/2)||g||^2 (equality), see below
         loss.backward(); optimizer.step()
@@ -61,8 +61,9 @@ class AugmentedLagrangian:
 
     Args:
         c0: pinned reference values, a ``()`` or ``(m,)`` tensor or a float (e.g. the mean CE of
-            the original model over the whole remote train set, in nats). m = c0.numel().
-            Detached and copied.
+            the original model over the whole remote train set, in nats). m = c0.numel() >= 1:
+            a run without a constraint is refused up front (the operators themselves accept
+            m = 0). Detached and copied.
         mu: initial penalty (> 0), float or ``()`` / ``(m,)`` tensor (copied; method default 10).
         kind: ``"equality"`` or ``"inequality"``.
         update_with: ``"pre"`` or ``"post"`` (see above).

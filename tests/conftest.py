@@ -1,4 +1,6 @@
+import faulthandler
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,24 @@ SHARED_DATA = Path(os.environ.get("ENTANGLE_SHARED_DATA",
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
+# Seconds after the per-test alarm at which a test stuck in native code (where a Python signal
+# handler cannot run, e.g. a hung kernel) dumps every thread's traceback and ends the process.
+_HARD_EXIT_GRACE_S = float(os.environ.get("ENTANGLE_TEST_TIMEOUT_GRACE", 30))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--test-timeout", type=float, default=float(os.environ.get("ENTANGLE_TEST_TIMEOUT", 0)),
+        help="fail any test phase (setup, call, teardown) that runs longer than this many seconds "
+             "(0: off; default $ENTANGLE_TEST_TIMEOUT). For machines without pytest-timeout; "
+             "a test stuck in native code ends the run after a further "
+             f"{_HARD_EXIT_GRACE_S:g} s with a traceback dump.")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sanitize: small CUDA test run under compute-sanitizer "
+                                       "by scripts/gpu_check.sh")
+
 
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
@@ -23,6 +43,75 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
 
 
-@pytest.fixture(params=DEVICES)
+@pytest.fixture(params=[pytest.param(d, marks=pytest.mark.cuda) if d == "cuda" else d
+                        for d in DEVICES])
 def device(request):
+    """Each device of DEVICES; the CUDA instances carry the `cuda` marker (`pytest -m cuda`)."""
     return torch.device(request.param)
+
+
+class PhaseTimeout(Exception):
+    """A test phase ran past --test-timeout."""
+
+
+def _alarm_seconds(item):
+    limit = item.config.getoption("--test-timeout")
+    if not limit or limit <= 0 or not hasattr(signal, "SIGALRM"):
+        return 0.0
+    if item.config.pluginmanager.hasplugin("timeout") and item.config.getoption("timeout", None):
+        return 0.0   # pytest-timeout is active: it owns the alarm
+    return float(limit)
+
+
+def _timed_phase(item, phase):
+    limit = _alarm_seconds(item)
+    if not limit:
+        return None
+
+    def on_alarm(signum, frame):
+        raise PhaseTimeout(f"{item.nodeid}: {phase} ran longer than {limit:g} s (--test-timeout)")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    # This wrapper runs outside pytest's output capture: a duplicate of the real stderr keeps the
+    # dump visible when the process is ended from inside a captured test.
+    stderr = os.dup(2)
+    faulthandler.dump_traceback_later(limit + _HARD_EXIT_GRACE_S, exit=True, file=stderr)
+    return previous, stderr
+
+
+def _end_phase(state):
+    if state is None:
+        return
+    previous, stderr = state
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    faulthandler.cancel_dump_traceback_later()
+    os.close(stderr)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    state = _timed_phase(item, "setup")
+    try:
+        yield
+    finally:
+        _end_phase(state)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    state = _timed_phase(item, "call")
+    try:
+        yield
+    finally:
+        _end_phase(state)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    state = _timed_phase(item, "teardown")
+    try:
+        yield
+    finally:
+        _end_phase(state)

@@ -4,7 +4,7 @@ They are the float64 oracles of the tests and the documented fallback when the n
 not built: same arguments and results as the operators, plain PyTorch ops, no compiled code.
 """
 from .wasserstein import wasserstein2_1d, wasserstein2_1d_sorted
-from .dual import augmented_lagrangian_term, dual_update_
+from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 from .projection import (project_orthogonal, project_orthogonal_, project_orthogonal_flat_composite,
                          project_orthogonal_loop)
 

@@ -1,7 +1,11 @@
-// Structural argument checks and the per-entry math of the augmented-Lagrangian operators
-// (entangle_ext::dual_update_, augmented_lagrangian, augmented_lagrangian_backward), shared by the
-// CPU and CUDA kernels. Value checks (finite g / mu) need the data; they live in the kernels
-// (CPU: always cheap; CUDA: only with check_finite=True, which costs one host sync).
+// Host-and-device helpers of the augmented-Lagrangian operators (entangle_ext::dual_update_,
+// augmented_lagrangian, augmented_lagrangian_backward), shared by csrc/cpu/augmented_lagrangian.cpp
+// and csrc/cuda/augmented_lagrangian.cu: the structural argument checks (host) and the per-entry
+// math dual_step / al_term / al_grad (ENTANGLE_HD: compiled for both, so the CPU tests exercise the
+// very code the CUDA kernels run). docs/algorithm.md §2 (the term) and §6 (the dual update).
+// Value checks (finite g / mu) need the data; they live in the kernels (CPU: always cheap; CUDA:
+// only with check_finite=True, which costs one host sync). m = 0 constraints is valid: the term
+// is 0, its gradient empty, and the dual update a no-op.
 #pragma once
 
 #include <c10/util/string_view.h>

@@ -1,4 +1,4 @@
-// CPU kernels of the augmented-Lagrangian operators (Stage 1 of the two-stage method):
+// CPU kernels of the augmented-Lagrangian operators (Stage 1, docs/algorithm.md §2 and §6):
 //   dual_update_                  lam <- clip(proj((1 - damping) lam + mu g))   (in place)
 //   augmented_lagrangian          sum_i term(g_i, lam_i, mu_i)                   -> ()
 //   augmented_lagrangian_backward grad * d term / d g                            -> (m,)
@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "../common.h"
-#include "../dual_checks.h"
+#include "../augmented_lagrangian.h"
 
 namespace entangle_ext {
 namespace {

@@ -1,16 +1,14 @@
-"""Tests of the augmented-Lagrangian operators (dual_update_, augmented_lagrangian_term) and of
-entangle_ext.AugmentedLagrangian, against float64 formulas (entangle_ext.reference.dual)."""
-import io
-
+"""Tests of the augmented-Lagrangian operators (dual_update_, augmented_lagrangian_term) against
+float64 formulas (entangle_ext.reference.augmented_lagrangian). The class entangle_ext.AugmentedLagrangian
+is tested in test_lagrangian.py; cross-op CUDA contracts in test_cuda_contracts.py."""
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import entangle_ext as ee
 from entangle_ext import reference as ref
 
-from conftest import DEVICES, HAS_CUDA
+from conftest import DEVICES
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 
@@ -176,6 +174,37 @@ def test_al_term_known_values():
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_zero_constraints_keep_the_graph(device, kind, dtype):
+    """m = 0 is valid for the operators: the term is 0 and stays connected to the graph (an empty
+    gradient, like torch.sum of an empty tensor), and the dual update is a no-op."""
+    lam = torch.zeros(0, dtype=dtype, device=device)
+    for mu in (2.0, torch.tensor(2.0, dtype=dtype, device=device),
+               torch.ones(0, dtype=dtype, device=device)):
+        g = torch.zeros(0, dtype=dtype, device=device, requires_grad=True)
+        x = torch.ones(2, dtype=dtype, device=device, requires_grad=True)
+        term = ee.augmented_lagrangian_term(g, lam, mu, kind=kind)
+        want = ref.augmented_lagrangian_term(g, lam, mu, kind=kind)
+        assert term.shape == () and term.dtype == dtype and term.device == g.device
+        assert term.item() == 0.0 == want.item()
+        assert term.requires_grad and term.grad_fn is not None and want.requires_grad
+        (x.sum() + 3.0 * term).backward()   # in a larger loss: the rest still gets its gradient
+        assert g.grad is not None and g.grad.shape == (0,) and g.grad.dtype == dtype
+        torch.testing.assert_close(x.grad, torch.ones_like(x))
+        assert ee.dual_update_(lam, g.detach(), mu, kind=kind, lam_max=1.0) is lam
+        assert lam.shape == (0,)
+    no_grad = ee.augmented_lagrangian_term(torch.zeros(0, dtype=dtype, device=device), lam, 1.0)
+    assert not no_grad.requires_grad and no_grad.item() == 0.0
+    if device.type == "cpu":
+        g0 = torch.zeros(0, dtype=dtype, requires_grad=True)
+        torch.library.opcheck(torch.ops.entangle_ext.augmented_lagrangian.default,
+                              (g0, lam, torch.ones((), dtype=dtype), kind))
+        torch.library.opcheck(torch.ops.entangle_ext.dual_update_.default,
+                              (lam, g0.detach(), torch.ones((), dtype=dtype), kind, None, None,
+                               0.0, True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("vector_mu", [False, True])
 def test_gradcheck(device, kind, vector_mu):
     lam, g, mu = draw_inputs(11, 6, torch.float64, vector_mu)
@@ -242,216 +271,18 @@ def test_opcheck():
                                    0.0, False))
 
 
-# ------------------------------------------------------------------------------ AugmentedLagrangian
-def test_class_basics_and_reference():
-    c0 = torch.tensor(2.0, dtype=torch.float64)
-    al = ee.AugmentedLagrangian(c0, mu=10.0)
-    assert al.lam.shape == (1,) and al.lam.dtype == torch.float64 and (al.lam == 0).all()
-    assert al.mu.shape == () and al.mu.item() == 10.0 and al.num_constraints == 1
-    v = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
-    g = al.constraint(v)
-    assert g.shape == (1,) and g.item() == pytest.approx(0.5)
-    term = al.penalty(g)
-    term.backward()
-    assert term.item() == pytest.approx(5.0 * 0.25) and v.grad.item() == pytest.approx(5.0)
-    al.update()  # pre: uses the g given to penalty
-    assert al.lam.item() == pytest.approx(5.0)
-    torch.testing.assert_close(al.violation(), torch.tensor([0.5], dtype=torch.float64))
-    assert al.violation(sync=True) == pytest.approx(0.5)
-    assert int(al.steps) == 1
-    term = al.penalty(al.constraint(torch.tensor(1.5, dtype=torch.float64)))
-    assert term.item() == pytest.approx(5.0 * -0.5 + 5.0 * 0.25)
-    al.mu = 4.0
-    assert al.mu.item() == 4.0
-    al.update(torch.tensor([-0.25], dtype=torch.float64))
-    assert al.lam.item() == pytest.approx(4.0)
 
+@pytest.mark.parametrize("mu", [0.0, -1.0, torch.tensor(0.0, dtype=torch.float64),
+                                torch.tensor([1.0, -2.0], dtype=torch.float64)])
+def test_non_positive_mu_raises(mu):
+    lam = torch.zeros(2, dtype=torch.float64)
+    g = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match="mu must be > 0"):
+        ee.dual_update_(lam, g, mu)
+    with pytest.raises(ValueError, match="mu must be > 0"):
+        ee.augmented_lagrangian_term(g, lam, mu, kind="inequality")
+    assert torch.equal(lam, torch.zeros(2, dtype=torch.float64))
 
-def test_class_inequality_and_vector_constraints():
-    c0 = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
-    mu = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
-    al = ee.AugmentedLagrangian(c0, mu=mu, kind="inequality", lam_max=5.0)
-    for vals in ([2.0, 1.0, 3.5], [2.5, 4.0, 3.0], [0.0, 0.0, 10.0]):
-        v = torch.tensor(vals, dtype=torch.float64)
-        g = al.constraint(v)
-        lam0 = al.lam.clone()
-        torch.testing.assert_close(al.penalty(g), ref.augmented_lagrangian_term(g, lam0, mu, kind="inequality"))
-        al.update()
-        torch.testing.assert_close(al.lam, ref.dual_update_(lam0.clone(), g, mu, kind="inequality",
-                                                            lam_max=5.0))
-    assert (al.lam >= 0).all() and (al.lam <= 5.0).all()
-    mu[0] = 100.0  # the instance owns a copy
-    assert al.mu[0].item() == 1.0
-
-
-def test_class_non_finite_leaves_state_unchanged():
-    al = ee.AugmentedLagrangian(torch.tensor([1.0, 1.0]), mu=2.0, mu_growth=2.0)
-    al.update(torch.tensor([0.5, -0.5]))
-    sd = al.state_dict()
-    with pytest.raises(ValueError, match="non-finite"):
-        al.update(torch.tensor([float("nan"), 0.1]))
-    for k in ("lam", "mu", "steps", "last_violation", "window_sum"):
-        torch.testing.assert_close(al.state_dict()[k], sd[k], rtol=0, atol=0)
-    al2 = ee.AugmentedLagrangian(torch.tensor([1.0, 1.0]), mu=2.0, check_finite=False)
-    al2.update(torch.tensor([float("inf"), 0.5]))
-    torch.testing.assert_close(al2.lam, torch.tensor([0.0, 1.0]))
-
-
-def test_schedule_grows_mu_when_violation_does_not_shrink():
-    # Constant violation: no shrink, so mu doubles at the end of every window after the first.
-    al = ee.AugmentedLagrangian(0.0, mu=1.0, mu_growth=2.0, shrink_ratio=0.5, schedule_every=3,
-                                mu_max=10.0, dtype=torch.float64)
-    mus = []
-    for _ in range(15):
-        al.update(torch.tensor([0.1], dtype=torch.float64))
-        mus.append(al.mu.item())
-    assert mus == [1.0] * 5 + [2.0] * 3 + [4.0] * 3 + [8.0] * 3 + [10.0]
-    # Shrinking violation (ratio 0.25 per window < 0.5): mu stays.
-    al = ee.AugmentedLagrangian(0.0, mu=1.0, mu_growth=2.0, shrink_ratio=0.5, schedule_every=3,
-                                dtype=torch.float64)
-    for k in range(15):
-        al.update(torch.tensor([0.25 ** (k // 3)], dtype=torch.float64))
-    assert al.mu.item() == 1.0
-    # Per-constraint mu: only the constraint that stalls grows.
-    al = ee.AugmentedLagrangian(torch.zeros(2, dtype=torch.float64),
-                                mu=torch.ones(2, dtype=torch.float64), mu_growth=3.0,
-                                shrink_ratio=0.5)
-    for k in range(4):
-        al.update(torch.tensor([1.0, 0.1 ** k], dtype=torch.float64))
-    assert al.mu.tolist() == [27.0, 1.0]
-    # No schedule by default.
-    al = ee.AugmentedLagrangian(0.0, mu=1.0)
-    for _ in range(5):
-        al.update(torch.tensor([1.0]))
-    assert al.mu.item() == 1.0
-
-
-def test_state_dict_round_trip():
-    kw = dict(mu=2.0, kind="inequality", mu_growth=1.5, shrink_ratio=0.9, schedule_every=2,
-              damping=0.05)
-    c0 = torch.tensor([0.3, -0.2, 1.0], dtype=torch.float64)
-    gen = torch.Generator().manual_seed(0)
-    gs = [torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(12)]
-    a = ee.AugmentedLagrangian(c0, **kw)
-    for g in gs[:5]:
-        a.update(g)
-    buf = io.BytesIO()
-    torch.save(a.state_dict(), buf)
-    buf.seek(0)
-    b = ee.AugmentedLagrangian(torch.zeros(3, dtype=torch.float64), **kw)
-    b.load_state_dict(torch.load(buf))
-    torch.testing.assert_close(b.c0, c0)
-    for g in gs[5:]:
-        a.update(g)
-        b.update(g)
-    sa, sb = a.state_dict(), b.state_dict()
-    for k, v in sa.items():
-        if isinstance(v, torch.Tensor):
-            torch.testing.assert_close(sb[k], v, rtol=0, atol=0)
-    assert a.mu.item() != 2.0  # the schedule did something that had to be restored
-    with pytest.raises(ValueError, match="kind"):
-        ee.AugmentedLagrangian(c0, mu=2.0).load_state_dict(sa)
-    with pytest.raises(ValueError, match="multipliers"):
-        ee.AugmentedLagrangian(0.0, mu=2.0, kind="inequality").load_state_dict(sa)
-
-
-def test_to_moves_state():
-    al = ee.AugmentedLagrangian(torch.tensor([1.0, 2.0]), mu=3.0)
-    al.update(torch.tensor([1.0, -1.0]))
-    al.to("cpu", dtype=torch.float64)
-    assert al.lam.dtype == torch.float64 and al.mu.dtype == torch.float64
-    assert al.lam.tolist() == [3.0, -3.0]
-    al.update(torch.tensor([1.0, 1.0], dtype=torch.float64))
-    assert al.lam.tolist() == [6.0, 0.0]
-
-
-def test_class_argument_errors():
-    with pytest.raises(ValueError, match="kind"):
-        ee.AugmentedLagrangian(0.0, kind="eq")
-    with pytest.raises(ValueError, match="update_with"):
-        ee.AugmentedLagrangian(0.0, update_with="after")
-    with pytest.raises(ValueError, match="mu"):
-        ee.AugmentedLagrangian(0.0, mu=0.0)
-    with pytest.raises(ValueError, match="shape"):
-        ee.AugmentedLagrangian(torch.zeros(3), mu=torch.ones(2))
-    with pytest.raises(ValueError, match="empty"):
-        ee.AugmentedLagrangian(torch.zeros(0))
-    with pytest.raises(TypeError, match="floating"):
-        ee.AugmentedLagrangian(torch.zeros(2, dtype=torch.int64))
-    al = ee.AugmentedLagrangian(torch.zeros(2))
-    with pytest.raises(ValueError, match="shape"):
-        al.constraint(torch.zeros(3))
-    with pytest.raises(RuntimeError, match="penalty"):
-        al.update()
-    with pytest.raises(ValueError, match="closure"):
-        al.update(closure=lambda: torch.zeros(2))
-    with pytest.raises(ValueError, match="not both"):
-        al.update(torch.zeros(2), closure=lambda: torch.zeros(2))
-    post = ee.AugmentedLagrangian(torch.zeros(2), update_with="post")
-    post.penalty(torch.zeros(2))
-    with pytest.raises(ValueError, match="post"):
-        post.update()
-
-
-# ------------------------------------------------------------------------------ Stage-1 loop
-def _problem(device, dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    d, k = 6, 3
-    Xr = torch.randn(48, d, generator=gen, dtype=dtype).to(device)
-    yr = torch.randint(0, k, (48,), generator=gen).to(device)
-    Xf = torch.randn(16, d, generator=gen, dtype=dtype).to(device)
-    yf = torch.randint(0, k, (16,), generator=gen).to(device)
-    model = torch.nn.Linear(d, k, dtype=dtype)
-    with torch.no_grad():
-        model.weight.copy_(torch.randn(k, d, generator=gen, dtype=dtype) * 0.3)
-        model.bias.zero_()
-    model = model.to(device)
-    with torch.no_grad():
-        c0 = F.cross_entropy(model(Xr), yr)
-    return model, (Xr, yr, Xf, yf), c0
-
-
-def _manual_stage1(update_with, steps, lr=0.1, mu=10.0):
-    """The loop in plain float64 PyTorch (no entangle_ext operators): lam trajectory."""
-    model, (Xr, yr, Xf, yf), c0 = _problem("cpu", torch.float64)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    lam, lams = torch.zeros((), dtype=torch.float64), []
-    for _ in range(steps):
-        g = F.cross_entropy(model(Xr), yr) - c0
-        loss = -F.cross_entropy(model(Xf), yf) + lam * g + mu / 2 * g * g
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if update_with == "post":
-            with torch.no_grad():
-                g = F.cross_entropy(model(Xr), yr) - c0
-        lam = lam + mu * g.detach()
-        lams.append(lam.item())
-    return lams
-
-
-@pytest.mark.parametrize("update_with", ["pre", "post"])
-def test_stage1_loop_pre_vs_post(update_with):
-    steps, lr, mu = 6, 0.1, 10.0
-    model, (Xr, yr, Xf, yf), c0 = _problem("cpu", torch.float64)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    al = ee.AugmentedLagrangian(c0, mu=mu, update_with=update_with)
-    lams = []
-    for _ in range(steps):
-        g = al.constraint(F.cross_entropy(model(Xr), yr))
-        loss = -F.cross_entropy(model(Xf), yf) + al.penalty(g)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if update_with == "pre":
-            al.update()
-        else:
-            al.update(closure=lambda: F.cross_entropy(model(Xr), yr))
-        lams.append(al.lam.item())
-    want = _manual_stage1(update_with, steps, lr, mu)
-    other = _manual_stage1("post" if update_with == "pre" else "pre", steps, lr, mu)
-    assert lams == pytest.approx(want, rel=1e-9, abs=1e-12)
-    assert max(abs(a - b) for a, b in zip(want, other)) > 1e-4  # the two modes really differ
 
 
 # ------------------------------------------------------------------------------ CUDA
@@ -532,78 +363,3 @@ def test_cuda_graph_non_finite_entries_keep_lam():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(lam.cpu(), torch.tensor([6.0, 0.0, 0.0, -12.0]))
-
-
-def _stage1_step(model, opt, al, data):
-    Xr, yr, Xf, yf = data
-    opt.zero_grad(set_to_none=True)
-    g = al.constraint(F.cross_entropy(model(Xr), yr))
-    loss = -F.cross_entropy(model(Xf), yf) + al.penalty(g)
-    loss.backward()
-    opt.step()
-    al.update()
-
-
-@pytest.mark.cuda
-def test_cuda_graph_capture_of_stage1_step():
-    """A whole Stage-1 step (forward, AL term, backward, SGD step, dual update with a mu schedule)
-    captured once and replayed: no host sync (capture would fail), lam/mu/weights match eager."""
-    warmup, replays = 3, 8
-    kw = dict(mu=10.0, mu_growth=1.5, shrink_ratio=0.9, schedule_every=2)
-
-    model_e, data, c0 = _problem("cuda")
-    opt_e = torch.optim.SGD(model_e.parameters(), lr=0.05)
-    al_e = ee.AugmentedLagrangian(c0, check_finite=False, **kw)
-    lam_traj = []
-    for _ in range(warmup + replays):
-        _stage1_step(model_e, opt_e, al_e, data)
-        lam_traj.append(al_e.lam.clone())
-
-    model, data, c0 = _problem("cuda")
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    al = ee.AugmentedLagrangian(c0, **kw)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warmup):
-            _stage1_step(model, opt, al, data)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.testing.assert_close(al.lam, lam_traj[warmup - 1])
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        Xr, yr, Xf, yf = data
-        g = al.constraint(F.cross_entropy(model(Xr), yr))
-        loss = -F.cross_entropy(model(Xf), yf) + al.penalty(g)
-        loss.backward()
-        opt.step()
-        al.update()
-    for k in range(replays):
-        graph.replay()
-        torch.testing.assert_close(al.lam, lam_traj[warmup + k], rtol=1e-5, atol=1e-6)
-    torch.cuda.synchronize()
-    assert int(al.steps) == warmup + replays
-    # The schedule grew mu at steps 4 and 6 (1.5x each), i.e. inside the replayed graph.
-    assert al_e.mu.item() == pytest.approx(22.5)
-    torch.testing.assert_close(al.mu, al_e.mu)
-    assert al.lam.abs().item() > 0
-    torch.testing.assert_close(model.weight, model_e.weight, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("mu", [0.0, -1.0, torch.tensor(0.0, dtype=torch.float64),
-                                torch.tensor([1.0, -2.0], dtype=torch.float64)])
-def test_non_positive_mu_raises(mu):
-    lam = torch.zeros(2, dtype=torch.float64)
-    g = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    with pytest.raises(ValueError, match="mu must be > 0"):
-        ee.dual_update_(lam, g, mu)
-    with pytest.raises(ValueError, match="mu must be > 0"):
-        ee.augmented_lagrangian_term(g, lam, mu, kind="inequality")
-    assert torch.equal(lam, torch.zeros(2, dtype=torch.float64))
-
-
-def test_non_finite_c0_raises():
-    with pytest.raises(ValueError, match="c0 must be finite"):
-        ee.AugmentedLagrangian(torch.tensor([float("nan")]))
-    with pytest.raises(ValueError, match="c0 must be finite"):
-        ee.AugmentedLagrangian(float("inf"))

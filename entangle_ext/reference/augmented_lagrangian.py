@@ -1,7 +1,7 @@
 """Pure-PyTorch references of the augmented-Lagrangian operators (test oracles and fallback).
 
-Plain formulas of Stage 1 of the method (docs: method.md), no compiled code, any device, computed in
-float64 and returned in the dtype of ``lam`` (`dual_update_`) or ``g`` (`augmented_lagrangian_term`).
+Plain formulas of Stage 1 of the method (docs/algorithm.md §2, §6), no compiled code, any device,
+computed in float64 and returned in the dtype of ``lam`` (`dual_update_`) or ``g`` (`augmented_lagrangian_term`).
 Same arguments and results as `entangle_ext.dual_update_` / `entangle_ext.augmented_lagrangian_term`,
 but they do not validate values (non-finite entries follow the operators' device-side rule: they
 leave lam unchanged).

@@ -1,4 +1,4 @@
-// CUDA kernels of the augmented-Lagrangian operators (Stage 1 of the two-stage method).
+// CUDA kernels of the augmented-Lagrangian operators (Stage 1, docs/algorithm.md §2 and §6).
 //
 // Everything runs on the current stream; no host synchronisation, except dual_update_ with
 // check_finite=true, which reads one flag back to raise a ValueError before lam is touched (and
@@ -22,7 +22,7 @@
 #include <optional>
 
 #include "../common.h"
-#include "../dual_checks.h"
+#include "../augmented_lagrangian.h"
 
 namespace entangle_ext {
 namespace {
