@@ -115,6 +115,8 @@ def test_mia_errors(monkeypatch):
     s.adjacent_test = None
     with pytest.raises(ValueError, match="held-out retain"):
         M.mia_efficacy(model, s)
+    with pytest.raises(ValueError, match="max_samples"):
+        M.mia_efficacy(model, _splits(seen, retain, held), max_samples=0)
     with pytest.raises(ValueError, match="target"):
         M.mia_efficacy(model, _splits(seen, retain, held), targets=("forget_test",))
     with pytest.raises(ValueError, match="not finite"):

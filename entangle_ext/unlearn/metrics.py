@@ -166,9 +166,11 @@ def mia_efficacy(model: torch.nn.Module, splits: Splits, *, targets: Sequence[st
     Args: model returning (B, C) logits; splits; targets: train split names scored; features:
         optional cache {split: `per_sample` dict}, filled in place.
     Returns: {split: percentage in [0, 100]}.
-    Raises: ValueError (no held-out retain split, unknown target, non-finite logits); ImportError
-        without scikit-learn.
+    Raises: ValueError (no held-out retain split, unknown target, non-finite logits, max_samples <
+        1); ImportError without scikit-learn.
     """
+    if max_samples is not None and int(max_samples) < 1:
+        raise ValueError(f"MIA-efficacy: max_samples must be >= 1 (or None), got {max_samples}")
     device = _device(model, device)
     feats = features if features is not None else {}
     members, nonmembers = _retain_features(model, splits, feats, device, batch_size)
