@@ -9,7 +9,7 @@ DEPS_STAMP  := $(VENV)/.deps-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.\n'
 export MAX_JOBS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: all demo test build deps bench gpu-check clean
+.PHONY: all demo compare test build deps bench gpu-check clean
 
 all: test
 
@@ -39,6 +39,10 @@ test: build
 
 demo: build
 	$(PY) -m entangle_ext.demo
+
+# All methods on digits, 3 seeds (a few minutes on CPU); rerunning resumes from runs/compare_digits/cache.
+compare: build
+	$(PY) -m entangle_ext compare --setting digits --methods all --seeds 3 --threads 1 --out runs/compare_digits
 
 bench: build
 	$(PY) bench/bench_w2.py --device cpu

@@ -25,11 +25,12 @@ from .lagrangian import AugmentedLagrangian
 from .projection import project_orthogonal, project_orthogonal_
 from .unlearn import (Splits, Stage1Config, Stage2Config, UnlearnConfig, UnlearnResult, evaluate,
                       stage1, stage2, unlearn)
+from .compare import compare
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
     "reference", "wasserstein2_1d", "project_orthogonal", "project_orthogonal_", "dual_update_",
     "augmented_lagrangian_term", "AugmentedLagrangian",
     "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
-    "stage1", "stage2", "evaluate",
+    "stage1", "stage2", "evaluate", "compare",
 ]

@@ -110,6 +110,8 @@ def _jsonable(info: dict) -> dict:
 def main(argv=None) -> int:
     """Entry point of ``entangle-unlearn`` / ``python -m entangle_ext``. Returns the exit code
     (0 success, 2 bad input: a ValueError / FileNotFoundError / missing-package message is printed)."""
+    if (argv := sys.argv[1:] if argv is None else list(argv))[:1] == ["compare"]:   # entangle_ext.cli_compare
+        return __import__("entangle_ext.cli_compare", fromlist=["main"]).main(argv[1:])
     from .settings import get_setting, prepare
     from .unlearn import unlearn
 

@@ -1,0 +1,325 @@
+"""The field's unlearning metrics (docs/algorithm.md §10), each with its direction and source.
+
+`unlearning_metrics(model, splits, retrained=...)` returns one flat dict whose keys are described by
+`METRICS` (label, direction "up"/"down" = higher/lower is better, unit, source). The building blocks:
+
+* `per_sample` - per-sample CE, softmax probability of the true label and correctness (no grad);
+* `mia_efficacy` - the SalUn / Unlearn-Sparse membership-inference efficacy, per split;
+* `average_gap`, `forget_quality_ks` - distances to a model retrained without D_f;
+* `relearn_time` - fine-tuning steps on a small forget subset until forget accuracy returns.
+
+scikit-learn (MIA) and scipy (Kolmogorov-Smirnov) are optional: imported inside the functions that
+need them, with an ImportError naming the ``metrics`` extra when missing.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+from .data import BatchStream, Splits, forward_logits, split_batch
+from .evaluate import evaluate
+
+__all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
+           "average_gap", "forget_quality_ks", "relearn_time", "unlearning_metrics"]
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """What a metric means: ``direction`` "up" (higher is better) or "down"; ``unit``; ``source``."""
+    label: str
+    direction: str
+    unit: str
+    source: str
+
+    @property
+    def arrow(self) -> str:
+        return "↑" if self.direction == "up" else "↓"
+
+
+_ACC = "Cheng et al. (ICLR 2026) Table 1; docs/algorithm.md §10"
+_SALUN = "Jia et al. 2023 (Unlearn-Sparse), Fan et al. 2024 (SalUn)"
+METRICS: Dict[str, MetricInfo] = {
+    **{f"acc_{s}{t}": MetricInfo(f"{s}{' test' if t else ''} acc", "down" if s == "forget" else "up", "%", _ACC)
+       for t in ("", "_test") for s in ("forget", "adjacent", "remote")},
+    "UA": MetricInfo("UA", "up", "%", f"unlearning accuracy = 100 - forget-train accuracy; {_SALUN}"),
+    "RA": MetricInfo("RA", "up", "%", f"retain (adjacent + remote) train accuracy; {_SALUN}"),
+    "TA": MetricInfo("TA", "up", "%", f"retain (adjacent + remote) held-out accuracy; {_SALUN}"),
+    "mia_forget": MetricInfo("MIA forget", "up", "%", f"MIA-efficacy, % predicted non-member; {_SALUN}"),
+    "mia_adjacent": MetricInfo("MIA adjacent", "down", "%", "MIA-efficacy on D_adj (high = damaged); "
+                               "docs/algorithm.md §10"),
+    "mia_remote": MetricInfo("MIA remote", "down", "%", "MIA-efficacy on D_rem (high = damaged); "
+                             "docs/algorithm.md §10"),
+    "avg_gap": MetricInfo("avg gap", "down", "points", f"mean |Δ| of UA, RA, TA, MIA vs Retrain; {_SALUN}"),
+    "forget_quality": MetricInfo("forget quality", "up", "p-value", "KS test of per-sample forget losses vs "
+                                 "Retrain; after Maini et al. 2024 (TOFU)"),
+    "relearn_steps": MetricInfo("relearn", "up", "steps", "relearn time; Golatkar et al. 2020"),
+    "time_s": MetricInfo("time", "down", "s", f"wall clock of the unlearning call (RTE); {_SALUN}"),
+}
+"""Every key `unlearning_metrics` may return, with its meaning, direction and source."""
+
+_GAP_KEYS = ("UA", "RA", "TA", "mia_forget")
+
+
+def _optional(module: str, what: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        pkg = "scikit-learn" if module.startswith("sklearn") else module.split(".")[0]
+        raise ImportError(f"{what} needs {pkg}, an optional dependency of entangle_ext: "
+                          f"pip install 'entangle_ext[metrics]' (or pip install {pkg})") from e
+
+
+def _device(model, device):
+    return torch.device(device) if device is not None else next(model.parameters()).device
+
+
+@torch.no_grad()
+def per_sample(model: torch.nn.Module, dataset: Dataset, *, device=None, batch_size: int = 512,
+               name: str = "split") -> Dict[str, torch.Tensor]:
+    """Per-sample quantities of ``model`` (eval mode, no grad) on ``dataset``, in dataset order.
+
+    Returns: {"loss": (N,) float64 CE in nats, "p_true": (N,) float64 softmax probability of the
+    label (= exp(-loss)), "correct": (N,) bool argmax == label}, all on the CPU.
+    Raises: ValueError for an empty dataset, labels outside [0, C), or non-finite logits (``name``
+    names the split in the message).
+    """
+    if len(dataset) == 0:
+        raise ValueError(f"split {name!r} is empty")
+    device = _device(model, device)
+    was_training = model.training
+    model.eval()
+    stream = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="metrics", device=device)
+    loss, correct = [], []
+    for b in stream.epoch_batches(0):
+        inputs, y = split_batch(b)
+        logits = forward_logits(model, inputs).double()
+        y = y.long()
+        if bool(((y < 0) | (y >= logits.shape[1])).any()):
+            raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError(f"split {name!r}: the model returned non-finite logits")
+        loss.append(F.cross_entropy(logits, y, reduction="none").cpu())
+        correct.append((logits.argmax(1) == y).cpu())
+    model.train(was_training)
+    loss_t = torch.cat(loss)
+    return {"loss": loss_t, "p_true": torch.exp(-loss_t), "correct": torch.cat(correct)}
+
+
+def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
+                               targets: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+    """MIA-efficacy from 1-D features (docs/algorithm.md §10; SalUn ``evaluation/SVC_MIA.py``).
+
+    An RBF SVC (``sklearn.svm.SVC(C=3, gamma="auto")``) is fit on ``members`` (label 1) vs
+    ``nonmembers`` (label 0); each target's score is the percentage of its samples predicted
+    non-member (higher = more forgotten).
+    Args: (N,) real tensors (any float dtype/device); targets: {name: (M,) tensor}.
+    Returns: {name: percentage in [0, 100]}.
+    Raises: ValueError for empty or non-finite inputs; ImportError without scikit-learn.
+    """
+    svm = _optional("sklearn.svm", "MIA-efficacy")
+    arrays = {"members": members, "non-members": nonmembers, **targets}
+    for k, v in arrays.items():
+        if v.numel() == 0:
+            raise ValueError(f"MIA-efficacy: the {k!r} features are empty")
+        if not bool(torch.isfinite(v).all()):
+            raise ValueError(f"MIA-efficacy: the {k!r} features are not finite")
+    x = torch.cat([members.reshape(-1), nonmembers.reshape(-1)]).double().cpu().numpy()[:, None]
+    y = np.concatenate([np.ones(members.numel()), np.zeros(nonmembers.numel())])
+    clf = svm.SVC(C=3, gamma="auto", kernel="rbf").fit(x, y)
+    return {k: 100.0 * float((clf.predict(v.reshape(-1, 1).double().cpu().numpy()) == 0).mean())
+            for k, v in targets.items()}
+
+
+def _retain_features(model, splits: Splits, feats: Dict[str, dict], device, batch_size):
+    for n in ("adjacent", "remote", "adjacent_test", "remote_test"):
+        ds = getattr(splits, n)
+        if ds is not None and n not in feats:
+            feats[n] = per_sample(model, ds, device=device, batch_size=batch_size, name=n)
+    if "adjacent_test" not in feats and "remote_test" not in feats:
+        raise ValueError("MIA-efficacy needs held-out retain samples (adjacent_test and/or remote_test) as "
+                         "non-members")
+    members = torch.cat([feats[n]["p_true"] for n in ("adjacent", "remote")])
+    nonmembers = torch.cat([feats[n]["p_true"] for n in ("adjacent_test", "remote_test") if n in feats])
+    return members, nonmembers
+
+
+def mia_efficacy(model: torch.nn.Module, splits: Splits, *, targets: Sequence[str] = ("forget", "adjacent", "remote"),
+                 device=None, batch_size: int = 512, seed: int = 0, max_samples: Optional[int] = None,
+                 features: Optional[Dict[str, dict]] = None) -> Dict[str, float]:
+    """MIA-efficacy per split, the SalUn / Unlearn-Sparse protocol (docs/algorithm.md §10).
+
+    Feature = softmax probability of the true label. Members = retain-train samples (adjacent +
+    remote), non-members = held-out retain samples (adjacent_test + remote_test, evaluated as
+    given, i.e. with the held-out transforms of the splits), equal counts n = min of the two (and
+    ``max_samples``): a random subset (seeded by ``seed``) of the larger side, as SalUn takes the
+    first |test| samples of its class-mixed retain set. Score of a split = % of its train samples
+    predicted non-member: ↑ on forget = more forgotten; on adjacent / remote ↑ = damaged.
+
+    Args: model returning (B, C) logits; splits; targets: train split names scored; features:
+        optional cache {split: `per_sample` dict}, filled in place.
+    Returns: {split: percentage in [0, 100]}.
+    Raises: ValueError (no held-out retain split, unknown target, non-finite logits, max_samples <
+        1); ImportError without scikit-learn.
+    """
+    if max_samples is not None and int(max_samples) < 1:
+        raise ValueError(f"MIA-efficacy: max_samples must be >= 1 (or None), got {max_samples}")
+    device = _device(model, device)
+    feats = features if features is not None else {}
+    members, nonmembers = _retain_features(model, splits, feats, device, batch_size)
+    n = min(len(members), len(nonmembers), max_samples or len(members))
+    g = torch.Generator().manual_seed(int(seed))
+    members = members[torch.randperm(len(members), generator=g)[:n]]
+    nonmembers = nonmembers[torch.randperm(len(nonmembers), generator=g)[:n]]
+    tgt = {}
+    for t in targets:
+        if t not in Splits.TRAIN:
+            raise ValueError(f"MIA-efficacy target must be one of {Splits.TRAIN}, got {t!r}")
+        if t not in feats:
+            feats[t] = per_sample(model, getattr(splits, t), device=device, batch_size=batch_size, name=t)
+        tgt[t] = feats[t]["p_true"]
+    return mia_efficacy_from_features(members, nonmembers, tgt)
+
+
+def forget_quality_ks(losses: Union[Sequence[float], torch.Tensor],
+                      retrained_losses: Union[Sequence[float], torch.Tensor]) -> float:
+    """Forget quality: p-value of the two-sample Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``,
+    two-sided) between the per-sample forget losses (nats) of the unlearned and of the retrained
+    model (docs/algorithm.md §10). ↑ better: 1 = indistinguishable from Retrain.
+    Raises: ValueError for empty or non-finite losses; ImportError without scipy."""
+    stats = _optional("scipy.stats", "the forget-quality test")
+    a, b = (np.asarray(torch.as_tensor(v, dtype=torch.float64).reshape(-1)) for v in (losses, retrained_losses))
+    if a.size == 0 or b.size == 0 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("forget_quality_ks needs non-empty, finite per-sample losses")
+    return float(stats.ks_2samp(a, b).pvalue)
+
+
+def average_gap(metrics: Mapping[str, Any], retrained: Mapping[str, Any], keys: Sequence[str] = _GAP_KEYS) -> float:
+    """Average gap to Retrain (SalUn): mean over ``keys`` (default UA, RA, TA, MIA-efficacy on
+    forget; percentage points) of |metrics[k] - retrained[k]|; keys missing or None in either dict
+    (e.g. TA without held-out data) are skipped. ↓ better. Raises ValueError when none is left."""
+    d = [abs(float(metrics[k]) - float(retrained[k])) for k in keys
+         if metrics.get(k) is not None and retrained.get(k) is not None]
+    if not d:
+        raise ValueError(f"average_gap: none of {list(keys)} is in both metric dicts")
+    return sum(d) / len(d)
+
+
+def _subset(ds: Dataset, idx: torch.Tensor) -> Dataset:
+    tensors = getattr(ds, "tensors", None)
+    if tensors is not None:
+        return TensorDataset(*[t[idx.to(t.device)] for t in tensors])
+    return Subset(ds, idx.tolist())
+
+
+def relearn_time(model: torch.nn.Module, forget: Dataset, *, threshold: float, subset: Union[int, float] = 0.1,
+                 lr: float = 1e-3, max_steps: int = 100, batch_size: int = 64, seed: int = 0, device=None,
+                 eval_batch_size: int = 512) -> Dict[str, Any]:
+    """Relearn time (docs/algorithm.md §10): Adam steps (lr ``lr``, CE with the true labels, eval
+    mode) on a copy of ``model`` over a small seeded subset of the forget set until the accuracy on
+    the whole forget set reaches ``threshold``. ``model`` itself is not changed. ↑ = deeper forgetting.
+
+    Args: forget: D_f train; threshold: accuracy fraction in (0, 1]; subset: sample count (int
+        >= 1) or fraction of D_f (float in (0, 1]); batch_size: samples per step (cycling over the
+        subset); max_steps: cap.
+    Returns: {"steps": int (0 if already at threshold; ``max_steps`` if never), "reached": bool,
+        "threshold": float, "subset": int, "final_acc": fraction}.
+    Raises: ValueError for a bad threshold / subset / max_steps or an empty forget set.
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"relearn_time: threshold must be an accuracy fraction in (0, 1], got {threshold}")
+    if max_steps < 0 or (isinstance(subset, float) and not 0 < subset <= 1) or \
+            (not isinstance(subset, float) and int(subset) < 1):
+        raise ValueError("relearn_time: need max_steps >= 0 and subset an int >= 1 or a fraction in (0, 1]")
+    N = len(forget)
+    if N == 0:
+        raise ValueError("relearn_time: the forget set is empty")
+    k = min(N, max(1, math.ceil(subset * N)) if isinstance(subset, float) else int(subset))
+    device = _device(model, device)
+    m = copy.deepcopy(model).to(device).eval()
+    g = torch.Generator().manual_seed(int(seed))
+    stream = BatchStream(_subset(forget, torch.randperm(N, generator=g)[:k]), batch_size, shuffle=True,
+                         seed=seed, name="relearn", device=device)
+    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=lr)
+
+    def acc() -> float:
+        return float(per_sample(m, forget, device=device, batch_size=eval_batch_size, name="forget")["correct"]
+                     .double().mean())
+
+    a, steps = acc(), 0
+    while a < threshold and steps < max_steps:
+        with torch.enable_grad():
+            inputs, y = split_batch(stream.next())
+            loss = F.cross_entropy(forward_logits(m, inputs), y.long())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        steps += 1
+        a = acc()
+    return {"steps": steps, "reached": a >= threshold, "threshold": float(threshold), "subset": k, "final_acc": a}
+
+
+def _accuracies(evals: Mapping[str, dict]) -> Dict[str, Optional[float]]:
+    out = {f"acc_{n}": 100.0 * evals[n]["acc"] if n in evals else None for n in Splits.TRAIN + Splits.TEST}
+    out["UA"] = 100.0 - out["acc_forget"]
+
+    def pooled(names):
+        present = [n for n in names if n in evals]
+        if not present:
+            return None
+        return 100.0 * sum(evals[n]["acc"] * evals[n]["n"] for n in present) / sum(evals[n]["n"] for n in present)
+
+    out["RA"], out["TA"] = pooled(("adjacent", "remote")), pooled(("adjacent_test", "remote_test"))
+    return out
+
+
+def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
+                       retrained: Optional[Union[torch.nn.Module, Mapping[str, Any]]] = None,
+                       evals: Optional[Mapping[str, dict]] = None, seconds: Optional[float] = None,
+                       relearn: Optional[Mapping[str, Any]] = None, device=None, batch_size: int = 512,
+                       seed: int = 0, mia_max_samples: Optional[int] = None,
+                       keep_losses: bool = False) -> Dict[str, Any]:
+    """All metrics of `METRICS` for one unlearned model (docs/algorithm.md §10).
+
+    Args:
+        model: the unlearned model ((B, C) logits). splits: `Splits` with held-out retain data.
+        retrained: the model retrained on D \\ D_f, or its own `unlearning_metrics(...,
+            keep_losses=True)` dict; gives "avg_gap" and "forget_quality" (None = both omitted).
+        evals: ``{split: {"acc", "n", ...}}`` of ``model`` (e.g. ``report["evals"]["final"]``);
+            None = computed by `evaluate`. seconds: wall clock of the unlearning call ("time_s").
+        relearn: keyword arguments of `relearn_time` (``threshold`` required); None = skipped.
+        seed: MIA member/non-member subsets and the relearn subset.
+        keep_losses: add "forget_losses" (list of per-sample forget-train CE, nats).
+    Returns: {metric key: float, or None where not computable}; percentages in [0, 100].
+    Raises: as `mia_efficacy`, `relearn_time`; ImportError without scikit-learn / scipy.
+    """
+    device = _device(model, device)
+    if evals is None:
+        evals = evaluate(model, splits, device=device, batch_size=batch_size, keep_forget_losses=False)
+    out: Dict[str, Any] = _accuracies(evals)
+    feats: Dict[str, dict] = {}
+    mia = mia_efficacy(model, splits, device=device, batch_size=batch_size, seed=seed,
+                       max_samples=mia_max_samples, features=feats)
+    out.update({f"mia_{k}": v for k, v in mia.items()})
+    losses = feats["forget"]["loss"]
+    if retrained is not None:
+        ref = retrained if isinstance(retrained, Mapping) else unlearning_metrics(
+            retrained, splits, device=device, batch_size=batch_size, seed=seed,
+            mia_max_samples=mia_max_samples, keep_losses=True)
+        out["avg_gap"] = average_gap(out, ref)
+        out["forget_quality"] = forget_quality_ks(losses, ref["forget_losses"])
+    if relearn is not None:
+        r = relearn_time(model, splits.forget, device=device, eval_batch_size=batch_size,
+                         **{"seed": seed, **relearn})
+        out["relearn_steps"], out["relearn_reached"] = r["steps"], r["reached"]
+    out["time_s"] = None if seconds is None else float(seconds)
+    if keep_losses:
+        out["forget_losses"] = losses.tolist()
+    return out

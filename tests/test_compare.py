@@ -1,0 +1,197 @@
+"""entangle_ext.compare: a reduced comparison (two methods, two seeds, a tiny MLP on digits), its
+table / JSON / PNG, the per-run cache (resume, invalidation), the method registry hook and the
+``entangle-unlearn compare`` command."""
+import copy
+import dataclasses
+import importlib
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+import entangle_ext as ee
+from entangle_ext import cli
+from entangle_ext.data.digits import digits_splits
+from entangle_ext.train import TrainRecipe, train_original
+from entangle_ext.unlearn import metrics as M
+
+C = importlib.import_module("entangle_ext.compare")   # the module (the package attribute is the function)
+
+pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
+
+
+@pytest.fixture(autouse=True)
+def _needs_metrics_packages():
+    pytest.importorskip("sklearn")
+    pytest.importorskip("scipy")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+RECIPE = TrainRecipe("adam", lr=1e-2, epochs=30, batch_size=64, schedule="constant")
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    s, _ = digits_splits(max_train_per_digit=20)
+    net = mlp()
+    train_original(net, [s.forget, s.adjacent, s.remote], RECIPE, progress=False)
+    return s, net
+
+
+def tiny_config():
+    cfg = ee.UnlearnConfig.preset("digits")
+    cfg.stage1 = dataclasses.replace(cfg.stage1, epochs=2, lr=1e-2, remote_batch_size=16)
+    cfg.stage2 = dataclasses.replace(cfg.stage2, epochs=1, adjacent_batch_size=32, forget_batch_size=8,
+                                     forget_batch_limit=2, remote_batch_size=32, remote_batch_limit=2)
+    return cfg
+
+
+def retrain_spec(calls=None, epochs=RECIPE.epochs):
+    """A stand-in for the registry's Retrain: a fresh MLP trained on D \\ D_f only."""
+    def run(model, splits, *, seed, device, progress):
+        if calls is not None:
+            calls.append(("retrain", seed))
+        fresh = mlp(100 + seed)
+        train_original(fresh, [splits.adjacent, splits.remote], RECIPE.replace(epochs=epochs), seed=seed,
+                       progress=False)
+        return ee.UnlearnResult(model=fresh, report={"timings_s": {"unlearn": 0.5}})
+    return C.MethodSpec("retrain", run, {"epochs": epochs})
+
+
+def noise_spec(calls, scale=0.05, fail_on=()):
+    """A fake baseline: seeded Gaussian noise on the weights; records what it was given."""
+    def run(model, splits, *, seed, device, progress):
+        if seed in fail_on:
+            raise RuntimeError("interrupted")
+        calls.append(("noise", seed, C.fingerprint(model, splits)))
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(scale * torch.randn(p.shape, generator=g))
+        return ee.UnlearnResult(model=model, report={})
+    return C.MethodSpec("noise", run, {"scale": scale})
+
+
+def test_reduced_comparison(setup, tmp_path):
+    s, net = setup
+    before = copy.deepcopy(net.state_dict())
+    res = ee.compare(net, s, [retrain_spec(), "two_stage"], seeds=[0, 1], configs={"two_stage": tiny_config()},
+                     out_dir=tmp_path, progress=False)
+    assert res.methods == ["retrain", "original", "two_stage"] and res.seeds == [0, 1]
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())      # θ0 untouched
+    for seed in (0, 1):
+        ref, two = res.runs["retrain"][seed], res.runs["two_stage"][seed]
+        assert "avg_gap" not in ref and ref["time_s"] == 0.5 and res.runs["original"][seed]["time_s"] is None
+        assert two["avg_gap"] == pytest.approx(M.average_gap(two, ref)) and 0 <= two["forget_quality"] <= 1
+    two = [res.runs["two_stage"][k] for k in (0, 1)]
+    assert {k: v for k, v in two[0].items() if k != "time_s"} != {k: v for k, v in two[1].items() if k != "time_s"}
+    m = res.summary["two_stage"]["acc_forget_test"]
+    vals = torch.tensor([t["acc_forget_test"] for t in two], dtype=torch.float64)
+    assert m["mean"] == pytest.approx(float(vals.mean())) and m["std"] == pytest.approx(float(vals.std()))
+    assert res.summary["two_stage"]["UA"]["mean"] > res.summary["original"]["UA"]["mean"]   # it unlearned
+    lines = res.table.splitlines()
+    assert lines[0].startswith("| method | forget test acc ↓ | adjacent test acc ↑")
+    assert [ln.split("|")[1].strip() for ln in lines[2:5]] == ["retrain", "original", "two_stage"]
+    assert "**" in lines[4] and "**" not in lines[2] + lines[3]                        # best: not the references
+    assert "↑ higher is better" in res.table
+    js = json.loads((tmp_path / "comparison.json").read_text())
+    assert js["summary"] == json.loads(json.dumps(res.summary)) and js["metrics"]["mia_forget"]["direction"] == "up"
+    assert (tmp_path / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "comparison.md").read_text().strip() == res.table
+
+
+def test_cache_resume_and_invalidation(setup, tmp_path, monkeypatch):
+    s, net = setup
+    calls = []
+    kw = dict(seeds=[0, 1], out_dir=tmp_path, progress=False, relearn={"max_steps": 5})
+    with pytest.raises(RuntimeError, match="interrupted"):           # dies at (noise, seed 1)
+        ee.compare(net, s, [retrain_spec(calls), noise_spec(calls, fail_on=(1,))], **kw)
+    assert calls[:2] == [("retrain", 0), ("retrain", 1)] and [c[:2] for c in calls[2:]] == [("noise", 0)]
+    assert calls[2][2] == C.fingerprint(net, s)                      # each run starts from θ0
+    calls.clear()
+    first = ee.compare(net, s, [retrain_spec(calls), noise_spec(calls)], **kw)
+    assert [c[:2] for c in calls] == [("noise", 1)]                  # resumed where it stopped
+    assert calls[0][2] == C.fingerprint(net, s)
+
+    def boom(*a, **k):
+        raise AssertionError("should have come from the cache")
+    monkeypatch.setattr(C, "_run_one", boom)
+    again = ee.compare(net, s, [retrain_spec(calls), noise_spec(calls)], **kw)
+    assert again.summary == first.summary and again.table == first.table
+    monkeypatch.undo()
+    calls.clear()
+    ee.compare(net, s, [retrain_spec(calls), noise_spec(calls, scale=0.1)], **kw)   # new hyperparameters
+    assert [c[:2] for c in calls] == [("noise", 0), ("noise", 1)]
+    calls.clear()
+    ee.compare(net, s, [retrain_spec(calls, epochs=20), noise_spec(calls, scale=0.1)], **kw)   # new reference
+    assert sorted(c[:2] for c in calls) == [("noise", 0), ("noise", 1), ("retrain", 0), ("retrain", 1)]
+    calls.clear()
+    other = copy.deepcopy(net)
+    with torch.no_grad():
+        other[0].bias.add_(1e-3)
+    ee.compare(other, s, [noise_spec(calls, scale=0.1)], **kw)       # another original model
+    assert [c[:2] for c in calls] == [("noise", 0), ("noise", 1)]
+
+
+def test_bad_input(setup):
+    s, net = setup
+    with pytest.raises(ValueError, match="unknown method 'bogus'.*two_stage"):
+        ee.compare(net, s, ["bogus"], progress=False)
+    with pytest.raises(ValueError, match="seeds"):
+        ee.compare(net, s, ["two_stage"], seeds=[], progress=False)
+    with pytest.raises(ValueError, match="distinct"):
+        ee.compare(net, s, ["two_stage", "two_stage"], progress=False)
+    with pytest.raises(ValueError, match="held-out"):
+        ee.compare(net, dataclasses.replace(s, adjacent_test=None, remote_test=None), ["two_stage"], progress=False)
+
+
+def test_method_registry_hook(setup, monkeypatch):
+    """With a methods registry installed, names come from it and runs go through
+    ``unlearn(..., method=name, seed=..., <retrain recipe>)``."""
+    s, net = setup
+    assert C.available_methods() == ["two_stage"]                    # no registry on this branch
+    seen = []
+
+    def fake_unlearn(model, splits, config=None, *, method="two_stage", setting=None, hparams="paper_code",
+                     seed=0, device=None, progress=True, model_fn=None, recipe=None):
+        seen.append(dict(method=method, config=config, setting=setting, hparams=hparams, seed=seed,
+                         model_fn=model_fn, recipe=recipe))
+        return ee.UnlearnResult(model=model, report={"method": method, "timings_s": {"unlearn": 2.0}})
+
+    reg = types.ModuleType("entangle_ext.methods")
+    reg.available_methods = lambda: ["retrain", "ga", "two_stage"]
+    monkeypatch.setitem(sys.modules, "entangle_ext.methods", reg)
+    monkeypatch.setattr(importlib.import_module("entangle_ext.unlearn"), "unlearn", fake_unlearn)
+    assert C.available_methods() == ["retrain", "ga", "two_stage"]
+    build = lambda: mlp(7)   # noqa: E731
+    res = ee.compare(net, s, ["retrain", "ga", "two_stage"], seeds=[3], setting="digits", hparams="original",
+                     model_fn=build, retrain_recipe=RECIPE, relearn=False, progress=False)
+    by = {d["method"]: d for d in seen}
+    assert by["retrain"]["model_fn"] is build and by["retrain"]["recipe"] == RECIPE and by["ga"]["seed"] == 3
+    assert by["ga"]["config"] is None and by["ga"]["hparams"] == "original" and by["ga"]["setting"] == "digits"
+    assert isinstance(by["two_stage"]["config"], ee.UnlearnConfig) and by["two_stage"]["config"].seed == 3
+    assert res.runs["ga"][3]["time_s"] == 2.0 and "relearn_steps" not in res.runs["ga"][3]
+
+
+def test_cli_compare(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--setting", "digits", "--variant", "reduced", "--methods", "two_stage", "--seeds", "1",
+            "--out", str(out), "--no-progress", "--relearn-steps", "5"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| two_stage |" in text and "↓" in text and (out / "comparison.png").exists()
+    assert len(list((out / "cache").glob("*/seed0.json"))) == 2      # original + two_stage
+    monkeypatch.setattr(C, "_run_one", lambda *a, **k: pytest.fail("not resumed from the cache"))
+    assert cli.main(argv) == 0
+    assert cli.main(["compare", "--setting", "digits", "--methods", "nope", "--out", str(out)]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
