@@ -23,7 +23,7 @@ __all__ = ["run_method", "resolve_config"]
 
 def resolve_config(cls: Type[UnlearningMethod], config, setting: Optional[str], hparams: str,
                    ckpt: Optional[Dict[str, Any]] = None):
-    """The method's config: ``config`` itself (a ``cls.Config``), else the one stored in the
+    """The method's config: ``config`` itself (exactly a ``cls.Config``), else the one stored in the
     checkpoint being resumed, else the ``hparams`` preset of ``setting`` (None: the defaults).
     Raises TypeError for a config of another type, ValueError for an unknown setting/hparams."""
     if config is None:
@@ -33,7 +33,7 @@ def resolve_config(cls: Type[UnlearningMethod], config, setting: Optional[str], 
     adapt = getattr(cls, "adapt_config", None)
     if adapt is not None:
         config = adapt(config)
-    if not isinstance(config, cls.Config):
+    if type(config) is not cls.Config:   # a subclass is another method's config (e.g. SalUn's of RL)
         raise TypeError(f"method {cls.name!r} takes a {cls.Config.__module__}.{cls.Config.__qualname__} "
                         f"config (or None for its preset), got {type(config).__name__}")
     return config

@@ -110,7 +110,7 @@ _REF = dict(objective="ga", mask_granularity="tensor", mask_batches=50, optimize
 @register_method("salun")
 class SalUn(RandomLabel):
     """Saliency mask (`saliency_mask`, in eval mode, on a forget stream of ``forget_batch_size``)
-    → masked training (`MaskedUpdate` around each optimizer step) with the random-label step of
+    → masked training (`MaskedUpdate` around each optimizer step; the mask is kept as ``self.mask``) with the random-label step of
     `RandomLabel` ("rl") or the reference code's ascent objective ("ga").
     "paper_code" presets: the reference run scripts (whole-tensor mask, "ga", AdamW); there the
     masked tensors also stay fixed (the reference's AdamW decay moved them slightly)."""
@@ -132,7 +132,7 @@ class SalUn(RandomLabel):
         model.eval()
         f = BatchStream(splits.forget, config.forget_batch_size, shuffle=True, seed=seed, name="salun/mask",
                         device=device)
-        mask = saliency_mask(model, params, f.fetch_pass(0, config.mask_batches or len(f)),
+        self.mask = mask = saliency_mask(model, params, f.fetch_pass(0, config.mask_batches or len(f)),
                              config.mask_fraction, config.mask_granularity)
         model.train(mode)
         theta0 = [p.detach().clone() for p in params]
