@@ -1,7 +1,6 @@
 """The methods registry and its plumbing: names and errors, every method through
 `entangle_ext.unlearn` with the agreed report structure, presets, checkpoint/resume, non-finite
 losses, the two-stage ablations and the shared data streams."""
-import copy
 import json
 
 import pytest

@@ -2,7 +2,6 @@
 (GA, FT, NegGrad+, ℓ1-sparse), SalUn's masked weights bit-identical under momentum and weight
 decay, SCRUB's frozen teacher, RL's never-true labels, MUNBa's bargaining condition, GDR's
 rectification, DELETE's target, SSD's selective dampening, and Retrain never reading D_f."""
-import copy
 
 import pytest
 import torch

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Optional
 
 from ..unlearn.config import PRESETS, UnlearnConfig
-from .base import HPARAMS, UnlearningMethod, register_method
+from .base import HPARAMS, UnlearningMethod, register_method, warm_imports
 
 __all__ = ["TwoStage", "NoW2", "PGDMean", "Stage1Only", "RECIPE_OF_HPARAMS"]
 
@@ -53,6 +53,7 @@ class TwoStage(UnlearningMethod):
         """What the driver runs: `config_for` when ``config`` is None, else ``config`` rewritten
         by `transform` (anything that is not an `UnlearnConfig` is returned unchanged, for the
         driver's type check)."""
+        warm_imports()   # before the driver's clocks start
         if config is None:
             return cls.config_for(setting, hparams)
         return cls.transform(config) if isinstance(config, UnlearnConfig) else config

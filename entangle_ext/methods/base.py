@@ -61,6 +61,12 @@ def make_presets(paper_code: Dict[str, Dict[str, Any]], original: Dict[str, Dict
     return out
 
 
+def warm_imports() -> None:
+    """Import what the first optimizer of a process imports (``torch._dynamo``: seconds on a
+    loaded CPU), so that the first method timed in a process is not charged for it."""
+    import torch._dynamo  # noqa: F401
+
+
 def register_method(name: str) -> Callable[[type], type]:
     """Class decorator: register an `UnlearningMethod` subclass under ``name`` (sets ``cls.name``).
     Raises ValueError when the name is taken."""

@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Type, Union
 
 import torch
-import torch._dynamo  # noqa: F401  (the first optimizer of a process imports it, seconds: not on the clock)
 
 from ..unlearn.checkpoint import Checkpointer, load_checkpoint, preserved_rng, seed_everything, set_rng_state
 from ..unlearn.data import Splits
 from ..unlearn.driver import UnlearnResult, _preflight
 from ..unlearn.evaluate import evaluate
 from ..unlearn.report import build_report, format_table, write_report
-from .base import UnlearningMethod
+from .base import UnlearningMethod, warm_imports
 
 __all__ = ["run_method", "resolve_config"]
 
@@ -72,6 +71,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         ValueError: an unknown setting/hparams, bad splits or labels, a checkpoint of another
             method; NonFiniteLossError (a ValueError) for a NaN/Inf loss (names the step).
     """
+    warm_imports()
     with preserved_rng():
         ckpt = _load(resume, cls.name)
         config = resolve_config(cls, config, setting, hparams, ckpt).validate()

@@ -50,7 +50,8 @@ class SalUnConfig(RLConfig):
         _require(self, self.mask_batches is None or self.mask_batches >= 1, "mask_batches", "None or >= 1")
         _require(self, self.adjacent_batch_size is None or self.adjacent_batch_size >= 1,
                  "adjacent_batch_size", "None or >= 1")
-        _require(self, min(self.beta_adjacent, self.beta_remote) >= 0, "beta_adjacent", ">= 0 (and beta_remote)")
+        _require(self, self.beta_adjacent >= 0, "beta_adjacent", ">= 0")
+        _require(self, self.beta_remote >= 0, "beta_remote", ">= 0")
 
 
 def saliency_mask(model, params: Sequence[torch.Tensor], batches, fraction: float,
@@ -109,9 +110,9 @@ _REF = dict(objective="ga", mask_granularity="tensor", mask_batches=50, optimize
 
 @register_method("salun")
 class SalUn(RandomLabel):
-    """Saliency mask (`saliency_mask`, in eval mode, on a forget stream of ``forget_batch_size``)
-    → masked training (`MaskedUpdate` around each optimizer step; the mask is kept as ``self.mask``) with the random-label step of
-    `RandomLabel` ("rl") or the reference code's ascent objective ("ga").
+    """Saliency mask (`saliency_mask`, in eval mode, on a forget stream of ``forget_batch_size``;
+    kept as ``self.mask``) → masked training (`MaskedUpdate` around each optimizer step) with the
+    random-label step of `RandomLabel` ("rl") or the reference code's ascent objective ("ga").
     "paper_code" presets: the reference run scripts (whole-tensor mask, "ga", AdamW); there the
     masked tensors also stay fixed (the reference's AdamW decay moved them slightly)."""
     Config = SalUnConfig
