@@ -31,6 +31,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def small():
+    pytest.importorskip("sklearn")
     s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
     return s
 

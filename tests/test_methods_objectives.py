@@ -28,6 +28,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def small64():
+    pytest.importorskip("sklearn")
     s, _ = digits_splits(max_train_per_digit=20, dtype=torch.float64)   # forget 20, adjacent 80, remote 100
     return s
 
@@ -337,6 +338,7 @@ def test_retrain_resets_in_place_or_refuses():
     with pytest.raises(ValueError, match="scale.*model_fn"):
         reset_parameters_(bare)
     assert torch.equal(bare.lin.weight, w)                             # nothing changed
+    pytest.importorskip("sklearn")
     s, _ = digits_splits(max_train_per_digit=5)
     with pytest.raises(ValueError, match="model_fn"):
         ee.unlearn(WithBareParameter(), s, TrainRecipe(epochs=1), method="retrain", progress=False)
