@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 
@@ -53,6 +53,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _unlearn(cls, model, splits, config, ckpt: Dict[str, Any], saver: Checkpointer, *, num_classes: int, device,
+             out, progress, model_fn) -> Tuple[List[Dict[str, float]], float]:
+    """The method's run (or the finished one of the checkpoint): (history, seconds of unlearning)."""
+    if ckpt.get("stage_done"):
+        model.load_state_dict(ckpt["model"])
+        return list(ckpt.get("history", [])), float(ckpt.get("unlearn_s", 0.0))
+    method = cls(num_classes=num_classes, model_fn=model_fn)
+    model.train(bool(getattr(config, "train_mode", False)))
+    t = time.perf_counter()
+    try:
+        history = method.run(model, splits, config, device=device, seed=config.seed, out_dir=out, progress=progress,
+                             loop_args=dict(log_every=config.log_every, progress=progress,
+                                            checkpoint_every=config.checkpoint_every, checkpoint_fn=saver,
+                                            resume_state=ckpt or None))
+    finally:
+        model.eval()
+    _sync(device)
+    seconds = time.perf_counter() - t
+    saver.save("done", {"stage": cls.name, "stage_done": True, "step": len(history), "model": model.state_dict(),
+                        "history": history, "unlearn_s": seconds})
+    return history, seconds
+
+
 def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Splits, config=None, *,
                setting: Optional[str] = None, hparams: str = "paper_code",
                model_fn: Optional[Callable[[], torch.nn.Module]] = None,
@@ -60,7 +83,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
                progress: bool = True) -> UnlearnResult:
     """Run the baseline ``cls`` on ``model`` (in place) and report it like the two-stage driver.
 
-    Report: ``method``, ``hparams``, ``setting``, ``config``, ``num_classes``, ``steps``
+    Report: ``method``, ``hparams`` and ``setting`` (of the preset used; None for an explicit
+    or resumed config), ``config``, ``num_classes``, ``steps``
     ({method: steps}), ``timings_s`` (``unlearn`` = wall clock of the method, evaluation
     excluded; ``eval_original``, ``eval_final``), ``evals`` ({"original", "final"}: {split: {"acc",
     "loss", "n", ...}}), ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
@@ -74,6 +98,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     warm_imports()
     with preserved_rng():
         ckpt = _load(resume, cls.name)
+        from_preset = config is None and ckpt is None
         config = resolve_config(cls, config, setting, hparams, ckpt).validate()
         if not isinstance(splits, Splits):
             raise TypeError("splits must be an entangle_ext.Splits")
@@ -97,30 +122,13 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             ev("original")
         out = Path(out_dir) if out_dir is not None else None
         saver = Checkpointer(out, {"method": cls.name, "config": config.to_dict(), "evals": evals})
-        if ckpt.get("stage_done"):
-            model.load_state_dict(ckpt["model"])
-            history, timings["unlearn"] = list(ckpt.get("history", [])), float(ckpt.get("unlearn_s", 0.0))
-        else:
-            method = cls(num_classes=C, model_fn=model_fn)
-            model.train(bool(getattr(config, "train_mode", False)))
-            t = time.perf_counter()
-            try:
-                history = method.run(model, splits, config, device=device, seed=config.seed, out_dir=out,
-                                     progress=progress,
-                                     loop_args=dict(log_every=config.log_every, progress=progress,
-                                                    checkpoint_every=config.checkpoint_every,
-                                                    checkpoint_fn=saver, resume_state=ckpt or None))
-            finally:
-                model.eval()
-            _sync(device)
-            timings["unlearn"] = time.perf_counter() - t
-            saver.save("done", {"stage": cls.name, "stage_done": True, "step": len(history),
-                                "model": model.state_dict(), "history": history,
-                                "unlearn_s": timings["unlearn"]})
+        history, timings["unlearn"] = _unlearn(cls, model, splits, config, ckpt, saver, num_classes=C,
+                                               device=device, out=out, progress=progress, model_fn=model_fn)
         ev("final")
         report = build_report(config=config.to_dict(), num_classes=C, c0=None, lam=None, history=history,
                               timings=timings, evals=evals, checkpoint=saver.last_path)
-        report.update(method=cls.name, hparams=hparams, setting=setting, steps={cls.name: len(history)})
+        report.update(method=cls.name, hparams=hparams if from_preset else None,
+                      setting=setting if from_preset else None, steps={cls.name: len(history)})
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             write_report(out, report, history, evals, bins=40, num_classes=C)
