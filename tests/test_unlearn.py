@@ -170,7 +170,7 @@ def test_dict_logits_are_accepted(small):
         def forward(self, x):
             return {"logits": self.net(x)}
     res = ee.unlearn(DictOut(), small, tiny_config(), progress=False)
-    assert set(res.report["evals"]) == {"original", "stage1", "stage2"}
+    assert set(res.report["evals"]) == {"original", "stage1", "stage2", "final"}
 
 
 def test_non_finite_original_model_names_c0(small):
@@ -231,7 +231,7 @@ def test_full_run_checkpoint_and_resume(small, tmp_path):
     cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
     res = ee.unlearn(mlp(), small, cfg, out_dir=tmp_path / "a", progress=False)
     rep = json.loads((tmp_path / "a" / "report.json").read_text())
-    assert set(rep["evals"]) == {"original", "stage1", "stage2"}
+    assert set(rep["evals"]) == {"original", "stage1", "stage2", "final"}
     assert set(rep["evals"]["stage2"]) == {"forget", "adjacent", "remote", "forget_test",
                                            "adjacent_test", "remote_test"}
     assert (tmp_path / "a" / "forget_loss_hist.png").stat().st_size > 1000

@@ -38,7 +38,8 @@ class UnlearnResult:
 
 
 def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConfig] = None, *,
-            device: Optional[Union[str, torch.device]] = None,
+            method: str = "two_stage", setting: Optional[str] = None, hparams: str = "paper_code",
+            model_fn=None, device: Optional[Union[str, torch.device]] = None,
             out_dir: Optional[Union[str, Path]] = None,
             resume: Optional[Union[str, Path, Dict[str, Any]]] = None,
             progress: bool = True) -> UnlearnResult:
@@ -52,7 +53,15 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             to ``device``, kept in eval mode, updated in place. Float32 or float64.
         splits: `Splits` (forget/adjacent/remote train + optional held-out).
         config: `UnlearnConfig` (default: ``UnlearnConfig()``, i.e. the CIFAR-100 hyperparameters);
-            validated here, so fields assigned after construction are checked too.
+            validated here, so fields assigned after construction are checked too. For a baseline
+            ``method``: that method's Config (None: its preset, docs/algorithm.md §10).
+        method: a name of `entangle_ext.methods.available_methods()`: "two_stage" (this method),
+            its ablations "no_w2", "pgd_mean", "stage1_only" (rewrite the UnlearnConfig), or a
+            baseline (run by `entangle_ext.methods.run_method`; same report structure).
+        setting, hparams: when ``config`` is None, the preset of that setting ("digits",
+            "cifar100", ...) in the family "paper_code" (the released code; recipe "reference")
+            or "original" (the baseline authors' defaults; the paper's recipe for the two-stage
+            family). model_fn: "retrain" only: builds a fresh model.
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage and every ``config.checkpoint_every`` steps).
@@ -62,13 +71,22 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     Randomness: python, numpy and torch are seeded from ``config.seed`` for the run (reproducible
     data order), and the caller's random-generator states are restored on return.
     Returns:
-        `UnlearnResult` (model, report, history, table).
+        `UnlearnResult` (model, report, history, table); ``report["method"]``,
+        ``report["evals"]["final"]`` (the last evaluation) and ``report["timings_s"]["unlearn"]``
+        (seconds of unlearning, evaluation excluded) exist for every method.
     Raises:
         ValueError: empty splits, labels outside the model's classes, non 2-D logits, an invalid
             config (TypeError for a wrong field type or a non-`Splits` ``splits``).
         NonFiniteLossError (a ValueError): NaN/Inf loss; names the stage and step; the last good
             checkpoint is kept.
     """
+    from ..methods import get_method, run_method   # lazy: the methods package builds on this module
+    spec = get_method(method)
+    if not spec.two_stage:
+        return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
+                          device=device, out_dir=out_dir, resume=resume, progress=progress)
+    if config is not None or resume is None:
+        config = spec.two_stage_config(config, setting, hparams)
     with preserved_rng():   # the run is seeded from config.seed; the caller's RNG is left as it was
         ckpt = None if resume is None else resume if isinstance(resume, dict) else load_checkpoint(resume)
         if config is None:
@@ -85,6 +103,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             set_rng_state(ckpt["rng"])
         run = _Run(model, splits, config, device, _preflight(model, splits, device), out_dir, ckpt,
                    progress)
+        run.method = method
         if "original" not in run.evals:
             run.evaluate("original")
         c0 = run.constraint_target()
@@ -114,6 +133,7 @@ def _preflight(model, splits: Splits, device) -> int:
 
 class _Run:
     """One `unlearn` call: its evaluations, timings, step history, checkpoints and resume point."""
+    method = "two_stage"
 
     def __init__(self, model, splits, config: UnlearnConfig, device, num_classes: int, out_dir,
                  ckpt: Optional[Dict[str, Any]], progress: bool):
@@ -198,6 +218,9 @@ class _Run:
         report = build_report(config=self.config.to_dict(), num_classes=self.num_classes, c0=c0,
                               lam=lam, history=self.history, timings=self.timings,
                               evals=self.evals, checkpoint=self.saver.last_path)
+        last = next(t for t in ("stage2", "stage1", "original") if t in report["evals"])
+        report["method"], report["evals"]["final"] = self.method, report["evals"][last]
+        report["timings_s"]["unlearn"] = self.timings.get("stage1", 0.0) + self.timings.get("stage2", 0.0)
         if self.out is not None:
             write_report(self.out, report, self.history, self.evals,
                          bins=self.config.histogram_bins, num_classes=self.num_classes)

@@ -1,0 +1,88 @@
+"""The two-stage method and its ablations (docs/algorithm.md §10): "two_stage" (Stage 1 + Stage 2),
+"no_w2" (α = 0, the paper's "w/o W2" row), "pgd_mean" (Stage 2 with α = 0 and no Stage 1: the
+projection with the plain mean forget term) and "stage1_only". They run through the two-stage
+driver (`entangle_ext.unlearn`) with an `UnlearnConfig`; each only rewrites that config."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..unlearn.config import PRESETS, UnlearnConfig
+from .base import HPARAMS, UnlearningMethod, register_method, warm_imports
+
+__all__ = ["TwoStage", "NoW2", "PGDMean", "Stage1Only", "RECIPE_OF_HPARAMS"]
+
+RECIPE_OF_HPARAMS = {"paper_code": "reference", "original": "paper"}
+"""hparams → `UnlearnConfig` recipe: the released code's loops, or the paper's own text."""
+
+
+def _preset_name(setting: str) -> str:
+    if setting in PRESETS:
+        return setting
+    from ..settings import get_setting   # ValueError listing the settings for an unknown name
+    return get_setting(setting).preset
+
+
+@register_method("two_stage")
+class TwoStage(UnlearningMethod):
+    """Stage 1 (augmented Lagrangian) then Stage 2 (W-PGD), docs/algorithm.md §2, §3.
+    Presets: `UnlearnConfig.preset(setting, recipe)` with recipe "reference" ("paper_code") or
+    "paper" ("original")."""
+    two_stage = True
+    Config = UnlearnConfig
+    presets = {name: {h: {"recipe": r} for h, r in RECIPE_OF_HPARAMS.items()} for name in PRESETS}
+
+    @staticmethod
+    def transform(config: UnlearnConfig) -> UnlearnConfig:
+        """The method's rewrite of a two-stage config (a copy; identity here)."""
+        return config
+
+    @classmethod
+    def config_for(cls, setting: Optional[str] = None, hparams: str = "paper_code", **overrides) -> UnlearnConfig:
+        """The ``hparams`` recipe of ``setting``'s preset (None: ``UnlearnConfig()``), with top-level
+        ``overrides``, rewritten by `transform`. Raises ValueError for an unknown setting/hparams."""
+        if hparams not in HPARAMS:
+            raise ValueError(f"hparams must be one of {HPARAMS}, got {hparams!r}")
+        recipe = RECIPE_OF_HPARAMS[hparams]
+        cfg = UnlearnConfig(**overrides).with_recipe(recipe) if setting is None else \
+            UnlearnConfig.preset(_preset_name(setting), recipe=recipe, **overrides)
+        return cls.transform(cfg)
+
+    @classmethod
+    def two_stage_config(cls, config, setting: Optional[str], hparams: str):
+        """What the driver runs: `config_for` when ``config`` is None, else ``config`` rewritten
+        by `transform` (anything that is not an `UnlearnConfig` is returned unchanged, for the
+        driver's type check)."""
+        warm_imports()   # before the driver's clocks start
+        if config is None:
+            return cls.config_for(setting, hparams)
+        return cls.transform(config) if isinstance(config, UnlearnConfig) else config
+
+
+@register_method("no_w2")
+class NoW2(TwoStage):
+    """Both stages with α = 0 in Stage 2 (no Wasserstein-2 term)."""
+
+    @staticmethod
+    def transform(config):
+        return dataclasses.replace(config, stage2=dataclasses.replace(config.stage2, alpha=0.0))
+
+
+@register_method("pgd_mean")
+class PGDMean(TwoStage):
+    """Stage 2 only, α = 0: projected descent on D_adj keeping the mean forget loss and the remote
+    loss to first order, without Stage 1."""
+
+    @staticmethod
+    def transform(config):
+        return dataclasses.replace(config, run_stage1=False,
+                                   stage2=dataclasses.replace(config.stage2, alpha=0.0))
+
+
+@register_method("stage1_only")
+class Stage1Only(TwoStage):
+    """Stage 1 only (the augmented-Lagrangian ascent), no Stage 2."""
+
+    @staticmethod
+    def transform(config):
+        return dataclasses.replace(config, run_stage2=False)

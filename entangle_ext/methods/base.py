@@ -1,0 +1,321 @@
+"""The method registry, the configuration base classes and what every baseline shares
+(docs/algorithm.md §10): optimizers, data streams over the retain set, the optimisation step and
+the run of a `StageLoop` (progress bar, device-side logging, non-finite detection, checkpoints,
+resume).
+
+A baseline is one small class::
+
+    @register_method("ga")
+    class GradientAscent(UnlearningMethod):
+        Config = TrainConfig
+        presets = {"cifar100": {"paper_code": {...}, "original": {...}}, ...}
+
+        def run(self, model, splits, config, *, device, seed, out_dir, progress, loop_args):
+            ...                       # build streams and a step function
+            return self.loop(stream, config.epochs, step, objects, loop_args, keys, device)
+
+and is called as ``entangle_ext.unlearn(model, splits, method="ga")`` (`run_method` does the
+evaluation, timing, report and checkpoint plumbing around ``run``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Sequence, Type
+
+import torch
+
+from ..train import _union
+from ..unlearn.config import _at_least, _check_fields, _require
+from ..unlearn.data import BatchStream, Splits
+from ..unlearn.loop import StageLoop
+
+__all__ = ["METHODS", "HPARAMS", "PAPER_SETTINGS", "register_method", "get_method",
+           "available_methods", "MethodConfig", "TrainConfig", "UnlearningMethod", "ZipStream",
+           "IndexedStream", "Optimizer", "retain_set", "make_optimizer", "make_presets", "every"]
+
+METHODS: Dict[str, Type["UnlearningMethod"]] = {}
+"""Registered methods by name, in registration order (baselines, then the two-stage family)."""
+
+HPARAMS = ("paper_code", "original")
+"""Preset families: what the paper's released code runs / the baseline authors' own defaults."""
+
+PAPER_SETTINGS = ("cifar100", "tinyimagenet", "celeba", "toxigen")
+"""The paper's settings; every method also has a "digits" preset (our values for the CPU miniature)."""
+
+Optimizer = Literal["sgd", "adam", "adamw"]
+
+
+def every(**fields) -> Dict[str, Dict[str, Any]]:
+    """The same overrides for every paper setting."""
+    return {s: dict(fields) for s in PAPER_SETTINGS}
+
+
+def make_presets(paper_code: Dict[str, Dict[str, Any]], original: Dict[str, Dict[str, Any]],
+                 digits: Dict[str, Any]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """{setting: {"paper_code": overrides, "original": overrides}} for the paper settings (missing
+    settings get no overrides) plus "digits" (our values under both keys)."""
+    out = {s: {"paper_code": dict(paper_code.get(s, {})), "original": dict(original.get(s, {}))}
+           for s in PAPER_SETTINGS}
+    out["digits"] = {"paper_code": dict(digits), "original": dict(digits)}
+    return out
+
+
+def warm_imports() -> None:
+    """Import what the first optimizer of a process imports (``torch._dynamo``: seconds on a
+    loaded CPU), so that the first method timed in a process is not charged for it."""
+    import torch._dynamo  # noqa: F401
+
+
+def register_method(name: str) -> Callable[[type], type]:
+    """Class decorator: register an `UnlearningMethod` subclass under ``name`` (sets ``cls.name``).
+    Raises ValueError when the name is taken."""
+    def deco(cls):
+        if name in METHODS:
+            raise ValueError(f"method {name!r} is already registered")
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+    return deco
+
+
+def available_methods() -> List[str]:
+    """Names of all registered methods (baselines and the two-stage family)."""
+    return list(METHODS)
+
+
+def get_method(name: str) -> Type["UnlearningMethod"]:
+    """The method class registered as ``name``. Raises ValueError listing every name otherwise."""
+    if not isinstance(name, str) or name not in METHODS:
+        raise ValueError(f"unknown unlearning method {name!r}; choose from {available_methods()}")
+    return METHODS[name]
+
+
+# --------------------------------------------------------------------------------- configs
+@dataclass
+class MethodConfig:
+    """Fields every baseline has. Validated like `UnlearnConfig`: at construction and again at
+    the entry of `entangle_ext.unlearn` (types from the annotations, then ranges).
+
+    Attributes:
+        seed: seeds torch/numpy/random and every data stream of the run.
+        log_every: steps (>= 1) between host reads of the logged values (history, progress bar,
+            non-finite check).
+        checkpoint_every: steps (>= 0) between mid-run checkpoints (0 = only at the end); needs
+            out_dir.
+        eval_batch_size: batch size (>= 1) of the evaluations.
+    Raises: TypeError for a wrong field type, ValueError for a value outside its choices/range.
+    """
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 0
+    eval_batch_size: int = 512
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        """Check every field; returns self."""
+        _check_fields(self)
+        _at_least(self, 1, "log_every", "eval_batch_size")
+        _at_least(self, 0, "checkpoint_every")
+        self.check_ranges()
+        return self
+
+    def check_ranges(self) -> None:
+        """Range checks of a subclass's own fields (called by `validate`)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """Inverse of `to_dict` (also after a JSON round trip); validates."""
+        return cls(**d)
+
+    def replace(self, **changes):
+        """A validated copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class TrainConfig(MethodConfig):
+    """A baseline that trains with a torch optimizer. Defaults: the original authors' common
+    setting (SGD lr 0.01, momentum 0.9, weight decay 5e-4, 10 epochs, batch 256; Unlearn-Sparse /
+    Unlearn-Saliency, docs/algorithm.md §10).
+
+    Attributes:
+        optimizer: "sgd" (with ``momentum``), "adam" or "adamw" (PyTorch default betas/eps).
+        lr: learning rate (>= 0); lr_decay: factor (> 0) applied after every epoch
+            (``ExponentialLR``; 1 = constant).
+        momentum, weight_decay: optimizer constants (>= 0; weight decay is L2 for SGD/Adam,
+            decoupled for AdamW).
+        epochs: passes (>= 0) over the method's driving stream.
+        batch_size: retain-set (or driving) minibatch in samples; forget_batch_size: forget minibatch.
+        grad_clip: max global gradient norm (`clip_grad_norm_`), None = no clipping.
+        train_mode: run the model in train mode (BatchNorm statistics update, dropout on) while
+            unlearning; evaluation is always in eval mode.
+    """
+    optimizer: Optimizer = "sgd"
+    lr: float = 0.01
+    lr_decay: float = 1.0
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    epochs: int = 10
+    batch_size: int = 256
+    forget_batch_size: int = 256
+    grad_clip: Optional[float] = None
+    train_mode: bool = False
+
+    def check_ranges(self) -> None:
+        _at_least(self, 0, "lr", "momentum", "weight_decay", "epochs")
+        _at_least(self, 1, "batch_size", "forget_batch_size")
+        _require(self, self.lr_decay > 0, "lr_decay", "> 0")
+        _require(self, self.grad_clip is None or self.grad_clip > 0, "grad_clip", "None or > 0")
+
+
+# --------------------------------------------------------------------------------- data
+def retain_set(splits: Splits):
+    """D_adj ∪ D_rem as one dataset (concatenated tensors when both are tensor datasets)."""
+    return _union([splits.adjacent, splits.remote])
+
+
+class IndexedStream(BatchStream):
+    """A `BatchStream` whose batches come with their dataset indices: ``(batch, idx)``, idx a
+    (B,) int64 CPU tensor (e.g. to tell forget from retain samples in a union)."""
+
+    def fetch(self, idx: torch.Tensor):
+        return super().fetch(idx), idx
+
+
+class ZipStream:
+    """Several `BatchStream`s stepped together, one batch of each per step (``zip`` of loaders).
+
+    An epoch has ``length`` steps: "max" / "min" of the streams' lengths, or the length of the
+    stream of that name. Epoch e of each stream is its own shuffled pass e; a stream shorter than
+    the epoch restarts with a fresh pass (``cycle=True``; pass e·R + r for its r-th restart, R the
+    restarts per epoch) or yields None once exhausted (``cycle=False``). Orders are a pure
+    function of the step, so a resumed run needs no stream state.
+    """
+
+    def __init__(self, streams: Dict[str, BatchStream], length: str = "max", cycle: bool = True):
+        lens = {k: len(s) for k, s in streams.items()}
+        if length not in ("max", "min") and length not in lens:
+            raise ValueError(f"length must be 'max', 'min' or one of {list(lens)}, got {length!r}")
+        self.n = max(lens.values()) if length == "max" else min(lens.values()) if length == "min" \
+            else lens[length]
+        self.streams, self.cycle = streams, cycle
+
+    def __len__(self) -> int:
+        return self.n
+
+    def epoch_batches(self, epoch: int, start: int = 0):
+        orders: Dict[tuple, List[torch.Tensor]] = {}
+        for p in range(start, self.n):
+            out = {}
+            for k, s in self.streams.items():
+                L = len(s)
+                if p >= L and not self.cycle:
+                    out[k] = None
+                    continue
+                sub = epoch * (-(-self.n // L)) + p // L
+                if (k, sub) not in orders:
+                    orders[(k, sub)] = s.batch_indices(sub)
+                out[k] = s.fetch(orders[(k, sub)][p % L])
+            yield out
+
+
+# --------------------------------------------------------------------------------- training
+def make_optimizer(params: Sequence[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The `torch.optim` optimizer of ``cfg`` over ``params``."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
+    return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+class UnlearningMethod:
+    """Base class of a registered unlearning method.
+
+    Class attributes: ``name`` (set by `register_method`), ``Config`` (its configuration
+    dataclass), ``presets`` = {setting: {"paper_code": {field: value}, "original": {...}}}
+    (overrides of the ``Config`` defaults; sources in docs/algorithm.md §10) and ``two_stage``
+    (True for the two-stage family, which runs through the two-stage driver).
+    Instances carry ``num_classes`` (C, probed by the runner) and ``model_fn`` (Retrain only).
+    """
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = MethodConfig
+    presets: ClassVar[Dict[str, Dict[str, Dict[str, Any]]]] = {}
+    two_stage: ClassVar[bool] = False
+
+    def __init__(self, num_classes: Optional[int] = None, model_fn: Optional[Callable[[], Any]] = None):
+        self.num_classes, self.model_fn = num_classes, model_fn
+
+    @classmethod
+    def config_for(cls, setting: Optional[str] = None, hparams: str = "paper_code", **overrides):
+        """``Config`` with the ``hparams`` preset of ``setting`` (None: the defaults) and
+        ``overrides``. Raises ValueError for an unknown setting or hparams."""
+        if hparams not in HPARAMS:
+            raise ValueError(f"hparams must be one of {HPARAMS}, got {hparams!r}")
+        values: Dict[str, Any] = {}
+        if setting is not None:
+            if setting not in cls.presets:
+                raise ValueError(f"method {cls.name!r} has no preset for setting {setting!r}; "
+                                 f"choose from {sorted(cls.presets)}")
+            values = dict(cls.presets[setting][hparams])
+        return cls.Config(**{**values, **overrides})
+
+    def run(self, model: torch.nn.Module, splits: Splits, config, *, device: torch.device, seed: int,
+            out_dir=None, progress: bool = True, loop_args: Dict[str, Any]) -> List[Dict[str, float]]:
+        """Unlearn in place; returns the per-step history records. Implemented by each method."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers for run()
+    def stream(self, dataset, batch_size: int, name: str, seed: int, device, cls=BatchStream) -> BatchStream:
+        """A shuffled, seeded stream named ``"<method>/<name>"``."""
+        return cls(dataset, batch_size, shuffle=True, seed=seed, name=f"{self.name}/{name}", device=device)
+
+    @staticmethod
+    def set_epoch_lr(opt: torch.optim.Optimizer, cfg: TrainConfig, step: int, steps_per_epoch: int) -> None:
+        """lr of the epoch containing ``step``: cfg.lr · cfg.lr_decay^epoch (a pure function of the
+        step, so a resumed run needs no scheduler state)."""
+        lr = cfg.lr * cfg.lr_decay ** (step // steps_per_epoch)
+        for group in opt.param_groups:
+            group["lr"] = lr
+
+    @staticmethod
+    def descend(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], loss: torch.Tensor,
+                cfg: TrainConfig, before_step: Optional[Callable[[], None]] = None) -> None:
+        """zero_grad → loss.backward() → ``before_step()`` → gradient clipping → opt.step()."""
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if before_step is not None:
+            before_step()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+
+    @staticmethod
+    def step_along(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
+                   cfg: TrainConfig) -> None:
+        """One optimizer step with ``.grad = direction`` (gradient clipping applied); .grad cleared."""
+        for p, d in zip(params, direction):
+            p.grad = d.to(p.dtype)
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def loop(self, stream, epochs: int, step, objects: Dict[str, Any], loop_args: Dict[str, Any],
+             keys: Sequence[str] = (), device=None, stage: Optional[str] = None):
+        """Run ``step`` over ``epochs`` passes of ``stream`` with a `StageLoop` (stage id
+        ``stage`` or the method name); resumes from ``loop_args["resume_state"]`` when it belongs
+        to that stage. Returns the history records."""
+        la = dict(loop_args)
+        stage = stage or self.name
+        resume = la.pop("resume_state", None)
+        if resume is not None and resume.get("stage") != stage:
+            resume = None
+        loop = StageLoop(stage, stage, list(keys), **la)
+        _, history = loop.run(stream, epochs, step, objects=objects, resume_state=resume, device=device)
+        return history

@@ -1,0 +1,84 @@
+"""Retrain: train a freshly initialised model on D \\ D_f = D_adj ∪ D_rem only — the gold standard
+of the gap metrics (docs/algorithm.md §10)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..settings import SETTINGS
+from ..train import TrainRecipe, train_original
+from .base import MethodConfig, UnlearningMethod, register_method
+
+__all__ = ["Retrain", "RetrainConfig", "reset_parameters_"]
+
+
+@dataclass
+class RetrainConfig(MethodConfig):
+    """Attributes: recipe: the `entangle_ext.train.TrainRecipe` of the training from scratch
+    (default: ``TrainRecipe()``). `entangle_ext.unlearn` also accepts a bare `TrainRecipe` as the
+    config of "retrain"."""
+    recipe: TrainRecipe = field(default_factory=TrainRecipe)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RetrainConfig":
+        d = dict(d)
+        return cls(recipe=TrainRecipe(**d.pop("recipe", {})), **d)
+
+
+def reset_parameters_(model: torch.nn.Module) -> None:
+    """Re-initialise ``model`` in place with every module's own ``reset_parameters()`` (global
+    torch RNG). Raises ValueError, before changing anything, when a parameter belongs to no module
+    with ``reset_parameters`` (it would keep its trained value: pass ``model_fn`` instead)."""
+    resettable = [m for m in model.modules() if callable(getattr(m, "reset_parameters", None))]
+    covered = {id(p) for m in resettable for p in m.parameters(recurse=False)}
+    missing = [n for n, p in model.named_parameters() if id(p) not in covered]
+    if missing:
+        raise ValueError(f"retrain cannot re-initialise {missing[:4]}{' ...' if len(missing) > 4 else ''}: no "
+                         "module with reset_parameters() owns them; pass model_fn= (a function building a "
+                         "fresh model) to entangle_ext.unlearn")
+    for m in resettable:
+        m.reset_parameters()
+
+
+def _presets():
+    out = {name: {"paper_code": {"recipe": s.variants[0].recipe}, "original": {"recipe": s.variants[0].recipe}}
+           for name, s in SETTINGS.items()}
+    out["cifar100"]["original"] = {"recipe": TrainRecipe("sgd", lr=0.1, epochs=160, batch_size=256, momentum=0.9,
+                                                         weight_decay=5e-4, schedule="cosine", augment=True)}
+    return out
+
+
+@register_method("retrain")
+class Retrain(UnlearningMethod):
+    """A fresh model (``model_fn()``, or ``model`` re-initialised by `reset_parameters_`) trained
+    by `entangle_ext.train.train_original` on ``[splits.adjacent, splits.remote]`` — the forget
+    split is never read — with ``config.recipe`` and ``config.seed``; the weights are then loaded
+    into ``model`` (updated in place like every method). Presets: the setting's original-model
+    recipe (`entangle_ext.settings`, default variant) under both keys; "original" on cifar100 is
+    Unlearn-Sparse's retrain (SGD lr 0.1, 160 epochs; its step schedule at epochs 91/136 becomes
+    cosine here)."""
+    Config = RetrainConfig
+    presets = _presets()
+
+    @staticmethod
+    def adapt_config(config):
+        """A bare `TrainRecipe` becomes ``RetrainConfig(recipe=...)``."""
+        return RetrainConfig(recipe=config) if isinstance(config, TrainRecipe) else config
+
+    def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
+        fresh = self.model_fn() if self.model_fn is not None else None
+        if fresh is None:
+            reset_parameters_(model)
+        target = model if fresh is None else fresh
+        train_original(target, [splits.adjacent, splits.remote], config.recipe, device=device, seed=seed,
+                       progress=progress)
+        if fresh is not None:
+            try:
+                model.load_state_dict(fresh.state_dict())
+            except RuntimeError as exc:
+                raise ValueError(f"model_fn() built a model whose state dict does not fit the given model: {exc}") \
+                    from None
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise ValueError("retraining produced non-finite weights (lower the recipe's learning rate)")
+        return []

@@ -1,0 +1,138 @@
+"""What `entangle_ext.unlearn(..., method=<baseline>)` does around a method's ``run``: resolve the
+config (explicit, preset of a setting, or from a checkpoint), evaluate θ0, time the unlearning,
+evaluate the result, and write the same report, table and checkpoints as the two-stage driver
+(docs/algorithm.md §10)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
+
+import torch
+
+from ..unlearn.checkpoint import Checkpointer, load_checkpoint, preserved_rng, seed_everything, set_rng_state
+from ..unlearn.data import Splits
+from ..unlearn.driver import UnlearnResult, _preflight
+from ..unlearn.evaluate import evaluate
+from ..unlearn.report import build_report, format_table, write_report
+from .base import UnlearningMethod, warm_imports
+
+__all__ = ["run_method", "resolve_config"]
+
+
+def resolve_config(cls: Type[UnlearningMethod], config, setting: Optional[str], hparams: str,
+                   ckpt: Optional[Dict[str, Any]] = None):
+    """The method's config: ``config`` itself (exactly a ``cls.Config``), else the one stored in the
+    checkpoint being resumed, else the ``hparams`` preset of ``setting`` (None: the defaults).
+    Raises TypeError for a config of another type, ValueError for an unknown setting/hparams."""
+    if config is None:
+        if ckpt is not None:
+            return cls.Config.from_dict(ckpt["config"])
+        return cls.config_for(setting, hparams)
+    adapt = getattr(cls, "adapt_config", None)
+    if adapt is not None:
+        config = adapt(config)
+    if type(config) is not cls.Config:   # a subclass is another method's config (e.g. SalUn's of RL)
+        raise TypeError(f"method {cls.name!r} takes a {cls.Config.__module__}.{cls.Config.__qualname__} "
+                        f"config (or None for its preset), got {type(config).__name__}")
+    return config
+
+
+def _load(resume, name: str) -> Optional[Dict[str, Any]]:
+    if resume is None:
+        return None
+    ckpt = resume if isinstance(resume, dict) else load_checkpoint(resume)
+    if ckpt.get("method", "two_stage") != name:
+        raise ValueError(f"the checkpoint was written by method {ckpt.get('method', 'two_stage')!r}, "
+                         f"not {name!r}")
+    return ckpt
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _unlearn(cls, model, splits, config, ckpt: Dict[str, Any], saver: Checkpointer, *, num_classes: int, device,
+             out, progress, model_fn) -> Tuple[List[Dict[str, float]], float]:
+    """The method's run (or the finished one of the checkpoint): (history, seconds of unlearning)."""
+    if ckpt.get("stage_done"):
+        model.load_state_dict(ckpt["model"])
+        return list(ckpt.get("history", [])), float(ckpt.get("unlearn_s", 0.0))
+    method = cls(num_classes=num_classes, model_fn=model_fn)
+    model.train(bool(getattr(config, "train_mode", False)))
+    t = time.perf_counter()
+    try:
+        history = method.run(model, splits, config, device=device, seed=config.seed, out_dir=out, progress=progress,
+                             loop_args=dict(log_every=config.log_every, progress=progress,
+                                            checkpoint_every=config.checkpoint_every, checkpoint_fn=saver,
+                                            resume_state=ckpt or None))
+    finally:
+        model.eval()
+    _sync(device)
+    seconds = time.perf_counter() - t
+    saver.save("done", {"stage": cls.name, "stage_done": True, "step": len(history), "model": model.state_dict(),
+                        "history": history, "unlearn_s": seconds})
+    return history, seconds
+
+
+def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Splits, config=None, *,
+               setting: Optional[str] = None, hparams: str = "paper_code",
+               model_fn: Optional[Callable[[], torch.nn.Module]] = None,
+               device: Optional[Union[str, torch.device]] = None, out_dir=None, resume=None,
+               progress: bool = True) -> UnlearnResult:
+    """Run the baseline ``cls`` on ``model`` (in place) and report it like the two-stage driver.
+
+    Report: ``method``, ``hparams`` and ``setting`` (of the preset used; None for an explicit
+    or resumed config), ``config``, ``num_classes``, ``steps``
+    ({method: steps}), ``timings_s`` (``unlearn`` = wall clock of the method, evaluation
+    excluded; ``eval_original``, ``eval_final``), ``evals`` ({"original", "final"}: {split: {"acc",
+    "loss", "n", ...}}), ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
+    Randomness is seeded from ``config.seed``; the caller's generator states are restored.
+
+    Raises:
+        TypeError: a config of another method, a non-`Splits` ``splits``.
+        ValueError: an unknown setting/hparams, bad splits or labels, a checkpoint of another
+            method; NonFiniteLossError (a ValueError) for a NaN/Inf loss (names the step).
+    """
+    warm_imports()
+    with preserved_rng():
+        ckpt = _load(resume, cls.name)
+        from_preset = config is None and ckpt is None
+        config = resolve_config(cls, config, setting, hparams, ckpt).validate()
+        if not isinstance(splits, Splits):
+            raise TypeError("splits must be an entangle_ext.Splits")
+        device = torch.device(device) if device is not None else next(model.parameters()).device
+        model.to(device).eval()
+        seed_everything(config.seed)
+        if ckpt is not None and "rng" in ckpt:
+            set_rng_state(ckpt["rng"])
+        C = _preflight(model, splits, device)
+        ckpt = ckpt or {}
+        evals: Dict[str, Dict[str, dict]] = dict(ckpt.get("evals", {}))
+        timings: Dict[str, float] = {}
+
+        def ev(tag):
+            t = time.perf_counter()
+            evals[tag] = evaluate(model, splits, device=device, batch_size=config.eval_batch_size,
+                                  num_classes=C)
+            timings[f"eval_{tag}"] = time.perf_counter() - t
+
+        if "original" not in evals:
+            ev("original")
+        out = Path(out_dir) if out_dir is not None else None
+        saver = Checkpointer(out, {"method": cls.name, "config": config.to_dict(), "evals": evals})
+        history, timings["unlearn"] = _unlearn(cls, model, splits, config, ckpt, saver, num_classes=C,
+                                               device=device, out=out, progress=progress, model_fn=model_fn)
+        ev("final")
+        report = build_report(config=config.to_dict(), num_classes=C, c0=None, lam=None, history=history,
+                              timings=timings, evals=evals, checkpoint=saver.last_path)
+        report.update(method=cls.name, hparams=hparams if from_preset else None,
+                      setting=setting if from_preset else None, steps={cls.name: len(history)})
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            write_report(out, report, history, evals, bins=40, num_classes=C)
+        table = format_table(evals)
+        if progress:
+            print(table)
+        return UnlearnResult(model=model, report=report, history=history, table=table)
