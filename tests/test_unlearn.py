@@ -173,7 +173,7 @@ def test_dict_logits_are_accepted(small):
     assert set(res.report["evals"]) == {"original", "stage1", "stage2"}
 
 
-def test_non_finite_original_model_names_c0(small):
+def test_non_finite_original_model_is_stopped_before_stage1(small):
     class NaNModel(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -181,8 +181,11 @@ def test_non_finite_original_model_names_c0(small):
 
         def forward(self, x):
             return self.net(x) * float("nan")
-    with pytest.raises(ValueError, match="c0"):
-        ee.unlearn(NaNModel(), small, tiny_config(), progress=False)
+    model = NaNModel()
+    before = _params(model)
+    with pytest.raises(ValueError, match=r"split 'forget'.*non-finite.*20 of 20 samples"):
+        ee.unlearn(model, small, tiny_config(), progress=False)
+    assert torch.equal(_params(model), before)
 
 
 def test_unlearn_leaves_the_callers_rng_alone(small):
