@@ -24,7 +24,8 @@ import torch
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
            "capture_state", "restore_state", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
-           "splits_fingerprint", "check_resume", "RESUMABLE_CONFIG_FIELDS"]
+           "splits_fingerprint", "check_resume", "RESUMABLE_CONFIG_FIELDS", "Reconfigured",
+           "optimizer_entry"]
 
 # 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict; 3: fingerprint, done, timings
 CHECKPOINT_FORMAT = 3
@@ -125,6 +126,33 @@ def restore_state(obj: Any, state: Any) -> None:
         with torch.no_grad():
             for t, s in zip(obj, state):
                 t.copy_(s)
+
+
+class Reconfigured:
+    """A run object whose settings come from the run's config, not from a checkpoint: it is saved
+    as ``obj.state_dict()``; loading restores that state, then calls ``reapply()`` (so a resume
+    with a deliberately changed config uses the new learning rate, μ, ...)."""
+
+    def __init__(self, obj: Any, reapply: Callable[[], None]):
+        self.obj, self.reapply = obj, reapply
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.obj.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.obj.load_state_dict(state)
+        self.reapply()
+
+
+def optimizer_entry(opt: torch.optim.Optimizer) -> Reconfigured:
+    """`Reconfigured` for an optimizer: its param-group hyperparameters (lr, betas, eps, ...) as
+    constructed now survive loading a checkpoint's optimizer state."""
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+    def reapply():
+        for g, h in zip(opt.param_groups, groups):
+            g.update(h)
+    return Reconfigured(opt, reapply)
 
 
 class Checkpointer:

@@ -16,6 +16,7 @@ import torch
 
 from ..lagrangian import AugmentedLagrangian
 from ..projection import project_orthogonal_
+from .checkpoint import Reconfigured, optimizer_entry
 from .config import Stage1Config, Stage2Config
 from .data import BatchStream, Splits, batch_size_of, concat_batches
 from .loop import NonFiniteLossError, StageLoop, StageResult
@@ -177,7 +178,8 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
                                                    lam=f"{last['lambda']:.3f}"),
                          log_every=log_every, checkpoint_every=checkpoint_every,
                          checkpoint_fn=checkpoint_fn, progress=progress, extra={"c0": c0})
-        objects = {"model": model, "optimizer": opt, "lagrangian": al, "forget_stream": forget}
+        objects = {"model": model, "optimizer": optimizer_entry(opt), "forget_stream": forget,
+                   "lagrangian": Reconfigured(al, lambda: setattr(al, "mu", config.mu))}
         if master.low:
             objects["master"] = master.tensors
         try:
@@ -311,7 +313,8 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
                                                    f_ce=f"{last['forget_ce']:.2f}"),
                          log_every=log_every, checkpoint_every=checkpoint_every,
                          checkpoint_fn=checkpoint_fn, progress=progress)
-        objects = {"model": model, "ref_model": ref_model, "optimizer": opt, "momentum": v}
+        objects = {"model": model, "ref_model": ref_model, "optimizer": optimizer_entry(opt),
+                   "momentum": v}
         if master.low:
             objects["master"] = master.tensors
         step = _stage2_step(model, ref_model, params, master, opt, v, (forget, remote), config)
