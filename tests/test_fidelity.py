@@ -31,6 +31,7 @@ def _model():
 
 @pytest.fixture(scope="module")
 def splits():
+    pytest.importorskip("sklearn")
     s, _ = digits_splits(dtype=torch.float64, max_train_per_digit=40)
     return s   # forget 40, adjacent 160, remote 200 samples
 

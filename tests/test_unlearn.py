@@ -79,6 +79,12 @@ def test_preset_values_and_recipes():
         == ("minibatch", -1, True, "pre")
     assert (pap.stage2.w2_scope, pap.stage2.forget_mean_sign, pap.stage2.use_momentum, pap.stage1.dual_update) \
         == ("forget_set", 1, False, "post")
+    # the reference loops (docs/algorithm.md §7): cycled forget order, 1e-8 Gram ridge per tensor,
+    # ToxiGen penalty on the unclipped CE; the paper recipe keeps the alternatives
+    assert (ref.stage1.forget_order, ref.stage2.gram_ridge, ref.stage1.penalty_on) == ("cycle", 1e-8, "ce")
+    assert (pap.stage1.forget_order, pap.stage2.gram_ridge, pap.stage1.penalty_on) == \
+        ("reshuffle", None, "clipped")
+    assert ee.UnlearnConfig.preset("toxigen").stage1.penalty_factor == 1.0
     with pytest.raises(ValueError):
         ee.UnlearnConfig.preset("mnist")
     with pytest.raises(ValueError):

@@ -28,6 +28,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def small():
+    pytest.importorskip("sklearn")
     s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
     return s
 
@@ -103,6 +104,7 @@ def test_non_contiguous_parameters_give_the_contiguous_result(small, kind):
 
 # --------------------------------------------------------------------------- precision
 def _digits_original():
+    pytest.importorskip("sklearn")
     from entangle_ext.demo import train_original
     s, _ = digits_splits(max_train_per_digit=60)
     return s, train_original(s, epochs=40)

@@ -28,6 +28,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def small():
+    pytest.importorskip("sklearn")
     s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
     return s
 
@@ -195,3 +196,24 @@ def test_interrupt_without_out_dir_says_so(small):
             raise KeyboardInterrupt
     with pytest.raises(RunInterrupted, match="no checkpoint was written"):
         ee.unlearn(Net(hook), small, tiny_config(), progress=False)
+
+
+def test_interrupt_inside_a_state_update_writes_no_checkpoint(small):
+    """A KeyboardInterrupt raised while a step updates the run state (e.g. from the model's code
+    in the post-step dual update) would leave a half-done step: no checkpoint, no RunInterrupted."""
+    from entangle_ext.unlearn import StageLoop
+    from entangle_ext.unlearn.data import BatchStream
+    from entangle_ext.unlearn.loop import updating
+    saved = []
+
+    def step(i, batch):
+        with updating():
+            if i == 2:
+                raise KeyboardInterrupt
+        return torch.tensor(1.0), []
+    stream = BatchStream(small.forget, 4, shuffle=False, seed=0, name="t", device="cpu")
+    loop = StageLoop("t", "t", [], progress=False, checkpoint_fn=lambda s, st: saved.append(s))
+    with pytest.raises(KeyboardInterrupt) as ei:
+        loop.run(stream, 1, step, objects={})
+    assert not isinstance(ei.value, RunInterrupted) and saved == []
+    assert "without a checkpoint" in str(ei.value)

@@ -48,6 +48,9 @@ def as_source(data, collate_fn: Optional[Callable] = None, num_workers: int = 0)
     if isinstance(data, Source):
         return data
     if isinstance(data, DataLoader):
+        if data.batch_size is None:
+            raise ValueError("a DataLoader split needs automatic batching (batch_size not None): "
+                             "the stages draw their own batches of its dataset's items")
         kw = {"num_workers": data.num_workers, "pin_memory": data.pin_memory,
               "worker_init_fn": data.worker_init_fn, "timeout": data.timeout,
               "multiprocessing_context": data.multiprocessing_context}

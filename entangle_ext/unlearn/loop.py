@@ -15,12 +15,13 @@ where ``step_fn(step, batch)`` takes one optimisation step on one batch of ``str
 returns ``(loss, [value, ...])``: 0-d device tensors, one value per key, read back only at log
 points. ``objects`` are what a checkpoint stores and a resume restores (see
 `entangle_ext.unlearn.checkpoint.capture_state`). A step function changes ``objects`` (optimizer
-step, multiplier update, stream position, ...) only after its last forward pass, so that an
-exception raised in a forward pass (e.g. a KeyboardInterrupt from the model's code) leaves them at
-the last completed step.
+step, multiplier update, stream position, ...) only inside ``with updating():``, after its
+forward passes: a KeyboardInterrupt raised before (e.g. from the model's code) leaves them at the
+last completed step, which is then checkpointed; one raised inside stops without a checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import torch
 from .checkpoint import capture_state, restore_state
 from .data import BatchStream
 
-__all__ = ["StageLoop", "StageResult", "NonFiniteLossError", "RunInterrupted", "StepFn"]
+__all__ = ["StageLoop", "StageResult", "NonFiniteLossError", "RunInterrupted", "StepFn", "updating"]
 
 StepFn = Callable[[int, Any], Tuple[torch.Tensor, Sequence[torch.Tensor]]]
 
@@ -71,6 +72,19 @@ class RunInterrupted(KeyboardInterrupt):
 class _Forced(KeyboardInterrupt):
     """A second Ctrl-C while the first is pending: stop at once, no checkpoint (the step in
     progress may be half done)."""
+
+
+@contextlib.contextmanager
+def updating():
+    """Wrap the part of a step function that changes the run objects: a KeyboardInterrupt raised
+    inside (the step is half done) stops the run without writing a checkpoint."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, _Forced):
+            raise
+        raise _Forced("KeyboardInterrupt while a step was updating the run state: stopped "
+                      "without a checkpoint of it") from exc
 
 
 class _Interrupts:

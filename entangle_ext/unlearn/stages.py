@@ -19,7 +19,7 @@ from ..projection import project_orthogonal_
 from .checkpoint import Reconfigured, optimizer_entry
 from .config import Stage1Config, Stage2Config
 from .data import BatchStream, Splits, batch_size_of, concat_batches
-from .loop import NonFiniteLossError, StageLoop, StageResult
+from .loop import NonFiniteLossError, StageLoop, StageResult, updating
 from .losses import forget_grad, grads_of, per_sample_ce, remote_grad, trainable_params
 from .precision import MasterParams, amp_scope, model_dtype, state_dtype
 
@@ -98,19 +98,20 @@ def _make_lagrangian(config: Stage1Config, c0: float, dtype, device) -> Augmente
 def _stage1_step(model, params, master: MasterParams, opt, al: AugmentedLagrangian,
                  forget: BatchStream, config: Stage1Config):
     """The step function of Stage 1 on one remote batch ``rb`` (see `stage1`). The forward passes
-    come first; the run objects change only after them."""
+    come first; the run objects change only after them, inside `updating`."""
     def step(_, rb):
         ce_r, ce_f = _remote_and_forget_ce(model, rb, forget.peek())
         g = al.constraint(ce_r.mean())
         loss = _stage1_forget_term(ce_f, config) + al.penalty(g)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
-        forget.advance()
-        master.step(opt, grads)
-        lam = al.lam.detach().clone()   # the λ of this step's loss
-        if al.update_with == "pre":
-            al.update()                 # with the g of the loss
-        else:
-            al.update(closure=lambda: per_sample_ce(model, rb).mean())   # g after the step
+        with updating():
+            forget.advance()
+            master.step(opt, grads)
+            lam = al.lam.detach().clone()   # the λ of this step's loss
+            if al.update_with == "pre":
+                al.update()                 # with the g of the loss
+            else:
+                al.update(closure=lambda: per_sample_ce(model, rb).mean())   # g after the step
         return loss, [g, lam, ce_f.mean(), ce_r.mean()]
     return step
 
@@ -255,9 +256,10 @@ def _stage2_step(model, ref_model, params, master: MasterParams, opt, v, streams
                                            forget.fetch_pass(i, config.forget_batch_limit), config)
         g_rem, r_ce = remote_grad(model, params, remote.fetch_pass(i, config.remote_batch_limit),
                                   config.micro_batch)
-        coeffs = _momentum_and_project_(v, _like(g_adj, v), [_like(g_f, v), _like(g_rem, v)],
-                                        config, proj_kw)
-        master.step(opt, v)
+        with updating():
+            coeffs = _momentum_and_project_(v, _like(g_adj, v), [_like(g_f, v), _like(g_rem, v)],
+                                            config, proj_kw)
+            master.step(opt, v)
         return l_adj, [f_obj, w2, f_ce, r_ce, coeffs[0], coeffs[1]]
     return step
 
