@@ -79,6 +79,12 @@ def test_preset_values_and_recipes():
         == ("minibatch", -1, True, "pre")
     assert (pap.stage2.w2_scope, pap.stage2.forget_mean_sign, pap.stage2.use_momentum, pap.stage1.dual_update) \
         == ("forget_set", 1, False, "post")
+    # the reference loops (docs/algorithm.md §7): cycled forget order, 1e-8 Gram ridge per tensor,
+    # ToxiGen penalty on the unclipped CE; the paper recipe keeps the alternatives
+    assert (ref.stage1.forget_order, ref.stage2.gram_ridge, ref.stage1.penalty_on) == ("cycle", 1e-8, "ce")
+    assert (pap.stage1.forget_order, pap.stage2.gram_ridge, pap.stage1.penalty_on) == \
+        ("reshuffle", None, "clipped")
+    assert ee.UnlearnConfig.preset("toxigen").stage1.penalty_factor == 1.0
     with pytest.raises(ValueError):
         ee.UnlearnConfig.preset("mnist")
     with pytest.raises(ValueError):
@@ -173,7 +179,7 @@ def test_dict_logits_are_accepted(small):
     assert set(res.report["evals"]) == {"original", "stage1", "stage2", "final"}
 
 
-def test_non_finite_original_model_names_c0(small):
+def test_non_finite_original_model_is_stopped_before_stage1(small):
     class NaNModel(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -181,8 +187,11 @@ def test_non_finite_original_model_names_c0(small):
 
         def forward(self, x):
             return self.net(x) * float("nan")
-    with pytest.raises(ValueError, match="c0"):
-        ee.unlearn(NaNModel(), small, tiny_config(), progress=False)
+    model = NaNModel()
+    before = _params(model)
+    with pytest.raises(ValueError, match=r"split 'forget'.*non-finite.*20 of 20 samples"):
+        ee.unlearn(model, small, tiny_config(), progress=False)
+    assert torch.equal(_params(model), before)
 
 
 def test_unlearn_leaves_the_callers_rng_alone(small):

@@ -3,10 +3,12 @@
 
 It is the test oracle of the driver (tests/test_fidelity.py compares `entangle_ext.stage1` /
 `stage2` with it parameter for parameter in float64) and the baseline of bench/bench_unlearn.py:
-batch-by-batch loops, `.backward()` into ``.grad``, a per-parameter float64 projection with the
-2×2 normal equations plus a tiny ridge, and a host-side (`.item()`) dual update. It shares no code
-with `entangle_ext.unlearn` except the data order, which callers pass in as explicit lists of
-batches (`driver_order_stage1` / `driver_order_stage2` draw them as the driver does).
+batch-by-batch loops, `.backward()` into ``.grad``, a host-side (`.item()`) dual update, the forget
+loader wrapped in `itertools.cycle` (its first pass replayed), the ToxiGen confidence penalty on
+the unclipped CE, and the 2×2 normal equations of the projection accumulated per parameter tensor
+in float64 with a ridge of 1e-8 added per tensor (docs/algorithm.md §7). It shares no code with
+`entangle_ext.unlearn` except the data order, which callers pass in as explicit batches
+(`driver_order_stage1` / `driver_order_stage2` draw them as the driver does).
 """
 import copy
 import itertools
@@ -24,21 +26,27 @@ def naive_c0(model, remote_batches):
     return tot / n
 
 
-def naive_stage1(model, remote_batches, forget_batches, *, lr, mu=10.0, clip=10.0, c0=None):
-    """remote_batches: the epoch's remote minibatches; forget_batches: an iterable of forget
-    minibatches in cycling order (at least one per remote batch). Returns final λ (float)."""
+def naive_stage1(model, remote_batches, forget_loader, *, lr, mu=10.0, clip=10.0, c0=None,
+                 cycle=True, small_punish=False, small_punish_factor=1.0):
+    """remote_batches: the remote minibatches of every epoch, in order; forget_loader: an iterable
+    whose every iteration is one pass over the forget minibatches (like a shuffling DataLoader).
+    ``cycle=True`` wraps it in `itertools.cycle` as the reference does (the first pass is
+    replayed); ``cycle=False`` starts a new pass of the loader whenever one ends. Returns the
+    final λ (float)."""
     model.eval()
     if c0 is None:
         c0 = naive_c0(model, remote_batches)
     lam = 0.0
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    fit = iter(forget_batches)
+    fit = itertools.cycle(forget_loader) if cycle else \
+        (b for _ in itertools.count() for b in forget_loader)
     for xr, yr in remote_batches:
         xf, yf = next(fit)
         g = F.cross_entropy(model(xr), yr) - c0
         ce_f = F.cross_entropy(model(xf), yf, reduction="none")
-        mask = (ce_f < clip).to(ce_f.dtype)
-        clipped = ce_f * mask + ce_f.detach() * (1 - mask)
+        clipped = torch.where(ce_f < clip, ce_f, clip + (ce_f - clip).detach())
+        if small_punish:
+            clipped = clipped - small_punish_factor / (ce_f + 1e-3)
         loss = -clipped.mean() + lam * g + mu / 2 * g ** 2
         opt.zero_grad()
         loss.backward()
@@ -52,8 +60,9 @@ def _grad_list(model):
             for p in model.parameters()]
 
 
-def naive_stage2(model, steps, *, lr, alpha=0.5, momentum=0.9, ridge=1e-12):
-    """steps: list of (adjacent_batch, [forget batches], [remote batches]) per step, in order."""
+def naive_stage2(model, steps, *, lr, alpha=0.5, momentum=0.9, ridge=1e-8):
+    """steps: list of (adjacent_batch, [forget batches], [remote batches]) per step, in order.
+    ``ridge`` is added to both diagonal entries of the Gram matrix once per parameter tensor."""
     model.eval()
     ref = copy.deepcopy(model)
     params = list(model.parameters())
@@ -85,13 +94,13 @@ def naive_stage2(model, steps, *, lr, alpha=0.5, momentum=0.9, ridge=1e-12):
         rhs = torch.zeros(2, dtype=torch.float64)
         for vi, fi, ri in zip(v, g_f, g_rem):
             vi, fi, ri = vi.double(), fi.double(), ri.double()
-            G[0, 0] += (fi * fi).sum().item()
+            G[0, 0] += (fi * fi).sum().item() + ridge
             G[0, 1] += (fi * ri).sum().item()
-            G[1, 1] += (ri * ri).sum().item()
+            G[1, 1] += (ri * ri).sum().item() + ridge
             rhs[0] += (fi * vi).sum().item()
             rhs[1] += (ri * vi).sum().item()
         G[1, 0] = G[0, 1]
-        c = torch.linalg.solve(G + ridge * torch.eye(2, dtype=torch.float64), rhs)
+        c = torch.linalg.solve(G, rhs)
         v = [vi - (c[0] * fi.double() + c[1] * ri.double()).to(vi.dtype)
              for vi, fi, ri in zip(v, g_f, g_rem)]
         opt.zero_grad()
@@ -106,13 +115,28 @@ def _stream(dataset, batch_size, seed, name, device):
     return BatchStream(dataset, batch_size, shuffle=True, seed=seed, name=name, device=device)
 
 
+class DriverOrderLoader:
+    """An iterable whose k-th iteration yields the batches of the driver's stream in the order of
+    its epoch k: a shuffling DataLoader as the driver draws it."""
+
+    def __init__(self, stream):
+        self.stream, self.passes = stream, 0
+
+    def __iter__(self):
+        e, self.passes = self.passes, self.passes + 1
+        return (self.stream.fetch(i) for i in self.stream.batch_indices(e))
+
+
 def driver_order_stage1(splits, cfg1, seed, device="cpu"):
-    """The remote batches and cycling forget batches in the order the driver draws them."""
+    """The remote batches of every epoch and a forget "loader" in the order the driver draws them
+    (the driver's forget stream reshuffles each pass; ``cycle=True`` in `naive_stage1` replays
+    the first one as the reference recipe does)."""
     rem = _stream(splits.remote, cfg1.remote_batch_size, seed, "s1/remote", device)
     fgt = _stream(splits.forget, cfg1.forget_batch_size, seed, "s1/forget", device)
     remote = [b for e in range(cfg1.epochs) for b in rem.epoch_batches(e)]
-    forget = (fgt.next() for _ in itertools.count())
-    return remote, forget
+    if cfg1.max_steps is not None:
+        remote = remote[:cfg1.max_steps]
+    return remote, DriverOrderLoader(fgt)
 
 
 def driver_order_stage2(splits, cfg2, seed, device="cpu"):

@@ -5,11 +5,11 @@ from .config import PRESETS, RECIPES, Stage1Config, Stage2Config, UnlearnConfig
 from .data import Splits
 from .driver import UnlearnResult, unlearn
 from .evaluate import evaluate
-from .loop import NonFiniteLossError, StageLoop, StageResult
+from .loop import NonFiniteLossError, RunInterrupted, StageLoop, StageResult
 from .report import format_table, plot_forget_histograms
 from .stages import stage1, stage2
 
 __all__ = ["unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
            "stage1", "stage2", "evaluate", "format_table", "plot_forget_histograms",
-           "NonFiniteLossError", "StageResult", "StageLoop", "load_checkpoint", "seed_everything",
-           "PRESETS", "RECIPES"]
+           "NonFiniteLossError", "RunInterrupted", "StageResult", "StageLoop", "load_checkpoint",
+           "seed_everything", "PRESETS", "RECIPES"]

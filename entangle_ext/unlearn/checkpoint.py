@@ -1,26 +1,39 @@
-"""Checkpoints and random-number state of a run: `seed_everything`, RNG capture/restore, the
-checkpoint writer/reader, and how run objects (models, optimizers, multipliers, data streams,
-tensor lists) are saved into and restored from a checkpoint.
+"""Checkpoints and global state of a run: `seed_everything`, RNG capture/restore, the process-wide
+settings a run changes (`preserved_global_state`), the checkpoint writer/reader, how run objects
+(models, optimizers, multipliers, data streams, tensor lists) are saved into and restored from a
+checkpoint, and the fingerprints that stop a resume from mixing two different runs.
 
-A checkpoint is one ``torch.save`` dict: the run-wide entries (``config``, ``evals``, ``c0``, ...),
-the stage entries (``stage``, ``step``, ``history``, one entry per run object), ``rng`` (python,
-numpy, torch and CUDA generator states), ``tag`` and ``format`` (`CHECKPOINT_FORMAT`).
+A checkpoint is one ``torch.save`` dict: the run-wide entries (``config``, ``fingerprint``,
+``evals``, ``c0``, ``done`` (what the completed stages handed to the report: their history, the
+final λ), ``timings``), the stage entries (``stage``, ``step``, ``history``, one entry per run
+object), ``rng`` (python, numpy, torch and CUDA generator states), ``tag`` and ``format``
+(`CHECKPOINT_FORMAT`).
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import random
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "capture_state",
-           "restore_state", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT"]
+__all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
+           "capture_state", "restore_state", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
+           "splits_fingerprint", "check_resume", "RESUMABLE_CONFIG_FIELDS", "Reconfigured",
+           "optimizer_entry"]
 
-CHECKPOINT_FORMAT = 2   # 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict
+# 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict; 3: fingerprint, done, timings
+CHECKPOINT_FORMAT = 3
+#: Environment variables a run may set (restored by `preserved_global_state`).
+ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
+#: UnlearnConfig fields that may differ between a checkpoint and the run resuming it (they change
+#: logging, checkpointing or plots, or add Stage 2 to a Stage-1-only run; not the computation).
+RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "run_stage2")
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -63,6 +76,31 @@ def preserved_rng() -> Iterator[None]:
         set_rng_state(saved)
 
 
+@contextlib.contextmanager
+def preserved_global_state() -> Iterator[None]:
+    """Context manager: every process-wide setting a run may change is restored on exit (also on
+    error): the python/numpy/torch/CUDA generator states, `torch.use_deterministic_algorithms`
+    (and its warn_only flag), ``torch.backends.cudnn.deterministic`` / ``.benchmark``, the torch
+    thread count and the environment variables of ``ENV_KEYS`` (e.g. CUBLAS_WORKSPACE_CONFIG)."""
+    cudnn = torch.backends.cudnn
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), cudnn.deterministic,
+             cudnn.benchmark, torch.get_num_threads(), {k: os.environ.get(k) for k in ENV_KEYS})
+    with preserved_rng():
+        try:
+            yield
+        finally:
+            det, warn_only, cudnn.deterministic, cudnn.benchmark, threads, env = saved
+            torch.use_deterministic_algorithms(det, warn_only=warn_only)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def capture_state(obj: Any) -> Any:
     """What a checkpoint stores for one run object: ``obj.state_dict()`` (modules, optimizers,
     `AugmentedLagrangian`, `BatchStream`), detached clones for a list of tensors (e.g. a momentum
@@ -90,28 +128,67 @@ def restore_state(obj: Any, state: Any) -> None:
                 t.copy_(s)
 
 
+class Reconfigured:
+    """A run object whose settings come from the run's config, not from a checkpoint: it is saved
+    as ``obj.state_dict()``; loading restores that state, then calls ``reapply()`` (so a resume
+    with a deliberately changed config uses the new learning rate, μ, ...)."""
+
+    def __init__(self, obj: Any, reapply: Callable[[], None]):
+        self.obj, self.reapply = obj, reapply
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.obj.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.obj.load_state_dict(state)
+        self.reapply()
+
+
+def optimizer_entry(opt: torch.optim.Optimizer) -> Reconfigured:
+    """`Reconfigured` for an optimizer: its param-group hyperparameters (lr, betas, eps, ...) as
+    constructed now survive loading a checkpoint's optimizer state."""
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+    def reapply():
+        for g, h in zip(opt.param_groups, groups):
+            g.update(h)
+    return Reconfigured(opt, reapply)
+
+
 class Checkpointer:
     """Writes ``{out_dir}/checkpoints/{tag}.pt`` atomically (tmp + rename), with the run-wide
-    entries of ``common`` (a dict the driver may extend during the run) and the RNG states, and
-    points ``checkpoints/latest.pt`` at it. ``last_path`` is the last good checkpoint (None
-    before the first one, or always when ``out_dir`` is None: then nothing is written).
+    entries of ``common`` (a dict the driver may extend during the run), those ``dynamic()``
+    returns at that moment (e.g. the timings so far) and the RNG states, and points
+    ``checkpoints/latest.pt`` at it. ``last_path`` is the last good checkpoint (None before the
+    first one, or always when ``out_dir`` is None: then nothing is written).
 
-    The stages call it as ``checkpointer(step, state)`` (tag ``stage{S}_step{step:06d}``).
+    The stages call it as ``checkpointer(step, state)`` (tag ``stage{S}_step{step:06d}``);
+    ``resume_hint`` is the call that continues the run (quoted when a run is interrupted).
     """
 
-    def __init__(self, out_dir: Optional[Union[str, Path]], common: Dict[str, Any]):
+    def __init__(self, out_dir: Optional[Union[str, Path]], common: Dict[str, Any],
+                 dynamic: Optional[Callable[[], Dict[str, Any]]] = None):
         self.dir = Path(out_dir) / "checkpoints" if out_dir is not None else None
-        self.common = common
+        self.common, self.dynamic = common, dynamic
         self.last_path: Optional[str] = None
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
 
+    @property
+    def resume_hint(self) -> Optional[str]:
+        if self.dir is None:
+            return None
+        out = str(self.dir.parent)
+        return f"entangle_ext.unlearn(model, splits, resume={out!r}, out_dir={out!r})"
+
     def save(self, tag: str, state: Dict[str, Any]) -> Optional[str]:
-        """Write ``common`` + ``state`` under ``tag``; returns the path (None without out_dir)."""
+        """Write ``common`` + ``dynamic()`` + ``state`` under ``tag``; returns the path (None
+        without out_dir)."""
         if self.dir is None:
             return None
         path = self.dir / f"{tag}.pt"
-        _atomic_save({**self.common, **state, "rng": rng_state(), "tag": tag,
+        dyn = self.dynamic() if self.dynamic is not None else {}
+        _atomic_save({**self.common, **dyn, **state, "rng": rng_state(), "tag": tag,
                       "format": CHECKPOINT_FORMAT}, path)
         _atomic_save({"path": str(path)}, self.dir / "latest.pt")
         self.last_path = str(path)
@@ -147,7 +224,110 @@ def load_checkpoint(path: Union[str, Path]) -> Dict[str, Any]:
     if not p.exists():
         raise FileNotFoundError(f"checkpoint {p} not found")
     ckpt = torch.load(p, map_location="cpu", weights_only=False)
-    if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {p} has format {ckpt.get('format', 1)}, this version of "
-                         f"entangle_ext reads format {CHECKPOINT_FORMAT}: restart the run")
+    check_format(ckpt, str(p))
+    ckpt.setdefault("path", str(p))
     return ckpt
+
+
+def check_format(ckpt: Dict[str, Any], where: str = "the checkpoint") -> None:
+    """ValueError when ``ckpt`` was written in another `CHECKPOINT_FORMAT`."""
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        fmt = ckpt.get("format", 1) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(f"{where} has format {fmt}, this version of entangle_ext reads format "
+                         f"{CHECKPOINT_FORMAT}: restart the run")
+
+
+# ------------------------------------------------------------------------------ fingerprints
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _hash_dataset(h, ds, depth: int = 0) -> None:
+    """Feed what identifies ``ds`` cheaply into ``h``: tensors' shapes, the labels and 64 evenly
+    spaced rows of the inputs (`TensorDataset`), a Subset's indices (and its dataset), or a
+    ``targets``/``labels`` attribute; otherwise only the type (the length is recorded apart)."""
+    h.update(type(ds).__name__.encode())
+    tensors = getattr(ds, "tensors", None)
+    if isinstance(tensors, (tuple, list)) and tensors and all(isinstance(t, torch.Tensor) for t in tensors):
+        for t in tensors:
+            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        rows = torch.linspace(0, max(len(tensors[0]) - 1, 0), min(64, len(tensors[0]))).long()
+        h.update(_tensor_bytes(tensors[0][rows.to(tensors[0].device)]))
+        for t in tensors[1:]:
+            h.update(_tensor_bytes(t))
+        return
+    indices = getattr(ds, "indices", None)
+    if indices is not None and depth < 4:
+        h.update(_tensor_bytes(torch.as_tensor(list(indices), dtype=torch.int64)))
+        if hasattr(ds, "dataset"):
+            _hash_dataset(h, ds.dataset, depth + 1)
+        return
+    for attr in ("targets", "labels"):
+        lab = getattr(ds, attr, None)
+        if isinstance(lab, (list, tuple, torch.Tensor)) or type(lab).__name__ == "ndarray":
+            try:
+                h.update(_tensor_bytes(torch.as_tensor(lab)))
+                return
+            except (TypeError, ValueError, RuntimeError):
+                continue
+
+
+def splits_fingerprint(splits) -> Dict[str, Dict[str, Any]]:
+    """{split name: {"n": samples, "hash": 16 hex digits}} of every present split of a `Splits`
+    (see `_hash_dataset` for what the hash covers). One host read of the labels per split."""
+    out = {}
+    for name in splits.named():
+        ds = splits.source(name).dataset
+        h = hashlib.sha256()
+        _hash_dataset(h, ds)
+        out[name] = {"n": len(ds), "hash": h.hexdigest()[:16]}
+    return out
+
+
+def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def check_resume(ckpt: Dict[str, Any], fingerprint: Dict[str, Any], config: Dict[str, Any], *,
+                 allow_config_change: bool = False) -> Dict[str, List[Any]]:
+    """Compare a checkpoint with the run resuming it.
+
+    Args:
+        ckpt: the checkpoint. fingerprint: `splits_fingerprint` of the resuming run's splits.
+        config: the resuming run's ``UnlearnConfig.to_dict()``.
+        allow_config_change: accept config differences (other than `RESUMABLE_CONFIG_FIELDS`,
+            which are always accepted) instead of raising.
+    Returns:
+        {"stage2.lr": [checkpoint value, new value], ...}: the accepted config differences.
+    Raises:
+        ValueError: the splits differ (names, sizes or content hash: always), or the config
+            differs and ``allow_config_change`` is False; the message names every difference.
+    """
+    old_fp = ckpt.get("fingerprint", {}).get("splits", {})
+    bad = []
+    for name in sorted(set(old_fp) | set(fingerprint)):
+        a, b = old_fp.get(name), fingerprint.get(name)
+        if a != b:
+            what = ("absent" if a is None else f"{a['n']} samples") + " in the checkpoint vs " + \
+                   ("absent" if b is None else f"{b['n']} samples") + " now"
+            if a is not None and b is not None and a["n"] == b["n"]:
+                what = f"same size ({a['n']}) but different content (labels / samples / indices)"
+            bad.append(f"split {name!r}: {what}")
+    if bad:
+        raise ValueError("resume: the splits differ from those of the checkpoint (the table would "
+                         "mix rows evaluated on different data): " + "; ".join(bad))
+    old, new = (_flatten(json.loads(json.dumps(c))) for c in (ckpt.get("config", {}), config))
+    diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k) and k not in RESUMABLE_CONFIG_FIELDS}
+    if diff and not allow_config_change:
+        lines = "; ".join(f"{k}: {a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items())
+        raise ValueError(f"resume: the config differs from the checkpoint's: {lines}. Resume with "
+                         "config=None to use the checkpoint's config, or pass "
+                         "allow_config_change=True to change it deliberately (recorded in the report)")
+    return diff

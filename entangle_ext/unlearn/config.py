@@ -3,18 +3,21 @@
 `UnlearnConfig.preset(name, recipe=...)` returns the published setting for "cifar100",
 "tinyimagenet", "celeba", "toxigen", plus "digits" (the CPU miniature used by `entangle_ext.demo`).
 
-``recipe="reference"`` (default) follows the authors' reference implementation;
-``recipe="paper"`` switches the four documented differences to the paper's text
+``recipe="reference"`` (default) follows the authors' reference implementation, its formulas and
+its loops; ``recipe="paper"`` switches the documented differences to the paper's text
 (docs/algorithm.md §7):
 
-=========================  ==========================  ==============================
-difference                 reference                   paper
-=========================  ==========================  ==============================
-W2 scope (Stage 2)         per forget minibatch        whole forget set (one segment)
-mean term in L̃_f           mean(−ℓ)                    mean(+ℓ)
-Stage 2 momentum           v ← m·v + g_adj             none (v = g_adj)
-Stage 1 dual update        g before the Adam step      g re-evaluated after the step
-=========================  ==========================  ==============================
+=========================  ===============================  ==============================
+difference                 reference                        paper
+=========================  ===============================  ==============================
+W2 scope (Stage 2)         per forget minibatch             whole forget set (one segment)
+mean term in L̃_f           mean(−ℓ)                         mean(+ℓ)
+Stage 2 momentum           v ← m·v + g_adj                  none (v = g_adj)
+Stage 1 dual update        g before the Adam step           g re-evaluated after the step
+Stage 1 forget order       first pass's order, cycled       reshuffled every pass
+Gram ridge (projection)    1e-8 per parameter tensor        none (pseudo-inverse, rcond)
+ToxiGen penalty            on the unclipped CE              on the clipped CE
+=========================  ===============================  ==============================
 
 Every config is checked by its ``validate()`` (types and choices from the field annotations,
 then ranges), which runs at construction and again at the entry of `unlearn`, `stage1` and
@@ -30,11 +33,14 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Tuple
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "Recipe",
-           "DualUpdate", "W2Scope"]
+           "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn"]
 
 Recipe = Literal["reference", "paper"]
 DualUpdate = Literal["pre", "post"]          # Stage 1: g before / after the Adam step
 W2Scope = Literal["minibatch", "forget_set"]  # Stage 2: W2² per forget minibatch / over all of them
+ForgetOrder = Literal["cycle", "reshuffle"]   # Stage 1: replay the first pass / reshuffle each pass
+PenaltyOn = Literal["ce", "clipped"]          # Stage 1: ToxiGen penalty on the unclipped / clipped CE
+Amp = Literal["bf16"]
 RECIPES = typing.get_args(Recipe)
 
 
@@ -61,6 +67,18 @@ def _matches(value, hint) -> bool:
     return isinstance(value, hint)
 
 
+def _choices(hint) -> tuple:
+    """The allowed values of a Literal (or Optional[Literal]) annotation; () otherwise."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union:
+        lits = [a for a in typing.get_args(hint) if typing.get_origin(a) is Literal]
+        if lits:
+            none = (None,) if type(None) in typing.get_args(hint) else ()
+            return none + tuple(c for a in lits for c in typing.get_args(a))
+    return ()
+
+
 def _check_fields(cfg) -> None:
     """TypeError for a field whose value does not fit its annotation; ValueError for a value
     outside a Literal's choices (a recipe switch)."""
@@ -70,8 +88,9 @@ def _check_fields(cfg) -> None:
         if _matches(value, hint):
             continue
         where = f"{type(cfg).__name__}.{f.name}"
-        if typing.get_origin(hint) is Literal:
-            raise ValueError(f"{where} must be one of {typing.get_args(hint)}, got {value!r}")
+        choices = _choices(hint)
+        if choices:
+            raise ValueError(f"{where} must be one of {choices}, got {value!r}")
         raise TypeError(f"{where} must be {getattr(hint, '__name__', hint)} (finite when a float), "
                         f"got {value!r} ({type(value).__name__})")
 
@@ -97,10 +116,16 @@ class Stage1Config:
             epoch = the step budget) and of the cycling D_f loader.
         clip: c > 0; forget samples with CE ≥ c (nats) pass no gradient (their value still counts).
         confidence_penalty: ToxiGen variant: the per-sample forget objective becomes
-            clippedCE − 1/(CE + penalty_eps).
-        penalty_eps: the 1e-3 of that penalty (> 0).
+            clippedCE − penalty_factor/(CE + penalty_eps).
+        penalty_eps: the 1e-3 of that penalty (> 0); penalty_factor: its κ (>= 0; 1.0 in the
+            reference ToxiGen run).
+        penalty_on: "ce" (reference: the penalty on the unclipped CE, so its gradient reaches
+            every forget sample) or "clipped" (no penalty gradient for CE ≥ c).
+        forget_order: "cycle" (reference: the forget loader's first shuffled pass is replayed in
+            the same order on every later pass) or "reshuffle" (a new order each pass).
         mu: penalty weight μ > 0 of the augmented Lagrangian; lambda_init: initial multiplier λ.
         epochs: passes over the D_rem loader (the paper: 1).
+        max_steps: None, or a cap (>= 1) on the number of Stage-1 steps.
         dual_update: "pre" (reference: λ += μ·g with g from before the step) or "post" (paper:
             g re-evaluated on the same remote batch after the step); docs/algorithm.md §6.
         adam_betas, adam_eps: Adam constants (PyTorch defaults).
@@ -113,9 +138,13 @@ class Stage1Config:
     clip: float = 10.0
     confidence_penalty: bool = False
     penalty_eps: float = 1e-3
+    penalty_factor: float = 1.0
+    penalty_on: PenaltyOn = "ce"
+    forget_order: ForgetOrder = "cycle"
     mu: float = 10.0
     lambda_init: float = 0.0
     epochs: int = 1
+    max_steps: Optional[int] = None
     dual_update: DualUpdate = "pre"
     adam_betas: Tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
@@ -127,7 +156,8 @@ class Stage1Config:
         """Check every field (see the class docstring); returns self."""
         _check_fields(self)
         _at_least(self, 1, "remote_batch_size", "forget_batch_size", "epochs")
-        _at_least(self, 0, "lr", "adam_eps")
+        _at_least(self, 0, "lr", "adam_eps", "penalty_factor")
+        _require(self, self.max_steps is None or self.max_steps >= 1, "max_steps", "None or >= 1")
         for n in ("clip", "penalty_eps", "mu"):
             _require(self, getattr(self, n) > 0, n, "> 0")
         _require(self, all(0 <= b < 1 for b in self.adam_betas), "adam_betas", "in [0, 1)")
@@ -153,6 +183,9 @@ class Stage2Config:
             one pass over all the concatenated batches (fewest passes, most memory).
         rcond: relative eigenvalue cutoff of the pseudo-inverse in the projection
             (docs/algorithm.md §5), in [1e-15, 1); None = the projection operator's own default.
+        gram_ridge: ρ >= 0 added to the diagonal of the projection's Gram matrix once per
+            parameter tensor (T·ρ in all; reference: 1e-8), passed to the projection operator as
+            ``ridge`` where it supports it; None = no ridge (paper: the pseudo-inverse).
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range.
     """
@@ -170,6 +203,7 @@ class Stage2Config:
     forget_mean_sign: Literal[-1, 1] = -1
     micro_batch: Optional[int] = None
     rcond: Optional[float] = None
+    gram_ridge: Optional[float] = 1e-8
 
     def __post_init__(self):
         self.validate()
@@ -185,6 +219,7 @@ class Stage2Config:
                  "None or >= 1")
         _require(self, self.rcond is None or 1e-15 <= self.rcond < 1, "rcond",
                  "None or in [1e-15, 1)")
+        _require(self, self.gram_ridge is None or self.gram_ridge >= 0, "gram_ridge", "None or >= 0")
         return self
 
 
@@ -204,6 +239,8 @@ class UnlearnConfig:
         eval_batch_size: batch size (>= 1) of the evaluation / c0 passes.
         run_stage1, run_stage2: skip a stage (e.g. α-ablations from a saved Stage-1 model).
         histogram_bins: bins (>= 1) of the forget-loss histogram PNG.
+        amp: None, or "bf16": every forward pass under `torch.autocast` with bfloat16 (parameters,
+            gradients, optimizer state, λ/c0/μ and the W2 / projection arithmetic stay float32).
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range (nested stage configs included).
     """
@@ -218,6 +255,7 @@ class UnlearnConfig:
     run_stage1: bool = True
     run_stage2: bool = True
     histogram_bins: int = 40
+    amp: Optional[Amp] = None
 
     def __post_init__(self):
         self.validate()
@@ -232,16 +270,19 @@ class UnlearnConfig:
         return self
 
     def with_recipe(self, recipe: Recipe) -> "UnlearnConfig":
-        """Return a copy with the four reference/paper differences set for ``recipe``.
+        """Return a copy with the reference/paper differences (module docstring) set for ``recipe``.
 
         Raises ValueError for an unknown recipe.
         """
         if recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
         paper = recipe == "paper"
-        s1 = dataclasses.replace(self.stage1, dual_update="post" if paper else "pre")
+        s1 = dataclasses.replace(self.stage1, dual_update="post" if paper else "pre",
+                                 forget_order="reshuffle" if paper else "cycle",
+                                 penalty_on="clipped" if paper else "ce")
         s2 = dataclasses.replace(self.stage2, w2_scope="forget_set" if paper else "minibatch",
-                                 forget_mean_sign=1 if paper else -1, use_momentum=not paper)
+                                 forget_mean_sign=1 if paper else -1, use_momentum=not paper,
+                                 gram_ridge=None if paper else 1e-8)
         return dataclasses.replace(self, stage1=s1, stage2=s2, recipe=recipe)
 
     @classmethod

@@ -1,21 +1,68 @@
 """Data plumbing of the driver: `Splits`, deterministic resumable batch streams, model calls.
 
-A Dataset item is either an ``(x, y)`` tuple (``y`` an int class index) or a dict with a
-``"labels"`` entry plus model keyword inputs (Hugging Face style, e.g. ``input_ids``,
-``attention_mask``). Datasets exposing ``.tensors`` (e.g. `torch.utils.data.TensorDataset`,
-possibly already on the GPU) are batched by direct tensor indexing, without per-sample collation.
+A split is a map-style Dataset or a `torch.utils.data.DataLoader` (its dataset, ``collate_fn``,
+``num_workers``, ``pin_memory``, ``worker_init_fn`` and ``multiprocessing_context`` are used; its
+batch size and order are not: every stage draws its own batch sizes and seeded orders). A Dataset
+item is an ``(x, y)`` tuple (``y`` an integer class index) or a dict with a ``"labels"`` (or
+Hugging Face ``"label"``) entry plus model keyword inputs (e.g. ``input_ids``, ``attention_mask``).
+Datasets exposing ``.tensors`` (e.g. `torch.utils.data.TensorDataset`, possibly already on the GPU)
+are batched by direct tensor indexing, without per-sample collation or workers.
+
+Where a batch is made (`prepare_batch`), its labels are checked (integer dtype, shape (batch,)) and
+cast to int64, and its floating inputs are cast to the model's dtype.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-__all__ = ["Splits", "BatchStream", "forward_logits", "move_batch", "batch_size_of", "concat_batches"]
+from .precision import autocast_for
+
+__all__ = ["Splits", "Source", "BatchStream", "forward_logits", "move_batch", "batch_size_of",
+           "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES"]
+
+#: Label dtypes accepted (cast to int64 where batches are made).
+LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16,
+                torch.uint32, torch.uint64)
+_LABEL_KEYS = ("labels", "label")
+
+
+class Source(NamedTuple):
+    """How to load one split: a map-style dataset, its collate function and DataLoader options."""
+    dataset: Any
+    collate_fn: Callable = default_collate
+    loader_kwargs: Dict[str, Any] = {}
+
+
+def as_source(data, collate_fn: Optional[Callable] = None, num_workers: int = 0) -> Source:
+    """`Source` of a Dataset (with ``collate_fn``/``num_workers``), a DataLoader or a Source.
+
+    Raises ValueError for an iterable-style dataset (the streams need indexing and a length).
+    """
+    if isinstance(data, Source):
+        return data
+    if isinstance(data, DataLoader):
+        if data.batch_size is None:
+            raise ValueError("a DataLoader split needs automatic batching (batch_size not None): "
+                             "the stages draw their own batches of its dataset's items")
+        kw = {"num_workers": data.num_workers, "pin_memory": data.pin_memory,
+              "worker_init_fn": data.worker_init_fn, "timeout": data.timeout,
+              "multiprocessing_context": data.multiprocessing_context}
+        if data.num_workers > 0:
+            kw["prefetch_factor"] = data.prefetch_factor
+        src = Source(data.dataset, data.collate_fn or default_collate, kw)
+    else:
+        src = Source(data, collate_fn or default_collate, {"num_workers": int(num_workers)})
+    if isinstance(src.dataset, IterableDataset) or not hasattr(src.dataset, "__getitem__"):
+        raise ValueError(f"a split must be a map-style Dataset (indexable, with a length) or a "
+                         f"DataLoader over one; got {type(src.dataset).__name__}")
+    return src
 
 
 @dataclass
@@ -24,41 +71,53 @@ class Splits:
 
     Attributes:
         forget: D_f train (the sub-population to forget; keeps its coarse label).
-        adjacent: D_adj train (sibling sub-populations of the same coarse class).
+        adjacent: D_adj train (sibling sub-populations of the same coarse class); only Stage 2 and
+            the evaluation use it, so a Stage-1-only run (``run_stage2=False``) may leave it None.
         remote: D_rem train (everything else).
         forget_test, adjacent_test, remote_test: optional held-out parts, evaluation only.
+        collate_fn: builds a batch from a list of items for the Dataset splits (e.g. padding
+            variable-length token sequences); default `default_collate`. A DataLoader split uses
+            its own.
+        num_workers: DataLoader worker processes for the Dataset splits (0 = in process).
+    Each split is a map-style Dataset or a DataLoader (see the module docstring).
     """
-    forget: Dataset
-    adjacent: Dataset
-    remote: Dataset
-    forget_test: Optional[Dataset] = None
-    adjacent_test: Optional[Dataset] = None
-    remote_test: Optional[Dataset] = None
+    forget: Any = None
+    adjacent: Any = None
+    remote: Any = None
+    forget_test: Any = None
+    adjacent_test: Any = None
+    remote_test: Any = None
+    collate_fn: Optional[Callable] = None
+    num_workers: int = 0
 
     TRAIN = ("forget", "adjacent", "remote")
     TEST = ("forget_test", "adjacent_test", "remote_test")
 
-    def named(self) -> Dict[str, Dataset]:
-        """All present splits by name (train first, then held-out)."""
-        out = {}
-        for n in self.TRAIN + self.TEST:
-            d = getattr(self, n)
-            if d is not None:
-                out[n] = d
-        return out
+    def named(self) -> Dict[str, Any]:
+        """All present splits by name (train first, then held-out), as given."""
+        return {n: getattr(self, n) for n in self.TRAIN + self.TEST if getattr(self, n) is not None}
 
-    def check(self) -> None:
-        """Raise ValueError if a train split is missing/empty or a held-out split is empty."""
-        for n, d in self.named().items():
+    def source(self, name: str) -> Source:
+        """The `Source` of split ``name``. Raises ValueError when it is absent."""
+        d = getattr(self, name)
+        if d is None:
+            raise ValueError(f"split {name!r} is required here but is None")
+        return as_source(d, self.collate_fn, self.num_workers)
+
+    def check(self, required: Iterable[str] = TRAIN) -> None:
+        """Raise ValueError if a ``required`` split is missing, or any present split is empty,
+        unsized or iterable-style."""
+        for n in required:
+            if getattr(self, n) is None:
+                raise ValueError(f"split {n!r} is required")
+        for n in self.named():
+            ds = self.source(n).dataset
             try:
-                size = len(d)
+                size = len(ds)
             except TypeError as exc:
                 raise ValueError(f"split {n!r} must be a sized Dataset") from exc
             if size == 0:
                 raise ValueError(f"split {n!r} is empty: every split of Splits needs at least one sample")
-        for n in self.TRAIN:
-            if getattr(self, n) is None:
-                raise ValueError(f"split {n!r} is required")
 
 
 def _stream_seed(seed: int, stream: str, epoch: int) -> int:
@@ -66,20 +125,37 @@ def _stream_seed(seed: int, stream: str, epoch: int) -> int:
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
-class BatchStream:
-    """Deterministic, resumable minibatch stream over a Dataset.
+class _Plan:
+    """An iterable of index batches for ``DataLoader(batch_sampler=...)``."""
 
-    The order of epoch e is a pure function of (seed, name, e), so a resumed run only needs the
-    counters (epoch, position). Batches are moved to ``device``; the last batch of an epoch may be
-    smaller (no drop_last), as with a DataLoader.
+    def __init__(self, batches: Iterable[List[int]]):
+        self.batches = batches
+
+    def __iter__(self):
+        return (idx.tolist() for idx in self.batches)
+
+
+class BatchStream:
+    """Deterministic, resumable minibatch stream over a split (Dataset, DataLoader or `Source`).
+
+    The order of epoch e is a pure function of (seed, name, e) — with ``replay_first=True`` every
+    epoch repeats epoch 0's order (a cycled loader) — so a resumed run only needs the counters
+    (epoch, position). Batches are moved to ``device`` and prepared by `prepare_batch` (labels to
+    int64, floating inputs to ``input_dtype`` when given); the last batch of an epoch may be smaller
+    (no drop_last), as with a DataLoader. Datasets without ``.tensors`` are loaded through a
+    DataLoader over the stream's own index batches (workers, prefetching).
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, name: str,
-                 device: torch.device):
-        self.dataset, self.batch_size, self.shuffle = dataset, int(batch_size), shuffle
-        self.seed, self.name, self.device = seed, name, device
-        self.n = len(dataset)
+    def __init__(self, data, batch_size: int, *, shuffle: bool, seed: int, name: str, device,
+                 input_dtype: Optional[torch.dtype] = None, replay_first: bool = False):
+        self.source = as_source(data)
+        self.dataset = self.source.dataset
+        self.batch_size, self.shuffle, self.replay_first = int(batch_size), shuffle, replay_first
+        self.seed, self.name, self.device, self.input_dtype = seed, name, device, input_dtype
+        self.n = len(self.dataset)
         self.epoch, self.pos = 0, 0  # next batch to deliver (cycling use)
+        self._feeds: Dict[str, Tuple[Any, Iterator]] = {}
+        self._peeked: Optional[Tuple[Tuple[int, int], Any]] = None
 
     def __len__(self) -> int:
         return (self.n + self.batch_size - 1) // self.batch_size
@@ -87,40 +163,86 @@ class BatchStream:
     def order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(self.n)
-        g = torch.Generator().manual_seed(_stream_seed(self.seed, self.name, epoch))
+        g = torch.Generator().manual_seed(_stream_seed(self.seed, self.name,
+                                                       0 if self.replay_first else epoch))
         return torch.randperm(self.n, generator=g)
 
     def batch_indices(self, epoch: int) -> List[torch.Tensor]:
         return list(torch.split(self.order(epoch), self.batch_size))
 
+    def _finish(self, batch):
+        return prepare_batch(move_batch(batch, self.device), self.input_dtype, self.name)
+
     def fetch(self, idx: torch.Tensor):
-        ds = self.dataset
-        tensors = getattr(ds, "tensors", None)
+        """The batch of dataset indices ``idx`` (in process, no workers)."""
+        tensors = getattr(self.dataset, "tensors", None)
         if tensors is not None:
             dev_idx = idx.to(tensors[0].device, non_blocking=True)  # async H2D, no stream sync
-            batch = tuple(t[dev_idx] for t in tensors)
-        else:
-            batch = default_collate([ds[int(i)] for i in idx])
-        return move_batch(batch, self.device)
+            return self._finish(tuple(t[dev_idx] for t in tensors))
+        return self._finish(self.source.collate_fn([self.dataset[int(i)] for i in idx]))
+
+    def _load(self, plan: Iterable[torch.Tensor]) -> Iterator[Any]:
+        """Batches of the index batches of ``plan``, in order (a DataLoader when not tensors)."""
+        if getattr(self.dataset, "tensors", None) is not None:
+            return (self.fetch(idx) for idx in plan)
+        dl = DataLoader(self.dataset, batch_sampler=_Plan(plan), collate_fn=self.source.collate_fn,
+                        **self.source.loader_kwargs)
+        return (self._finish(b) for b in dl)
+
+    def _feed(self, kind: str, key, plan: Callable[[], Iterable[torch.Tensor]]) -> Iterator[Any]:
+        """A kept iterator over an endless plan, rebuilt when ``key`` is not where it stands."""
+        if kind not in self._feeds or self._feeds[kind][0] != key:
+            self._feeds[kind] = (key, self._load(plan()))
+        return self._feeds[kind][1]
 
     def fetch_pass(self, epoch: int, limit: int) -> List[Any]:
-        """The first ``limit`` batches of epoch ``epoch`` (a fresh shuffled pass per epoch)."""
-        return [self.fetch(idx) for idx in self.batch_indices(epoch)[:limit]]
+        """The first ``limit`` batches of epoch ``epoch`` (a fresh shuffled pass per epoch). Calls
+        with epoch = e, e+1, ... share one loader (workers keep prefetching)."""
+        def plan():
+            return (idx for e in itertools.count(epoch) for idx in self.batch_indices(e)[:limit])
+        feed = self._feed("pass", (epoch, limit), plan)
+        out = [next(feed) for _ in range(min(limit, len(self)))]
+        self._feeds["pass"] = ((epoch + 1, limit), feed)
+        return out
 
     def epoch_batches(self, epoch: int, start: int = 0) -> Iterator[Any]:
         """Batches of one epoch, from batch index ``start``."""
-        for idx in self.batch_indices(epoch)[start:]:
-            yield self.fetch(idx)
+        return self._load(self.batch_indices(epoch)[start:])
+
+    def peek(self):
+        """The next batch of the endless cycle, without advancing (see `advance`)."""
+        if self.pos >= len(self):
+            self.epoch, self.pos = self.epoch + 1, 0
+        key = (self.epoch, self.pos)
+        if self._peeked is not None and self._peeked[0] == key:
+            return self._peeked[1]
+        e0, p0 = key
+
+        def plan():
+            return itertools.chain(self.batch_indices(e0)[p0:], (
+                i for e in itertools.count(e0 + 1) for i in self.batch_indices(e)))
+        feed = self._feed("cycle", key, plan)
+        batch = next(feed)
+        self._feeds["cycle"] = ((e0, p0 + 1) if p0 + 1 < len(self) else (e0 + 1, 0), feed)
+        self._peeked = (key, batch)
+        return batch
+
+    def advance(self) -> None:
+        """Move past the batch `peek` returns (a step that consumed it has completed)."""
+        self.peek()
+        self.pos += 1
+        self._peeked = None
 
     def next(self):
         """Next batch of an endless cycle (advances ``epoch``/``pos``)."""
-        idxs = self.batch_indices(self.epoch)
-        if self.pos >= len(idxs):
-            self.epoch, self.pos = self.epoch + 1, 0
-            idxs = self.batch_indices(self.epoch)
-        b = self.fetch(idxs[self.pos])
-        self.pos += 1
+        b = self.peek()
+        self.advance()
         return b
+
+    def close(self) -> None:
+        """Drop the kept loaders (their worker processes exit)."""
+        self._feeds.clear()
+        self._peeked = None
 
     def state_dict(self) -> dict:
         """The cycling position {"epoch", "pos"} (the order itself is a function of the seed)."""
@@ -128,6 +250,8 @@ class BatchStream:
 
     def load_state_dict(self, s: dict) -> None:
         self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
+        self._feeds.pop("cycle", None)
+        self._peeked = None
 
 
 def move_batch(batch, device):
@@ -143,24 +267,69 @@ def move_batch(batch, device):
 
 
 def split_batch(batch) -> Tuple[Any, torch.Tensor]:
-    """(inputs, labels) of a tuple/list or dict batch. Raises ValueError otherwise."""
+    """(inputs, labels) of a tuple/list or dict batch (dict labels under ``"labels"`` or
+    ``"label"``; every other entry is a model input). Raises ValueError otherwise."""
     if isinstance(batch, dict):
-        if "labels" not in batch:
-            raise ValueError("dict batches need a 'labels' entry")
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        return inputs, batch["labels"]
+        key = next((k for k in _LABEL_KEYS if k in batch), None)
+        if key is None:
+            raise ValueError("dict batches need a 'labels' (or 'label') entry")
+        return {k: v for k, v in batch.items() if k not in _LABEL_KEYS}, batch[key]
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
     raise ValueError("batches must be (x, y) tuples or dicts with 'labels'")
 
 
+def _cast_floating(x, dtype: Optional[torch.dtype]):
+    if dtype is None:
+        return x
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
+    if isinstance(x, dict):
+        return {k: _cast_floating(v, dtype) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cast_floating(v, dtype) for v in x)
+    return x
+
+
+def prepare_batch(batch, input_dtype: Optional[torch.dtype] = None, where: str = "batch"):
+    """A batch as the stages use it: ``(x, y)`` or ``{**inputs, "labels": y}`` with ``y`` int64
+    (from any integer dtype) and the floating tensors of the inputs cast to ``input_dtype`` (None:
+    left as they are). Dtype checks only: no host synchronisation.
+
+    Raises:
+        ValueError: labels that are not a 1-D integer tensor (float, bool, complex, one-hot...);
+            the message names ``where`` (the stream, e.g. "s1/remote") and the accepted dtypes.
+    """
+    inputs, y = split_batch(batch)
+    if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype not in LABEL_DTYPES:
+        got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
+        split = where.split("/")[-1]
+        raise ValueError(f"split '{split}': labels must be integer class indices of shape (batch,) "
+                         f"(any integer dtype: {', '.join(str(d) for d in LABEL_DTYPES)}), got "
+                         f"{got}; float, bool, one-hot or soft labels are not supported")
+    y = y if y.dtype == torch.int64 else y.long()
+    inputs = _cast_floating(inputs, input_dtype)
+    return {**inputs, "labels": y} if isinstance(batch, dict) else (inputs, y)
+
+
+def _device_type(model: torch.nn.Module, inputs) -> str:
+    for p in model.parameters():
+        return p.device.type
+    t = inputs if isinstance(inputs, torch.Tensor) else next(
+        (v for v in (inputs.values() if isinstance(inputs, dict) else inputs)
+         if isinstance(v, torch.Tensor)), None)
+    return t.device.type if t is not None else "cpu"
+
+
 def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
-    """Call the model (``model(x)`` or ``model(**inputs)``) and return (B, C) logits.
+    """Call the model (``model(x)`` or ``model(**inputs)``; under autocast inside an
+    `entangle_ext.unlearn.precision.amp_scope`) and return (B, C) logits.
 
     Accepts plain tensors, tuples (first element), dicts with a ``"logits"`` key and objects with
     ``.logits`` (Hugging Face). Raises ValueError when the output is not a 2-D tensor of logits.
     """
-    out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    with autocast_for(_device_type(model, inputs)):
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
     if isinstance(out, dict) and "logits" in out:
         out = out["logits"]
     elif hasattr(out, "logits"):

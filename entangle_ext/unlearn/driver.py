@@ -2,6 +2,7 @@
 → report (docs/algorithm.md §2, §3)."""
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,10 +11,13 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 
-from .checkpoint import Checkpointer, load_checkpoint, preserved_rng, seed_everything, set_rng_state
+from .checkpoint import (Checkpointer, check_format, check_resume, load_checkpoint,
+                         preserved_global_state, seed_everything, set_rng_state, splits_fingerprint)
 from .config import UnlearnConfig
 from .data import BatchStream, Splits, forward_logits, split_batch
 from .evaluate import evaluate
+from .losses import trainable_params
+from .precision import amp_scope, model_dtype
 from .report import build_report, format_table, write_report
 from .stages import stage1, stage2
 
@@ -25,10 +29,12 @@ class UnlearnResult:
     """Result of `unlearn`.
 
     Attributes:
-        model: the unlearned model (same object as the input, updated in place, eval mode).
+        model: the unlearned model (the input model itself with ``inplace=True``, else a copy;
+            eval mode).
         report: JSON-serialisable dict: config, c0, λ, step counts, timings, evaluations
-            ({"original"|"stage1"|"stage2": {split: {"acc", "loss", "n", ...}}}), paths.
-        history: per-step records (dicts with "stage", "step", "loss", ... floats).
+            ({"original"|"stage1"|"stage2": {split: {"acc", "loss", "n", ...}}}), split
+            fingerprint, resume information, paths.
+        history: per-step records (dicts with "stage", "step", "loss", ... floats), every stage.
         table: the printed accuracy table.
     """
     model: torch.nn.Module
@@ -42,16 +48,20 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             model_fn=None, device: Optional[Union[str, torch.device]] = None,
             out_dir: Optional[Union[str, Path]] = None,
             resume: Optional[Union[str, Path, Dict[str, Any]]] = None,
+            allow_config_change: bool = False, inplace: bool = True,
             progress: bool = True) -> UnlearnResult:
     """Run the two-stage method (docs/algorithm.md §2, §3) on ``model`` and report the three splits.
 
-    Steps: evaluate θ0 on all splits (c0 = its remote-train mean CE) → `stage1` (augmented
-    Lagrangian) → evaluate → `stage2` (W-PGD) → evaluate → table, JSON report, histogram PNG.
+    Steps: evaluate θ0 on all splits (c0 = its remote-train mean CE; a non-finite per-sample loss
+    stops here, naming the split and samples) → `stage1` (augmented Lagrangian) → evaluate →
+    `stage2` (W-PGD) → evaluate → table, JSON report, histogram PNG.
 
     Args:
-        model: classifier returning (B, C) logits (tensor, tuple or object with ``.logits``); moved
-            to ``device``, kept in eval mode, updated in place. Float32 or float64.
-        splits: `Splits` (forget/adjacent/remote train + optional held-out).
+        model: classifier returning (B, C) logits (tensor, tuple or object with ``.logits``);
+            moved to ``device``, kept in eval mode. float32/float64, or float16/bfloat16
+            (optimizer state, λ, c0, μ in float32); any memory format (e.g. channels_last).
+        splits: `Splits` (forget/adjacent/remote train + optional held-out; Datasets or
+            DataLoaders; ``adjacent`` may be None when ``config.run_stage2`` is False).
         config: `UnlearnConfig` (default: ``UnlearnConfig()``, i.e. the CIFAR-100 hyperparameters);
             validated here, so fields assigned after construction are checked too. For a baseline
             ``method``: that method's Config (None: its preset, docs/algorithm.md §10).
@@ -64,79 +74,118 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             family). model_fn: "retrain" only: builds a fresh model.
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
-            ``checkpoints/`` (after each stage and every ``config.checkpoint_every`` steps).
-        resume: checkpoint path / out dir / loaded dict; continues from that point (the config
-            stored in the checkpoint is used when ``config`` is None).
+            ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
+            Ctrl-C / SIGTERM).
+        resume: checkpoint path / out dir / loaded dict; continues from that point (``config``
+            None: the checkpoint's config). The splits must be those of the checkpoint, and the
+            config too (except logging/checkpoint intervals, histogram bins, run_stage2).
+        allow_config_change: accept a config that differs from the checkpoint's (the differences
+            are recorded in ``report["resume"]["config_changes"]``).
+        inplace: True (default): ``model`` itself is updated (its weights change); False: a deep
+            copy is unlearned and returned, ``model`` is left untouched.
         progress: tqdm bars.
-    Randomness: python, numpy and torch are seeded from ``config.seed`` for the run (reproducible
-    data order), and the caller's random-generator states are restored on return.
+    Global state: the run seeds python/numpy/torch from ``config.seed`` and may switch
+    deterministic algorithms on; every global setting it changes (generators, deterministic and
+    cuDNN flags, thread count, CUBLAS_WORKSPACE_CONFIG) is restored on return, also on error.
     Returns:
         `UnlearnResult` (model, report, history, table); ``report["method"]``,
         ``report["evals"]["final"]`` (the last evaluation) and ``report["timings_s"]["unlearn"]``
         (seconds of unlearning, evaluation excluded) exist for every method.
     Raises:
-        ValueError: empty splits, labels outside the model's classes, non 2-D logits, an invalid
-            config (TypeError for a wrong field type or a non-`Splits` ``splits``).
+        ValueError: missing/empty splits, labels outside the model's classes or not integer,
+            non-finite losses of the original model (names split and samples), non 2-D logits,
+            no trainable parameters, an invalid config, a resume whose splits or config differ
+            (TypeError for a wrong field type or a non-`Splits` ``splits``).
         NonFiniteLossError (a ValueError): NaN/Inf loss; names the stage and step; the last good
             checkpoint is kept.
+        RunInterrupted (a KeyboardInterrupt): Ctrl-C / SIGTERM during a stage; a checkpoint of
+            the last completed step is written (with out_dir) and the message gives the call
+            that resumes.
     """
     from ..methods import get_method, run_method   # lazy: the methods package builds on this module
     spec = get_method(method)
     if not spec.two_stage:
+        if not inplace:
+            model = copy.deepcopy(model)
         return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
                           device=device, out_dir=out_dir, resume=resume, progress=progress)
     if config is not None or resume is None:
         config = spec.two_stage_config(config, setting, hparams)
-    with preserved_rng():   # the run is seeded from config.seed; the caller's RNG is left as it was
-        ckpt = None if resume is None else resume if isinstance(resume, dict) else load_checkpoint(resume)
-        if config is None:
-            config = UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else UnlearnConfig()
-        if not isinstance(config, UnlearnConfig):
-            raise TypeError(f"config must be an entangle_ext.UnlearnConfig, got {type(config).__name__}")
-        config.validate()
+    with preserved_global_state():
+        ckpt = _load_resume(resume)
+        config = _resolve_config(config, ckpt)
         if not isinstance(splits, Splits):
             raise TypeError("splits must be an entangle_ext.Splits")
+        required = ("forget", "remote") + (("adjacent",) if config.run_stage2 else ())
+        splits.check(required)
+        fingerprint = splits_fingerprint(splits)
+        changes = None if ckpt is None else check_resume(
+            ckpt, fingerprint, config.to_dict(), allow_config_change=allow_config_change)
+        if not inplace:
+            model = copy.deepcopy(model)
         device = torch.device(device) if device is not None else next(model.parameters()).device
         model.to(device).eval()
+        num_classes = _preflight(model, splits, device, config.amp)
         seed_everything(config.seed, config.deterministic)
         if ckpt is not None and "rng" in ckpt:
             set_rng_state(ckpt["rng"])
-        run = _Run(model, splits, config, device, _preflight(model, splits, device), out_dir, ckpt,
-                   progress)
+        run = _Run(model, splits, config, device, num_classes, out_dir, ckpt, progress, fingerprint)
         run.method = method
         if "original" not in run.evals:
-            run.evaluate("original")
+            run.evaluate("original", check_finite=True)
         c0 = run.constraint_target()
-        lam = run.stage1(c0)
+        run.stage1(c0)
         run.stage2()
-        return run.finish(c0, lam)
+        resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
+        return run.finish(c0, resumed)
+
+
+def _load_resume(resume) -> Optional[Dict[str, Any]]:
+    if resume is None:
+        return None
+    if isinstance(resume, dict):
+        check_format(resume)
+        return resume
+    return load_checkpoint(resume)
+
+
+def _resolve_config(config, ckpt) -> UnlearnConfig:
+    if config is None:
+        config = UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else UnlearnConfig()
+    if not isinstance(config, UnlearnConfig):
+        raise TypeError(f"config must be an entangle_ext.UnlearnConfig, got {type(config).__name__}")
+    return config.validate()
 
 
 @torch.no_grad()
-def _preflight(model, splits: Splits, device) -> int:
-    """Probe one batch per split: integer 1-D labels, 2-D logits, consistent class count. Returns C."""
-    splits.check()
+def _preflight(model, splits: Splits, device, amp=None) -> int:
+    """Probe one batch per split (integer 1-D labels, 2-D logits) and the trainable parameters,
+    before any compute. Returns C."""
+    if not trainable_params(model):
+        raise ValueError("the model has no trainable parameters (requires_grad is False for all of "
+                         "them): nothing for unlearning to change")
     C = None
-    for name, ds in splits.named().items():
-        probe = BatchStream(ds, 2, shuffle=False, seed=0, name="probe", device=device)
-        b = probe.fetch(torch.arange(min(2, len(ds))))
-        inputs, y = split_batch(b)
-        if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype.is_floating_point \
-                or y.dtype == torch.bool or y.dtype.is_complex:
-            got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
-            raise ValueError(f"split '{name}': labels must be integer class indices of shape (batch,) "
-                             f"(e.g. int64), got {got}; one-hot or soft labels are not supported")
-        logits = forward_logits(model, inputs)
-        C = logits.shape[1] if C is None else C
+    with amp_scope(amp):
+        for name in splits.named():
+            probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
+                                device=device, input_dtype=model_dtype(model))
+            inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
+            logits = forward_logits(model, inputs)
+            C = logits.shape[1] if C is None else C
     return C
 
 
 class _Run:
-    """One `unlearn` call: its evaluations, timings, step history, checkpoints and resume point."""
+    """One `unlearn` call: its evaluations, timings, step history, checkpoints and resume point.
+
+    ``done`` is what the completed stages hand to the report ({"history": records of the
+    completed stages, "lambda_final"}); it and the evaluations go into every checkpoint, with
+    the timings so far, so a resumed run reports the whole run.
+    """
     method = "two_stage"
 
     def __init__(self, model, splits, config: UnlearnConfig, device, num_classes: int, out_dir,
-                 ckpt: Optional[Dict[str, Any]], progress: bool):
+                 ckpt: Optional[Dict[str, Any]], progress: bool, fingerprint):
         self.model, self.splits, self.config, self.device = model, splits, config, device
         self.num_classes, self.progress = num_classes, progress
         self.out = Path(out_dir) if out_dir is not None else None
@@ -144,23 +193,40 @@ class _Run:
             self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt = ckpt or {}
         self.evals: Dict[str, Dict[str, dict]] = dict(self.ckpt.get("evals", {}))
-        self.timings: Dict[str, float] = {}
-        self.history: List[dict] = []
-        self.saver = Checkpointer(self.out, {"config": config.to_dict(), "evals": self.evals})
+        self.done: Dict[str, Any] = copy.deepcopy(self.ckpt.get("done", {"history": [],
+                                                                          "lambda_final": None}))
+        self.timings: Dict[str, float] = dict(self.ckpt.get("timings", {}))
+        self._running: Optional[tuple] = None   # (name, start, seconds before this process)
+        self.saver = Checkpointer(self.out, {"config": config.to_dict(), "evals": self.evals,
+                                             "done": self.done,
+                                             "fingerprint": {"splits": fingerprint}},
+                                  dynamic=lambda: {"timings": self._timings_now()})
         # stages completed by the checkpoint we resume from
         self.done_stage = 0 if not self.ckpt else \
             self.ckpt["stage"] if self.ckpt.get("stage_done") else self.ckpt["stage"] - 1
 
-    def _timed(self, name: str, fn):
-        t = time.perf_counter()
-        out = fn()
-        self.timings[name] = time.perf_counter() - t
-        return out
+    def _timings_now(self) -> Dict[str, float]:
+        t = dict(self.timings)
+        if self._running is not None:
+            name, start, before = self._running
+            t[name] = before + time.perf_counter() - start
+        return t
 
-    def evaluate(self, tag: str) -> None:
+    def _timed(self, name: str, fn):
+        """Run fn, adding its wall time (seconds) to ``timings[name]`` (a resumed stage keeps the
+        time it took before the interruption)."""
+        self._running = (name, time.perf_counter(), self.timings.get(name, 0.0))
+        try:
+            return fn()
+        finally:
+            self.timings.update(self._timings_now())
+            self._running = None
+
+    def evaluate(self, tag: str, check_finite: bool = False) -> None:
+        self.timings.pop(f"eval_{tag}", None)
         self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
             self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
-            num_classes=self.num_classes))
+            num_classes=self.num_classes, check_finite=check_finite, amp=self.config.amp))
 
     def constraint_target(self) -> float:
         """c0 = the original model's mean CE on the remote train set (nats); ValueError if not finite."""
@@ -176,54 +242,54 @@ class _Run:
         resume = self.ckpt if self.ckpt.get("stage") == stage and not self.ckpt.get("stage_done") else None
         return dict(device=self.device, seed=self.config.seed, log_every=self.config.log_every,
                     checkpoint_every=self.config.checkpoint_every, checkpoint_fn=self.saver,
-                    resume_state=resume, progress=self.progress)
+                    resume_state=resume, progress=self.progress, amp=self.config.amp)
 
-    def stage1(self, c0: float) -> Optional[float]:
-        """Run (or take from the checkpoint) Stage 1; returns the final λ (None when skipped)."""
+    def stage1(self, c0: float) -> None:
+        """Run (or take from the checkpoint) Stage 1, then evaluate."""
         if self.config.run_stage1 and self.done_stage < 1:
             r = self._timed("stage1", lambda: stage1(
                 self.model, self.splits, self.config.stage1, c0=c0,
                 eval_batch_size=self.config.eval_batch_size, **self._loop_args(1)))
-            self.history += r.history
-            self.evaluate("stage1")
+            self.done["history"] = self.done["history"] + r.history
+            self.done["lambda_final"] = float(r.lam)
             self.saver.save("stage1_done", {"stage": 1, "stage_done": True, "step": r.steps,
                                             "model": self.model.state_dict(),
-                                            "lagrangian": r.lagrangian.state_dict(),
-                                            "history": self.history})
-            return float(r.lam)
-        if self.ckpt and self.done_stage >= 1:
-            if self.ckpt["stage"] == 1:
-                self.model.load_state_dict(self.ckpt["model"])
-            self.history += [h for h in self.ckpt.get("history", []) if h.get("stage") == 1]
-            return float(self.ckpt["lagrangian"]["lam"]) if "lagrangian" in self.ckpt else None
-        return None
+                                            "lagrangian": r.lagrangian.state_dict()})
+        elif self.done_stage >= 1 and self.ckpt.get("stage") == 1:
+            self.model.load_state_dict(self.ckpt["model"])
+        if self.config.run_stage1 and "stage1" not in self.evals and self.done_stage < 2:
+            self.evaluate("stage1")
 
     def stage2(self) -> None:
-        """Run (or take from the checkpoint) Stage 2."""
+        """Run (or take from the checkpoint) Stage 2, then evaluate."""
         if self.config.run_stage2 and self.done_stage < 2:
             r = self._timed("stage2", lambda: stage2(self.model, self.splits, self.config.stage2,
                                                      **self._loop_args(2)))
-            self.history = self.history + r.history
-            self.evaluate("stage2")
+            self.done["history"] = self.done["history"] + r.history
             self.saver.save("stage2_done", {"stage": 2, "stage_done": True, "step": r.steps,
-                                            "model": self.model.state_dict(),
-                                            "history": self.history})
-        elif self.ckpt and self.done_stage >= 2:
+                                            "model": self.model.state_dict()})
+        elif self.done_stage >= 2:
             self.model.load_state_dict(self.ckpt["model"])
-            self.history = list(self.ckpt.get("history", []))
+        if self.config.run_stage2 and "stage2" not in self.evals:
+            self.evaluate("stage2")
 
-    def finish(self, c0: float, lam: Optional[float]) -> UnlearnResult:
+    def finish(self, c0: float, resumed: Optional[Dict[str, Any]]) -> UnlearnResult:
         """Table, report (and its files under out_dir); prints the table when progress is on."""
+        history = self.done["history"]
         table = format_table(self.evals)
         report = build_report(config=self.config.to_dict(), num_classes=self.num_classes, c0=c0,
-                              lam=lam, history=self.history, timings=self.timings,
-                              evals=self.evals, checkpoint=self.saver.last_path)
+                              lam=self.done["lambda_final"], history=history,
+                              timings=self._timings_now(), evals=self.evals,
+                              checkpoint=self.saver.last_path)
+        report["fingerprint"] = self.saver.common["fingerprint"]
+        report["resume"] = resumed
         last = next(t for t in ("stage2", "stage1", "original") if t in report["evals"])
-        report["method"], report["evals"]["final"] = self.method, report["evals"][last]
-        report["timings_s"]["unlearn"] = self.timings.get("stage1", 0.0) + self.timings.get("stage2", 0.0)
+        report["method"], report["evals"]["final"] = self.method, copy.deepcopy(report["evals"][last])
+        tm = report["timings_s"]
+        tm["unlearn"] = tm.get("stage1", 0.0) + tm.get("stage2", 0.0)
         if self.out is not None:
-            write_report(self.out, report, self.history, self.evals,
+            write_report(self.out, report, history, self.evals,
                          bins=self.config.histogram_bins, num_classes=self.num_classes)
         if self.progress:
             print(table)
-        return UnlearnResult(model=self.model, report=report, history=self.history, table=table)
+        return UnlearnResult(model=self.model, report=report, history=history, table=table)

@@ -3,64 +3,102 @@ evaluation point (original / after Stage 1 / after Stage 2; docs/algorithm.md §
 plot and report files built from these results are in `entangle_ext.unlearn.report`."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 
 from .data import BatchStream, Splits, forward_logits, split_batch
+from .precision import LOW_PRECISION, amp_scope, model_dtype
 
 __all__ = ["evaluate"]
+
+_MAX_LISTED = 20
+
+
+def _non_finite_error(name: str, masks, n: int) -> ValueError:
+    idx = torch.cat(masks).nonzero().flatten().tolist()
+    listed = ", ".join(map(str, idx[:_MAX_LISTED])) + (", ..." if len(idx) > _MAX_LISTED else "")
+    return ValueError(
+        f"split {name!r}: the model's cross-entropy is non-finite (NaN/Inf) for {len(idx)} of {n} "
+        f"samples, dataset indices [{listed}]: these inputs (or the model's output on them) "
+        "contain NaN/Inf; fix the data before unlearning (nothing has been changed)")
+
+
+@torch.no_grad()
+def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], keep_losses: bool,
+                    check_finite: bool):
+    """(result dict, C) for one split; one host read (plus one to list non-finite samples)."""
+    dev = stream.device
+    correct = torch.zeros((), dtype=torch.float64, device=dev)
+    loss = torch.zeros((), dtype=torch.float64, device=dev)
+    bad = torch.zeros((), dtype=torch.float64, device=dev)
+    nonfinite = torch.zeros((), dtype=torch.float64, device=dev)
+    losses, masks = [], []
+    for b in stream.epoch_batches(0):
+        inputs, y = split_batch(b)
+        logits = forward_logits(model, inputs)
+        C = logits.shape[1] if C is None else C
+        if logits.shape[1] != C:
+            raise ValueError(f"model returned {logits.shape[1]} classes, expected {C}")
+        bad += ((y < 0) | (y >= C)).sum()
+        yc = y.clamp(0, C - 1)
+        ce = torch.nn.functional.cross_entropy(
+            logits.float() if logits.dtype in LOW_PRECISION else logits, yc, reduction="none")
+        correct += (logits.argmax(1) == yc).sum()
+        loss += ce.double().sum()
+        if check_finite:
+            mask = ~torch.isfinite(ce)
+            nonfinite += mask.sum()
+            masks.append(mask)
+        if keep_losses:
+            losses.append(ce)
+    n_correct, total, n_bad, n_nonfinite = torch.stack([correct, loss, bad, nonfinite]).tolist()
+    if n_bad:
+        raise ValueError(f"split {name!r}: {int(n_bad)} labels outside the model's classes [0, {C})")
+    if n_nonfinite:
+        raise _non_finite_error(name, masks, stream.n)
+    r = {"acc": n_correct / stream.n, "loss": total / stream.n, "n": stream.n}
+    if keep_losses:
+        r["losses"] = torch.cat(losses).cpu().tolist()
+    return r, C
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size: int = 512,
-             keep_forget_losses: bool = True, num_classes: Optional[int] = None) -> Dict[str, dict]:
+             keep_forget_losses: bool = True, num_classes: Optional[int] = None,
+             check_finite: bool = False, amp: Optional[str] = None) -> Dict[str, dict]:
     """Accuracy and mean cross-entropy of ``model`` (eval mode, no grad) on every present split.
+
+    Per-sample CE is computed in the logits' dtype (float32 for float16/bfloat16 logits; float64
+    stays float64) and summed in float64.
 
     Args:
         model: returns (B, C) logits. splits: `Splits`. device: default = the model's device.
         batch_size: evaluation batch (samples). num_classes: expected C (default: from logits).
         keep_forget_losses: also return the per-sample CE of the forget train split.
+        check_finite: raise when a per-sample CE is NaN/Inf (the driver's check of the data
+            before unlearning).
+        amp: None or "bf16": forward passes under `torch.autocast`.
     Returns:
         {split name: {"acc": fraction in [0,1], "loss": mean CE in nats, "n": int}}; the forget
         entry also has "retained" (fraction of forget samples still classified correctly, = acc)
         and, if requested, "losses" (list of floats, per-sample CE in dataset order).
     Raises:
-        ValueError: empty split, non 2-D logits, labels outside [0, C).
+        ValueError: empty split, non 2-D logits, labels outside [0, C) or not integer, and with
+            ``check_finite`` a non-finite per-sample CE (naming the split and the dataset
+            indices of those samples).
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.eval()
-    splits.check()
-    out = {}
-    for name, ds in splits.named().items():
-        stream = BatchStream(ds, batch_size, shuffle=False, seed=0, name="eval", device=device)
-        correct = torch.zeros((), dtype=torch.long, device=device)
-        loss = torch.zeros((), dtype=torch.float64, device=device)
-        bad = torch.zeros((), dtype=torch.long, device=device)
-        losses = []
-        C = num_classes
-        for b in stream.epoch_batches(0):
-            inputs, y = split_batch(b)
-            logits = forward_logits(model, inputs)
-            if C is None:
-                C = logits.shape[1]
-            if logits.shape[1] != C:
-                raise ValueError(f"model returned {logits.shape[1]} classes, expected {C}")
-            y = y.long()
-            bad += ((y < 0) | (y >= C)).sum()
-            yc = y.clamp(0, C - 1)
-            ce = torch.nn.functional.cross_entropy(logits.float(), yc, reduction="none")
-            correct += (logits.argmax(1) == yc).sum()
-            loss += ce.double().sum()
-            if name == "forget" and keep_forget_losses:
-                losses.append(ce)
-        if int(bad):
-            raise ValueError(f"split {name!r}: {int(bad)} labels outside the model's classes [0, {C})")
-        n = len(ds)
-        r = {"acc": int(correct) / n, "loss": float(loss) / n, "n": n}
-        if name == "forget":
-            r["retained"] = r["acc"]
-            if keep_forget_losses:
-                r["losses"] = torch.cat(losses).cpu().tolist()
-        out[name] = r
+    splits.check(required=())
+    out, C = {}, num_classes
+    with amp_scope(amp):
+        for name in splits.named():
+            stream = BatchStream(splits.source(name), batch_size, shuffle=False, seed=0,
+                                 name=f"eval/{name}", device=device, input_dtype=model_dtype(model))
+            keep = name == "forget" and keep_forget_losses
+            r, C = _evaluate_split(model, name, stream, C, keep, check_finite)
+            if name == "forget":
+                r["retained"] = r["acc"]
+            out[name] = r
     return out

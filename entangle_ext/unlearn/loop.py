@@ -1,7 +1,8 @@
 """The step loop every stage runs (Stage 1, Stage 2, and any other unlearning method written as
 a step function): epochs over a driving minibatch stream, a tqdm progress bar, device-side
 logging with a host read every ``log_every`` steps (also where non-finite losses are detected),
-a checkpoint every ``checkpoint_every`` steps, and resume from such a checkpoint.
+a checkpoint every ``checkpoint_every`` steps, resume from such a checkpoint, and interrupts
+(Ctrl-C / SIGTERM) that end the run at a step boundary with a checkpoint of the last completed step.
 
 A stage is written as::
 
@@ -13,10 +14,16 @@ A stage is written as::
 where ``step_fn(step, batch)`` takes one optimisation step on one batch of ``stream`` and
 returns ``(loss, [value, ...])``: 0-d device tensors, one value per key, read back only at log
 points. ``objects`` are what a checkpoint stores and a resume restores (see
-`entangle_ext.unlearn.checkpoint.capture_state`).
+`entangle_ext.unlearn.checkpoint.capture_state`). A step function changes ``objects`` (optimizer
+step, multiplier update, stream position, ...) only inside ``with updating():``, after its
+forward passes: a KeyboardInterrupt raised before (e.g. from the model's code) leaves them at the
+last completed step, which is then checkpointed; one raised inside stops without a checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -25,7 +32,7 @@ import torch
 from .checkpoint import capture_state, restore_state
 from .data import BatchStream
 
-__all__ = ["StageLoop", "StageResult", "NonFiniteLossError", "StepFn"]
+__all__ = ["StageLoop", "StageResult", "NonFiniteLossError", "RunInterrupted", "StepFn", "updating"]
 
 StepFn = Callable[[int, Any], Tuple[torch.Tensor, Sequence[torch.Tensor]]]
 
@@ -39,6 +46,76 @@ class NonFiniteLossError(ValueError):
         where = f"; last good checkpoint: {checkpoint}" if checkpoint else \
             " (no checkpoint was written: pass out_dir / checkpoint_every to keep one)"
         super().__init__(f"non-finite loss in Stage {stage} at step {step}; stopped{where}")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A stage was interrupted (Ctrl-C / SIGINT, SIGTERM, or a KeyboardInterrupt raised in a step).
+
+    Attributes: stage, step (steps completed), signal (its name, or "KeyboardInterrupt"),
+    checkpoint (path of the checkpoint of the last completed step, None without out_dir),
+    resume (the call that continues the run, or None).
+    """
+
+    def __init__(self, stage, step: int, signal_name: str, checkpoint: Optional[str],
+                 resume: Optional[str]):
+        self.stage, self.step, self.signal = stage, step, signal_name
+        self.checkpoint, self.resume = checkpoint, resume
+        if checkpoint is None:
+            tail = "no checkpoint was written (pass out_dir to keep one)"
+        else:
+            tail = f"checkpoint of the last completed step: {checkpoint}"
+            if resume:
+                tail += f"; continue with {resume}"
+        super().__init__(f"{signal_name} during Stage {stage} after {step} completed steps; {tail}")
+
+
+class _Forced(KeyboardInterrupt):
+    """A second Ctrl-C while the first is pending: stop at once, no checkpoint (the step in
+    progress may be half done)."""
+
+
+@contextlib.contextmanager
+def updating():
+    """Wrap the part of a step function that changes the run objects: a KeyboardInterrupt raised
+    inside (the step is half done) stops the run without writing a checkpoint."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, _Forced):
+            raise
+        raise _Forced("KeyboardInterrupt while a step was updating the run state: stopped "
+                      "without a checkpoint of it") from exc
+
+
+class _Interrupts:
+    """Defers SIGINT/SIGTERM to the end of the current step (main thread only; elsewhere signals
+    cannot arrive). A second SIGINT while one is pending raises `_Forced` at once."""
+
+    SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None))
+                    if s is not None)
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._old: Dict[int, Any] = {}
+
+    def __enter__(self) -> "_Interrupts":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                try:
+                    self._old[s] = signal.signal(s, self._handler)
+                except (ValueError, OSError):   # e.g. an embedded interpreter
+                    pass
+        return self
+
+    def _handler(self, signum, _frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise _Forced("second interrupt: stopped at once, without a checkpoint")
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._old.clear()
 
 
 @dataclass
@@ -128,13 +205,18 @@ class StageLoop:
 
     def run(self, stream: BatchStream, epochs: int, step_fn: StepFn, *,
             objects: Dict[str, Any], resume_state: Optional[Dict[str, Any]] = None,
-            device: Optional[torch.device] = None) -> Tuple[int, List[Dict[str, float]]]:
-        """Run ``epochs`` passes over ``stream`` (one step per batch), from ``resume_state``'s step
-        when given (its run objects restored first). Returns (steps taken in total, history).
+            device: Optional[torch.device] = None,
+            max_steps: Optional[int] = None) -> Tuple[int, List[Dict[str, float]]]:
+        """Run ``epochs`` passes over ``stream`` (one step per batch; at most ``max_steps`` steps
+        in total when given), from ``resume_state``'s step when given (its run objects restored
+        first). Returns (steps taken in total, history).
 
         Raises:
             NonFiniteLossError: a loss or logged value became NaN/Inf (the first bad step; no
                 checkpoint is written after it).
+            RunInterrupted (a KeyboardInterrupt): SIGINT/SIGTERM (acted on at the end of the
+                step in progress) or a KeyboardInterrupt raised inside a step; ``checkpoint_fn``
+                is called for the last completed step first, whatever ``checkpoint_every``.
         """
         start, history = 0, []
         if resume_state is not None:
@@ -142,24 +224,52 @@ class StageLoop:
                 restore_state(obj, resume_state[name])
             start, history = int(resume_state["step"]), list(resume_state.get("history", []))
         total = len(stream) * epochs
+        total = total if max_steps is None else min(total, int(max_steps))
         mon = _Monitor(self.stage, self.keys, device or torch.device("cpu"), start, history)
         bar = _bar(total, start, self.desc, self.progress)
+        step = start
         try:
-            step = start
-            while step < total:
-                epoch, pos = divmod(step, len(stream))
-                for batch in stream.epoch_batches(epoch, pos):
-                    loss, values = step_fn(step, batch)
-                    mon.record(step, loss, values)
-                    step += 1
-                    self._end_step(step, total, mon, bar, objects)
-                mon.flush()
+            with _Interrupts() as intr:
+                while step < total:
+                    epoch, pos = divmod(step, len(stream))
+                    for batch in stream.epoch_batches(epoch, pos):
+                        try:
+                            loss, values = step_fn(step, batch)
+                        except KeyboardInterrupt as exc:
+                            if isinstance(exc, _Forced):
+                                raise
+                            raise self._interrupted(step, mon, objects, "KeyboardInterrupt") from None
+                        mon.record(step, loss, values)
+                        step += 1
+                        self._end_step(step, total, mon, bar, objects)
+                        if intr.signum is not None:
+                            raise self._interrupted(step, mon, objects,
+                                                    signal.Signals(intr.signum).name)
+                        if step >= total:
+                            break
+                    mon.flush()
+                if intr.signum is not None:    # arrived during the last host read
+                    raise self._interrupted(step, mon, objects, signal.Signals(intr.signum).name)
         except _NonFinite as bad:
             raise NonFiniteLossError(self.stage, bad.step,
                                      getattr(self.checkpoint_fn, "last_path", None)) from None
         finally:
             bar.close()
         return step, mon.history
+
+    def _state(self, step: int, mon: "_Monitor", objects) -> Dict[str, Any]:
+        state = {name: capture_state(obj) for name, obj in objects.items()}
+        return {"stage": self.stage, "step": step, "history": list(mon.history), **self.extra, **state}
+
+    def _interrupted(self, step: int, mon: "_Monitor", objects, name: str) -> RunInterrupted:
+        """Checkpoint of the last completed ``step`` (after the host read that also checks it is
+        finite), then the exception to raise."""
+        mon.flush()
+        path = None
+        if self.checkpoint_fn is not None:
+            path = self.checkpoint_fn(step, self._state(step, mon, objects))
+        return RunInterrupted(self.stage, step, name, path,
+                              getattr(self.checkpoint_fn, "resume_hint", None) if path else None)
 
     def _end_step(self, step: int, total: int, mon: _Monitor, bar, objects) -> None:
         """Progress bar; at log points (and at a checkpoint or the last step) the host read that
@@ -170,9 +280,7 @@ class StageLoop:
         if step % self.log_every == 0 or step == total or ckpt_now:
             bar.set_postfix(refresh=False, **self.postfix(mon.flush()))
         if ckpt_now and step < total:
-            state = {name: capture_state(obj) for name, obj in objects.items()}
-            self.checkpoint_fn(step, {"stage": self.stage, "step": step,
-                                      "history": list(mon.history), **self.extra, **state})
+            self.checkpoint_fn(step, self._state(step, mon, objects))
 
 
 def _bar(total: int, initial: int, desc: str, progress: bool):

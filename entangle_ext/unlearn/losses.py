@@ -15,6 +15,7 @@ from ..reference import wasserstein2_1d as _w2_reference
 from ..wasserstein import wasserstein2_1d
 from .config import Stage2Config
 from .data import batch_size_of, concat_batches, forward_logits, slice_batch, split_batch
+from .precision import LOW_PRECISION, state_dtype
 
 __all__ = ["trainable_params", "per_sample_ce", "grads_of", "forget_objective", "forget_grad",
            "remote_grad"]
@@ -28,9 +29,13 @@ def trainable_params(model: torch.nn.Module) -> List[torch.nn.Parameter]:
 
 
 def per_sample_ce(model: torch.nn.Module, batch) -> torch.Tensor:
-    """Per-sample cross-entropy ℓ_i (nats), shape (B,), dtype of the logits, on their device."""
+    """Per-sample cross-entropy ℓ_i (nats), shape (B,), on the logits' device, in the logits'
+    dtype (float32 for float16/bfloat16 logits, e.g. under autocast)."""
     inputs, y = split_batch(batch)
-    return F.cross_entropy(forward_logits(model, inputs), y, reduction="none")
+    logits = forward_logits(model, inputs)
+    if logits.dtype in LOW_PRECISION:
+        logits = logits.float()
+    return F.cross_entropy(logits, y, reduction="none")
 
 
 def grads_of(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> Grads:
@@ -40,8 +45,9 @@ def grads_of(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> Grads:
 
 
 def _add_(acc: Optional[Grads], grads: Grads) -> Grads:
+    """acc += grads; a new accumulator (float32 at least) when acc is None."""
     if acc is None:
-        return [g.clone() for g in grads]
+        return [g.to(state_dtype(g.dtype), copy=True) for g in grads]
     torch._foreach_add_(acc, list(grads))
     return acc
 
@@ -128,14 +134,17 @@ def forget_grad(model, ref_model, params, batches: List[Any], config: Stage2Conf
 
 def remote_grad(model, params, batches: List[Any], micro_batch: Optional[int]) -> Tuple[Grads, torch.Tensor]:
     """g_rem = ∇ Σ_b mean CE(batch b) over the remote ``batches``, in chunks of at most
-    ``micro_batch`` samples. Returns (g_rem, mean over batches of the batch-mean CE, 0-d)."""
+    ``micro_batch`` samples. Returns (g_rem, mean over batches of the batch-mean CE, 0-d).
+    The per-sample weights 1/|R_k| are built in the losses' dtype (exact in float64)."""
     sizes = [batch_size_of(b) for b in batches]
-    wts = torch.cat([torch.full((s,), 1.0 / s) for s in sizes])
-    acc, off, total = None, 0, None
+    acc, off, total, wts = None, 0, None, None
     for c in _chunks(batches, micro_batch):
         ce = per_sample_ce(model, c)
+        if wts is None:
+            wts = torch.cat([torch.full((s,), 1.0 / s, dtype=ce.dtype, device=ce.device)
+                             for s in sizes])
         n = ce.shape[0]
-        loss = (wts[off:off + n].to(ce.device, ce.dtype, non_blocking=True) * ce).sum()
+        loss = (wts[off:off + n] * ce).sum()
         acc = _add_(acc, grads_of(loss, params))
         total = loss.detach() if total is None else total + loss.detach()
         off += n

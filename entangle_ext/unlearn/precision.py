@@ -1,0 +1,98 @@
+"""Precision of a run: the model's dtype, the dtype the stages keep their state in, opt-in autocast
+of the forward passes, and float32 master copies of float16/bfloat16 parameters.
+
+Rules (docs/algorithm.md §2, §3): floating inputs are cast to the model's dtype where batches are
+made; per-sample losses are computed in float32 for float16/bfloat16 logits and in the logits'
+dtype otherwise (float64 stays float64); the multiplier λ, c0, μ, the Stage-2 momentum buffer and
+every optimizer state are kept in ``state_dtype`` = float32 for float16/bfloat16 parameters (the
+parameter's dtype otherwise). With ``amp="bf16"`` every forward pass runs under
+`torch.autocast(dtype=torch.bfloat16)` while parameters, gradients, optimizer state and the
+Wasserstein-2 / projection arithmetic stay in the parameters' dtype.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+
+__all__ = ["LOW_PRECISION", "AMP_DTYPES", "state_dtype", "model_dtype", "amp_scope", "autocast_for",
+           "MasterParams"]
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: ``UnlearnConfig.amp`` values and the autocast dtype each one selects.
+AMP_DTYPES = {"bf16": torch.bfloat16}
+
+_AMP: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("entangle_amp", default=None)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for float16/bfloat16, the dtype itself for float32/float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def model_dtype(model: torch.nn.Module) -> Optional[torch.dtype]:
+    """dtype of the first floating parameter (else buffer) of ``model``; None when it has none."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+@contextlib.contextmanager
+def amp_scope(amp: Optional[str]) -> Iterator[None]:
+    """Within the block, `autocast_for` (used by every forward pass of the package) autocasts to
+    ``AMP_DTYPES[amp]``; ``amp=None`` turns it off. Restored on exit (also on error).
+
+    Raises ValueError for an unknown ``amp``.
+    """
+    if amp is not None and amp not in AMP_DTYPES:
+        raise ValueError(f"amp must be None or one of {sorted(AMP_DTYPES)}, got {amp!r}")
+    token = _AMP.set(amp)
+    try:
+        yield
+    finally:
+        _AMP.reset(token)
+
+
+def autocast_for(device_type: str):
+    """The autocast context of the current `amp_scope` for ``device_type`` (a null context when
+    autocast is off)."""
+    amp = _AMP.get()
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=AMP_DTYPES[amp])
+
+
+class MasterParams:
+    """The tensors an optimizer updates for a list of trainable parameters: the parameters
+    themselves when they are float32/float64, float32 copies ("master weights") of float16/bfloat16
+    ones, written back (rounded) into the parameters after every step.
+
+    Attributes:
+        params: the model's trainable parameters. tensors: what the optimizer owns (same order).
+        low: True when at least one copy exists; then ``tensors`` belongs in a checkpoint.
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]):
+        self.params = list(params)
+        self.tensors: List[torch.Tensor] = [
+            p.detach().to(state_dtype(p.dtype), copy=True) if p.dtype in LOW_PRECISION else p
+            for p in self.params]
+        self.low = any(m is not p for m, p in zip(self.tensors, self.params))
+
+    def step(self, opt: torch.optim.Optimizer, grads: Sequence[Optional[torch.Tensor]]) -> None:
+        """``opt.step()`` with ``grads`` (None = no gradient: the optimizer skips that tensor) as
+        the ``.grad`` of `tensors` (cast to their dtype), then the parameters updated from the
+        copies; ``.grad`` is cleared afterwards."""
+        for m, g in zip(self.tensors, grads):
+            m.grad = None if g is None else g if g.dtype == m.dtype else g.to(m.dtype)
+        opt.step()
+        for m in self.tensors:
+            m.grad = None
+        if self.low:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.tensors):
+                    if m is not p:
+                        p.copy_(m)

@@ -1,0 +1,219 @@
+"""A run as a whole: the global state it leaves behind, resume that keeps the whole run and
+refuses a different one, and interrupts (SIGTERM / Ctrl-C / KeyboardInterrupt) that lose nothing."""
+import dataclasses
+import json
+import os
+import signal
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import entangle_ext as ee
+from entangle_ext.data.digits import digits_splits
+from entangle_ext.unlearn import RunInterrupted, load_checkpoint
+
+from test_unlearn import _params, mlp, tiny_config
+
+pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def small():
+    pytest.importorskip("sklearn")
+    s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
+    return s
+
+
+class Net(torch.nn.Module):
+    """mlp() that calls ``hook(k)`` at its k-th gradient-enabled forward (k = 1, 2, ...): Stage 1
+    of tiny_config has one per step (7 steps), Stage 2 three (adjacent, forget, remote)."""
+
+    def __init__(self, hook=None, seed=0):
+        super().__init__()
+        self.net, self.hook, self.calls = mlp(seed), hook, 0
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and self.hook is not None:
+            self.calls += 1
+            self.hook(self.calls)
+        return self.net(x)
+
+
+# ----------------------------------------------------------------------------- global state
+def _global_state():
+    cudnn = torch.backends.cudnn
+    return (torch.are_deterministic_algorithms_enabled(), cudnn.deterministic, cudnn.benchmark,
+            torch.get_num_threads(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+
+
+def test_global_state_is_restored_after_a_run_and_after_an_error(small, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = _global_state()
+
+    def change_threads(k):
+        if k == 16:    # the last gradient forward of the run: Stage-2 step 2, remote pass
+            torch.set_num_threads(2)
+    ee.unlearn(Net(change_threads), small, tiny_config(deterministic=True), progress=False)
+    assert _global_state() == before
+
+    def fail(k):
+        if k == 3:
+            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        ee.unlearn(Net(fail), small, tiny_config(deterministic=True), progress=False)
+    assert _global_state() == before
+
+
+def test_callers_deterministic_setting_survives_a_run(small, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        ee.unlearn(mlp(), small, tiny_config(deterministic=False), progress=False)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+# -------------------------------------------------------------------------------- resume
+@pytest.fixture(scope="module")
+def full_run(small, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
+    res = ee.unlearn(mlp(), small, cfg, out_dir=out, progress=False)
+    return out, res
+
+
+@pytest.mark.parametrize("name", ["stage1_step000004.pt", "stage1_done.pt", "stage2_step000002.pt"])
+def test_resume_reports_the_whole_run(small, full_run, tmp_path, name):
+    out, full = full_run
+    r = ee.unlearn(mlp(seed=9), small, resume=out / "checkpoints" / name, out_dir=tmp_path,
+                   progress=False)
+    assert torch.equal(_params(r.model), _params(full.model))
+    rep = r.report
+    assert rep["steps"] == full.report["steps"] == {"stage1": 7, "stage2": 3}
+    assert rep["lambda_final"] == full.report["lambda_final"] is not None
+    assert {"stage1", "stage2", "eval_original", "eval_stage1"} <= set(rep["timings_s"])
+    assert rep["timings_s"]["stage1"] > 0
+    assert r.history == full.history
+    assert json.loads((tmp_path / "history.json").read_text()) == full.history
+    assert rep["evals"] == full.report["evals"]
+    assert rep["resume"]["from"].endswith(name) and rep["resume"]["config_changes"] == {}
+
+
+def test_every_checkpoint_carries_the_report_inputs(full_run):
+    out, full = full_run
+    for name in ("stage1_step000002.pt", "stage1_done.pt", "stage2_step000002.pt", "stage2_done.pt"):
+        ck = load_checkpoint(out / "checkpoints" / name)
+        assert set(ck["fingerprint"]["splits"]) == {"forget", "adjacent", "remote", "forget_test",
+                                                    "adjacent_test", "remote_test"}
+        assert ck["fingerprint"]["splits"]["remote"]["n"] == 100
+        assert "stage1" in ck["timings"] and "original" in ck["evals"]
+        if name.startswith("stage2"):
+            assert ck["done"]["lambda_final"] == full.report["lambda_final"]
+            done = (1, 2) if name == "stage2_done.pt" else (1,)
+            assert ck["done"]["history"] == [h for h in full.history if h["stage"] in done]
+
+
+@pytest.mark.parametrize("change", ["fewer_samples", "other_labels", "other_samples", "new_split"])
+def test_resume_with_other_splits_raises(small, full_run, change):
+    out, _ = full_run
+    x, y = small.remote.tensors
+    s = {"fewer_samples": dataclasses.replace(small, remote=TensorDataset(x[:-1], y[:-1])),
+         "other_labels": dataclasses.replace(small, remote=TensorDataset(x, torch.where(
+             torch.arange(len(y)) == 5, 1 - y, y))),
+         "other_samples": dataclasses.replace(small, remote=TensorDataset(x.flip(0), y)),
+         "new_split": dataclasses.replace(small, forget_test=None)}[change]
+    name = "forget_test" if change == "new_split" else "remote"
+    with pytest.raises(ValueError, match=rf"splits differ.*split '{name}'"):
+        ee.unlearn(mlp(), s, resume=out, progress=False)
+
+
+def test_resume_with_another_config_raises_unless_allowed(small, full_run, tmp_path):
+    out, full = full_run
+    cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
+    cfg.stage2.lr = 1e-3
+    with pytest.raises(ValueError, match=r"stage2\.lr: 0\.002 in the checkpoint vs 0\.001 now"):
+        ee.unlearn(mlp(), small, cfg, resume=out / "checkpoints" / "stage2_step000002.pt",
+                   progress=False)
+    r = ee.unlearn(mlp(), small, cfg, resume=out / "checkpoints" / "stage2_step000002.pt",
+                   allow_config_change=True, out_dir=tmp_path, progress=False)
+    assert r.report["resume"]["config_changes"] == {"stage2.lr": [0.002, 0.001]}
+    assert json.loads((tmp_path / "report.json").read_text())["resume"]["config_changes"] == \
+        {"stage2.lr": [0.002, 0.001]}
+    assert not torch.equal(_params(r.model), _params(full.model))
+    # logging / checkpoint intervals may change without the flag
+    quiet = dataclasses.replace(tiny_config(), checkpoint_every=0, log_every=5)
+    r = ee.unlearn(mlp(), small, quiet, resume=out / "checkpoints" / "stage1_done.pt", progress=False)
+    assert torch.equal(_params(r.model), _params(full.model))
+
+
+# ----------------------------------------------------------------------------- interrupts
+def _uninterrupted(small):
+    return _params(ee.unlearn(Net(), small, tiny_config(), progress=False).model)
+
+
+@pytest.mark.parametrize("how, call, stage, steps", [
+    ("sigterm", 4, 1, 4),        # SIGTERM in step 3: that step completes, then the checkpoint
+    ("sigint", 9, 2, 1),         # Ctrl-C in Stage-2 step 0 (its forget pass)
+    ("raise", 4, 1, 3),          # KeyboardInterrupt raised in step 3's forward: steps 0-2 kept
+    ("raise", 12, 2, 1),         # ... in Stage-2 step 1's forget forward
+])
+def test_interrupt_writes_the_last_completed_step_and_resumes_exactly(small, tmp_path, how, call,
+                                                                      stage, steps):
+    def hook(k):
+        if k == call:
+            if how == "raise":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM if how == "sigterm" else signal.SIGINT)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    cfg = tiny_config()    # checkpoint_every = 0
+    with pytest.raises(RunInterrupted) as ei:
+        ee.unlearn(Net(hook), small, cfg, out_dir=tmp_path, progress=False)
+    e = ei.value
+    assert isinstance(e, KeyboardInterrupt) and (e.stage, e.step) == (stage, steps)
+    assert e.checkpoint.endswith(f"stage{stage}_step{steps:06d}.pt")
+    assert f"resume={str(tmp_path)!r}" in str(e) and "entangle_ext.unlearn(" in str(e)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    r = ee.unlearn(Net(), small, resume=tmp_path, out_dir=tmp_path, progress=False)
+    assert torch.equal(_params(r.model), _uninterrupted(small))
+    assert r.report["steps"] == {"stage1": 7, "stage2": 3}
+
+
+def test_interrupt_without_out_dir_says_so(small):
+    def hook(k):
+        if k == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(RunInterrupted, match="no checkpoint was written"):
+        ee.unlearn(Net(hook), small, tiny_config(), progress=False)
+
+
+def test_interrupt_inside_a_state_update_writes_no_checkpoint(small):
+    """A KeyboardInterrupt raised while a step updates the run state (e.g. from the model's code
+    in the post-step dual update) would leave a half-done step: no checkpoint, no RunInterrupted."""
+    from entangle_ext.unlearn import StageLoop
+    from entangle_ext.unlearn.data import BatchStream
+    from entangle_ext.unlearn.loop import updating
+    saved = []
+
+    def step(i, batch):
+        with updating():
+            if i == 2:
+                raise KeyboardInterrupt
+        return torch.tensor(1.0), []
+    stream = BatchStream(small.forget, 4, shuffle=False, seed=0, name="t", device="cpu")
+    loop = StageLoop("t", "t", [], progress=False, checkpoint_fn=lambda s, st: saved.append(s))
+    with pytest.raises(KeyboardInterrupt) as ei:
+        loop.run(stream, 1, step, objects={})
+    assert not isinstance(ei.value, RunInterrupted) and saved == []
+    assert "without a checkpoint" in str(ei.value)
