@@ -1,15 +1,16 @@
-// Shared pieces of entangle_ext::project_orthogonal / project_orthogonal_ (CPU and CUDA):
-// limits, argument checks, the packed Gram layout and the float64 k x k solve with a relative
-// eigenvalue cutoff (cyclic Jacobi), usable on the host and inside a CUDA kernel.
+// Shared pieces of the low-rank orthogonal projection operators (CPU and CUDA): limits, the
+// accumulator layout, the float64 k x k solve, the extreme-scale rescue rule and the chunk index
+// logic of the multi-tensor kernels. Everything marked ENTANGLE_HD runs on the host and inside
+// CUDA kernels, so the CPU tests exercise the same code the GPU runs.
 //
-// Math (method.md Stage 2 step 5, Prop. 4.1): out = g - V^T c,  c = (V V^T)^+ V g.
-// The solve is done on the equilibrated Gram C = S G S, S = diag(1/||v_i||) (zero rows get
-// S_ii = 0), so the result does not depend on the scale of the basis rows:
+// Math (docs/algorithm.md §5, Prop. 4.1): out = g - V^T c,  c = (V V^T + shift I)^+ V g.
+// The solve works on the equilibrated Gram C = S (G + shift I) S, S = diag(1/sqrt(G_ii + shift))
+// (zero rows get S_ii = 0), so the result does not depend on the scale of the basis rows:
 //   C = Q diag(w) Q^T,  keep w_m > rcond * max(w),  y = Q_kept diag(1/w_kept) Q_kept^T (S V g),
 //   c = S y.
-// Then V^T c = (S V)^T C^+ (S V) g is the orthogonal projection of g onto the span of the rows kept,
-// identical to pinv(C, rtol=rcond, hermitian=True). Zero rows, duplicated rows and near-collinear
-// rows (1 - |cos| below ~rcond) never produce NaN/Inf or an amplified update.
+// With shift = 0, V^T c is the orthogonal projection of g onto the span of the rows kept, identical
+// to pinv(C, rtol=rcond, hermitian=True). Zero, duplicated and near-collinear rows (1 - |cos| below
+// ~rcond) never produce NaN/Inf or an amplified update.
 #pragma once
 
 #include "common.h"
@@ -17,17 +18,27 @@
 #include <math.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 namespace entangle_ext {
 
-constexpr int kProjMaxK = 8;  // largest number of basis vectors
+constexpr int kProjMaxK = 8;                // largest number of basis vectors
+constexpr double kProjDefaultRcond = 1e-7;  // default relative eigenvalue cutoff of C
+// A float64 Gram diagonal (or g.g) outside [kProjRescueLo, DBL_MAX] means squares under- or
+// overflowed (rows of magnitude <~1e-145 or >~1e154): the rows are rescaled by powers of two and
+// the Gram is formed again. float32/float16/bfloat16 inputs never reach these magnitudes.
+constexpr double kProjRescueLo = 1e-290;
+constexpr double kProjDblMax = 1.7976931348623157e308;
 
-// Number of float64 accumulators for a basis of (at most) K vectors: the packed lower triangle of
-// the Gram (K(K+1)/2 entries, entry (i, j) with j <= i at i(i+1)/2 + j) followed by the K dot
-// products v_i . g.
-ENTANGLE_HD constexpr int proj_num_acc(int K) { return K * (K + 1) / 2 + K; }
+// ------------------------------------------------------------------------------------------------
+// Accumulator layout. The pass-1 kernels accumulate the packed lower triangle of the (K+1)x(K+1)
+// Gram of the rows [v_0, ..., v_{K-1}, g]: entry (i, j), j <= i, at tri_index(i, j). The first
+// K(K+1)/2 entries are the packed Gram V V^T, the next K are V g (row K), the last is g.g.
+// ------------------------------------------------------------------------------------------------
 ENTANGLE_HD constexpr int tri_index(int i, int j) { return i * (i + 1) / 2 + j; }
+ENTANGLE_HD constexpr int proj_num_acc(int K) { return (K + 1) * (K + 2) / 2; }
+ENTANGLE_HD constexpr int proj_vg_offset(int K) { return K * (K + 1) / 2; }
 
 // Cyclic Jacobi eigen-decomposition of a symmetric n x n matrix (row-major, n <= kProjMaxK).
 // On return A's diagonal holds the eigenvalues and Q's columns the eigenvectors. Deterministic:
@@ -79,21 +90,22 @@ ENTANGLE_HD void jacobi_eigh(double* A, double* Q, int n) {
   }
 }
 
-// Coefficients c (k,) of the projection from the packed accumulators acc (layout of
-// proj_num_acc(K), K >= k: Gram lower triangle then V g). See the header comment.
-ENTANGLE_HD void solve_projection_coeffs(const double* acc, int K, int k, double rcond, double* c) {
+// The one solve of every projection operator: c (k,) from the packed lower triangle of the Gram
+// (gram, tri_index layout of k rows), vg = V g (k,) and a per-row diagonal shift (nullptr: none).
+// See the header comment. A non-finite or non-positive shifted diagonal drops the row (c_i = 0).
+ENTANGLE_HD void solve_projection_coeffs(const double* gram, const double* vg, int k, double rcond,
+                                         const double* shift, double* c) {
   double C[kProjMaxK * kProjMaxK];
   double Q[kProjMaxK * kProjMaxK];
-  double s[kProjMaxK], bs[kProjMaxK];
-  const double* vg = acc + K * (K + 1) / 2;
+  double s[kProjMaxK], bs[kProjMaxK], d[kProjMaxK];
   for (int i = 0; i < k; ++i) {
-    const double d = acc[tri_index(i, i)];
-    s[i] = (d > 0.0 && d <= 1.7976931348623157e308) ? 1.0 / ::sqrt(d) : 0.0;
+    d[i] = gram[tri_index(i, i)] + (shift != nullptr ? shift[i] : 0.0);
+    s[i] = (d[i] > 0.0 && d[i] <= kProjDblMax) ? 1.0 / ::sqrt(d[i]) : 0.0;
     bs[i] = s[i] * vg[i];
   }
   for (int i = 0; i < k; ++i)
     for (int j = 0; j <= i; ++j) {
-      const double v = s[i] * s[j] * acc[tri_index(i, j)];
+      const double v = (i == j) ? s[i] * s[i] * d[i] : s[i] * s[j] * gram[tri_index(i, j)];
       C[i * k + j] = v;
       C[j * k + i] = v;
     }
@@ -115,22 +127,143 @@ ENTANGLE_HD void solve_projection_coeffs(const double* acc, int K, int k, double
 }
 
 // ------------------------------------------------------------------------------------------------
-// Argument checks (ValueError / TypeError in Python).
+// Extreme scales (float64 inputs). If the unscaled accumulators of K+1 rows (k active) show an
+// under- or overflowed square, each row r is multiplied by a power of two scale[r] (scale[k]: g)
+// that brings max|row| into [0.5, 1), and the Gram is formed again. Powers of two are exact, and the
+// projection is scale-invariant, so nothing else changes.
+// ------------------------------------------------------------------------------------------------
+ENTANGLE_HD bool proj_in_range(double x) { return x >= kProjRescueLo && x <= kProjDblMax; }
+
+ENTANGLE_HD bool proj_needs_rescue(const double* acc, int K, int k) {
+  bool bad = !proj_in_range(acc[tri_index(K, K)]);  // g.g (also catches g == 0: checked once more)
+  for (int i = 0; i < k; ++i) {
+    bad = bad || !proj_in_range(acc[tri_index(i, i)]);
+    bad = bad || !(::fabs(acc[tri_index(K, i)]) <= kProjDblMax);
+  }
+  return bad;
+}
+
+// Power of two s with s * amax in [0.5, 1) (exponent clamped to the normal range); 1 for a zero or
+// non-finite amax (a zero row stays zero; non-finite data gives a non-finite result anyway).
+ENTANGLE_HD double proj_pow2_scale(double amax) {
+  if (!(amax > 0.0) || !(amax <= kProjDblMax)) return 1.0;
+  int e = 0;
+  ::frexp(amax, &e);
+  e = -e;
+  e = e < -1022 ? -1022 : (e > 1023 ? 1023 : e);
+  return ::ldexp(1.0, e);
+}
+
+ENTANGLE_HD int proj_exponent(double pow2) {
+  int e = 0;
+  ::frexp(pow2, &e);
+  return e - 1;
+}
+
+// From the accumulators (layout of K+1 rows, k active; scale: k+1 powers of two or nullptr) and the
+// diagonal shift of the unscaled Gram: the coefficients pass 2 applies, g -= sum_i c_apply[i] *
+// (scale[i] v_i), and the user's coefficients c_user (V^T c_user is the removed component).
+ENTANGLE_HD void proj_finish(const double* acc, int K, int k, double rcond, double shift,
+                             const double* scale, double* c_apply, double* c_user) {
+  double sh[kProjMaxK], cs[kProjMaxK];
+  for (int i = 0; i < k; ++i)
+    sh[i] = (scale == nullptr || shift == 0.0) ? shift : ::ldexp(shift, 2 * proj_exponent(scale[i]));
+  solve_projection_coeffs(acc, acc + proj_vg_offset(K), k, rcond, sh, cs);
+  const int eg = scale == nullptr ? 0 : proj_exponent(scale[k]);
+  for (int i = 0; i < k; ++i) {
+    c_apply[i] = scale == nullptr ? cs[i] : ::ldexp(cs[i], -eg);
+    c_user[i] = scale == nullptr ? cs[i] : ::ldexp(cs[i], proj_exponent(scale[i]) - eg);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Chunk index logic of the multi-tensor kernels. The non-empty tensors are packed, in order, into
+// groups of at most `capacity` tensors (one kernel-argument struct / launch on CUDA); each tensor is
+// cut into chunks of `chunk` elements; chunk_prefix[s] is the first group-local chunk of segment s
+// (chunk_prefix[nseg] = chunks in the group). Reductions write one slot per chunk (CPU) or per
+// block (CUDA) in a fixed order, so results do not depend on the thread count.
+// ------------------------------------------------------------------------------------------------
+ENTANGLE_HD int64_t proj_num_chunks(int64_t numel, int64_t chunk) { return (numel + chunk - 1) / chunk; }
+
+// The segment s of group-local chunk c: the largest s with chunk_prefix[s] <= c (binary search).
+ENTANGLE_HD int proj_locate_segment(const int64_t* chunk_prefix, int nseg, int64_t c) {
+  int lo = 0, hi = nseg - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (chunk_prefix[mid] <= c) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// First element and length of chunk `local` (0-based within its tensor) of a tensor of numel.
+ENTANGLE_HD void proj_chunk_span(int64_t numel, int64_t local, int64_t chunk, int64_t* start,
+                                 int64_t* len) {
+  *start = local * chunk;
+  *len = (numel - *start) < chunk ? (numel - *start) : chunk;
+}
+
+// Pass 2 visits chunks in reverse order: what pass 1 read last is still in the cache (L2/L3).
+ENTANGLE_HD int64_t proj_reverse(int64_t i, int64_t n) { return n - 1 - i; }
+
+// Tensors per group for a basis bucket of KMAX vectors: the CUDA argument struct holds, per tensor,
+// KMAX + 2 pointers (basis, g, out), numel, the chunk prefix and an alignment flag, plus one more
+// prefix entry, within 3,840 bytes (under the 4 KiB kernel-parameter limit).
+ENTANGLE_HD constexpr int proj_group_capacity(int kmax) { return (3840 - 8) / ((kmax + 4) * 8 + 1); }
+ENTANGLE_HD constexpr int proj_kmax_bucket(int k) { return k <= 2 ? 2 : (k <= 4 ? 4 : kProjMaxK); }
+
+struct ProjGroup {
+  std::vector<int64_t> tensors;       // indices into the caller's tensor list (non-empty only)
+  std::vector<int64_t> chunk_prefix;  // tensors.size() + 1 entries
+  int64_t nchunks() const { return chunk_prefix.back(); }
+};
+
+inline std::vector<ProjGroup> proj_plan_groups(const std::vector<int64_t>& numels, int capacity,
+                                               int64_t chunk) {
+  std::vector<ProjGroup> groups;
+  for (int64_t t = 0; t < static_cast<int64_t>(numels.size()); ++t) {
+    if (numels[t] == 0) continue;
+    if (groups.empty() || static_cast<int>(groups.back().tensors.size()) == capacity) {
+      groups.emplace_back();
+      groups.back().chunk_prefix.push_back(0);
+    }
+    ProjGroup& g = groups.back();
+    g.tensors.push_back(t);
+    g.chunk_prefix.push_back(g.chunk_prefix.back() + proj_num_chunks(numels[t], chunk));
+  }
+  return groups;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Argument checks (ValueError / TypeError in Python); host only.
 // ------------------------------------------------------------------------------------------------
 inline bool proj_dtype_ok(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
-inline void check_rcond(double rcond, const char* op) {
-  TORCH_CHECK_VALUE(std::isfinite(rcond) && rcond >= 1e-15 && rcond < 1.0, op,
-                    ": rcond must be in [1e-15, 1), got ", rcond);
+inline double resolve_rcond(std::optional<double> rcond, const char* op) {
+  const double r = rcond.has_value() ? *rcond : kProjDefaultRcond;
+  TORCH_CHECK_VALUE(std::isfinite(r) && r >= 1e-15 && r < 1.0, op,
+                    ": rcond must be in [1e-15, 1), got ", r);
+  return r;
+}
+
+inline void check_ridge(double ridge, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(std::isfinite(ridge) && ridge >= 0.0, op, ": ", name,
+                    " must be finite and >= 0, got ", ridge);
+}
+
+// Same element order in memory: same sizes, and the same strides on every dimension of size > 1.
+inline bool proj_same_layout(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) > 1 && a.stride(d) != b.stride(d)) return false;
+  return true;
 }
 
 // grads: T tensors; basis: k*T tensors, row-major by basis vector (basis[i*T + t] pairs with
-// grads[t]). Returns k.
-inline int64_t check_projection_lists(at::TensorList grads, at::TensorList basis, double rcond,
-                                      const char* op) {
-  check_rcond(rcond, op);
+// grads[t]). Every tensor is dense and non-overlapping (any memory format) and each basis tensor has
+// the memory layout of its gradient, so the kernels walk them in one element order. Returns k.
+inline int64_t check_projection_lists(at::TensorList grads, at::TensorList basis, const char* op) {
   const int64_t T = static_cast<int64_t>(grads.size());
   TORCH_CHECK_VALUE(T > 0, op, ": grads must be a non-empty list of tensors");
   TORCH_CHECK_VALUE(basis.size() > 0 && basis.size() % T == 0, op, ": basis must hold k * ",
@@ -148,8 +281,9 @@ inline int64_t check_projection_lists(at::TensorList grads, at::TensorList basis
                      "; all tensors must share one dtype");
     TORCH_CHECK_VALUE(g.device() == g0.device(), op, ": grads[", t, "] is on ", g.device(),
                       " but grads[0] is on ", g0.device());
-    TORCH_CHECK_VALUE(g.is_contiguous(), op, ": grads[", t,
-                      "] is not contiguous; pass contiguous tensors (no copies are made)");
+    TORCH_CHECK_VALUE(g.is_non_overlapping_and_dense(), op, ": grads[", t, "] (shape ", g.sizes(),
+                      ", strides ", g.strides(), ") is not dense and non-overlapping (an expanded, "
+                      "strided or sliced view); pass a tensor that owns its memory");
     for (int64_t i = 0; i < k; ++i) {
       const at::Tensor& v = basis[i * T + t];
       TORCH_CHECK_TYPE(v.scalar_type() == g0.scalar_type(), op, ": basis[", i, "][", t, "] is ",
@@ -158,16 +292,16 @@ inline int64_t check_projection_lists(at::TensorList grads, at::TensorList basis
                         v.device(), " but grads are on ", g0.device());
       TORCH_CHECK_VALUE(v.sizes() == g.sizes(), op, ": basis[", i, "][", t, "] has shape ",
                         v.sizes(), " but grads[", t, "] has shape ", g.sizes());
-      TORCH_CHECK_VALUE(v.is_contiguous(), op, ": basis[", i, "][", t,
-                        "] is not contiguous; pass contiguous tensors (no copies are made)");
+      TORCH_CHECK_VALUE(v.is_non_overlapping_and_dense() && proj_same_layout(v, g), op, ": basis[",
+                        i, "][", t, "] (strides ", v.strides(), ") does not share the memory layout "
+                        "of grads[", t, "] (strides ", g.strides(), "); give both the same layout, "
+                        "e.g. torch.empty_like(grad) or .contiguous() on both");
     }
   }
   return k;
 }
 
-inline int64_t check_projection_flat(const at::Tensor& g, const at::Tensor& basis, double rcond,
-                                     const char* op) {
-  check_rcond(rcond, op);
+inline int64_t check_projection_flat(const at::Tensor& g, const at::Tensor& basis, const char* op) {
   check_dim(g, 1, op, "g");
   check_dim(basis, 2, op, "basis");
   TORCH_CHECK_TYPE(proj_dtype_ok(g.scalar_type()), op,
@@ -182,6 +316,32 @@ inline int64_t check_projection_flat(const at::Tensor& g, const at::Tensor& basi
                     kProjMaxK, "], got ", k);
   check_contiguous(g, op, "g");
   check_contiguous(basis, op, "basis");
+  return k;
+}
+
+// coeffs (k,) float64 (and an optional scale of n entries) on the device of the data.
+inline void check_proj_vector(const at::Tensor& x, int64_t n, const at::Device& dev, const char* op,
+                              const char* name) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kDouble, op, ": ", name, " must be float64, got ",
+                   x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 1 && x.size(0) == n, op, ": ", name, " must have shape (", n,
+                    ",), got ", x.sizes());
+  TORCH_CHECK_VALUE(x.device() == dev, op, ": ", name, " is on ", x.device(),
+                    " but the tensors are on ", dev);
+  check_contiguous(x, op, name);
+}
+
+inline int64_t check_projection_solve(const at::Tensor& gram, const at::Tensor& vg, double shift,
+                                      const char* op) {
+  check_dim(gram, 2, op, "gram");
+  const int64_t k = gram.size(0);
+  TORCH_CHECK_VALUE(gram.size(1) == k && k >= 1 && k <= kProjMaxK, op,
+                    ": gram must be (k, k) with k in [1, ", kProjMaxK, "], got ", gram.sizes());
+  TORCH_CHECK_TYPE(gram.scalar_type() == at::kDouble, op, ": gram must be float64, got ",
+                   gram.scalar_type());
+  check_contiguous(gram, op, "gram");
+  check_proj_vector(vg, k, gram.device(), op, "vg");
+  check_ridge(shift, op, "shift");
   return k;
 }
 

@@ -53,20 +53,43 @@ TORCH_LIBRARY(entangle_ext, m) {
       "-> Tensor");
   // ---- end augmented Lagrangian ----------------------------------------------------------------
 
-  // ---- Low-rank orthogonal gradient projection (method.md Stage 2 step 5, Prop. 4.1) ----------
-  // out = g - V^T c, c = (V V^T)^+ V g (float64 solve, relative eigenvalue cutoff rcond on the
-  // row-normalised Gram). Shared code: csrc/projection.h; kernels: csrc/{cpu,cuda}/projection.*
-  // Flat: g (P,), basis (k, P) contiguous, same dtype (f32/f64/f16/bf16) and device, 1 <= k <= 8.
-  // Returns (out (P,) dtype of g, coeffs (k,) float64).
-  m.def("project_orthogonal(Tensor g, Tensor basis, float rcond) -> (Tensor, Tensor)");
-  // In place over a tensor list (no flattening): grads = T tensors, modified in place;
-  // basis = k*T tensors, row-major by basis vector (basis[i*T + t] matches grads[t] in shape,
-  // dtype, device). Returns coeffs (k,) float64 on the device of grads.
-  m.def("project_orthogonal_(Tensor(a!)[] grads, Tensor[] basis, float rcond) -> Tensor");
-  // ---- end low-rank projection -----------------------------------------------------------------
+  // ---- Low-rank orthogonal gradient projection (docs/algorithm.md §5, Prop. 4.1) ---------------
+  // out = g - V^T c, c = (V V^T + shift I)^+ V g: float64 solve with a relative eigenvalue cutoff
+  // rcond (None: kProjDefaultRcond) on the row-normalised Gram. Shared code: csrc/projection.h;
+  // kernels: csrc/cpu/projection*.cpp, csrc/cuda/projection.cu.
+  // Flat: g (P,), basis (k, P) contiguous, same dtype (f32/f64/f16/bf16) and device, 1 <= k <= 8;
+  // ridge >= 0 is added to the Gram diagonal. Returns (out (P,) dtype of g, coeffs (k,) float64).
+  m.def(
+      "project_orthogonal(Tensor g, Tensor basis, float? rcond=None, float ridge=0.0) "
+      "-> (Tensor, Tensor)");
+  // In place over a tensor list (no flattening): grads = T dense non-overlapping tensors, modified
+  // in place; basis = k*T tensors, row-major by basis vector (basis[i*T + t] matches grads[t] in
+  // shape, memory layout, dtype, device); ridge * T is added to the Gram diagonal.
+  // Returns coeffs (k,) float64 on the device of grads.
+  m.def(
+      "project_orthogonal_(Tensor(a!)[] grads, Tensor[] basis, float? rcond=None, "
+      "float ridge=0.0) -> Tensor");
+  // The two passes, for gradients sharded across processes (sum the partials, then solve, apply).
+  // Pass 1: (G (k, k), b (k,)) float64 partial sums G = V V^T, b = V g over the given tensors;
+  // scale (k+1,) float64 multiplies the basis rows and g (last entry) first (powers of two).
+  m.def(
+      "projection_gram(Tensor[] grads, Tensor[] basis, Tensor? scale=None) -> (Tensor, Tensor)");
+  // Pass 2, in place: grads -= sum_i coeffs[i] * scale[i] * basis[i] (coeffs, scale: (k,) float64).
+  m.def(
+      "projection_apply_(Tensor(a!)[] grads, Tensor[] basis, Tensor coeffs, Tensor? scale=None) "
+      "-> ()");
+  // The solve: c (k,) float64 from gram (k, k) and vg (k,) float64 (lower triangle of gram read),
+  // shift >= 0 added to the diagonal. The same code as the fused ops.
+  m.def("projection_solve(Tensor gram, Tensor vg, float? rcond=None, float shift=0.0) -> Tensor");
 }
 
 #ifdef TORCH_EXTENSION_NAME
+#include "projection.h"
+
+namespace entangle_ext {
+const char* projection_cpu_kernel_name();  // csrc/cpu/projection.cpp
+}  // namespace entangle_ext
+
 namespace {
 bool cuda_built() {
 #ifdef ENTANGLE_WITH_CUDA
@@ -85,5 +108,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("version", []() { return std::string(ENTANGLE_VERSION); }, "entangle_ext version.");
   m.def("torch_version", []() { return std::string(ENTANGLE_TORCH_VERSION); },
         "The torch version this binary was compiled against.");
+  m.def("projection_max_basis", []() { return entangle_ext::kProjMaxK; },
+        "Largest number of basis vectors k of the projection operators.");
+  m.def("projection_default_rcond", []() { return entangle_ext::kProjDefaultRcond; },
+        "Default relative eigenvalue cutoff of the projection operators.");
+  m.def("projection_cpu_kernel", []() { return std::string(entangle_ext::projection_cpu_kernel_name()); },
+        "The CPU kernel variant of the projection operators in use: avx512, avx2 or default.");
 }
 #endif  // TORCH_EXTENSION_NAME

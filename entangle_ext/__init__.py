@@ -4,7 +4,8 @@ Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with
 
 * `wasserstein2_1d` - exact 1-D Wasserstein-2 between empirical distributions, by segmented sort.
 * `project_orthogonal` / `project_orthogonal_` - fused low-rank orthogonal gradient projection
-  g - V^T (V V^T)^+ V g (flat, or in place over a parameter list without flattening).
+  g - V^T (V V^T)^+ V g (flat, or in place over a parameter list without flattening); its two
+  passes `projection_gram` / `projection_apply_` and `projection_solve` for sharded gradients.
 * `dual_update_` - in-place augmented-Lagrangian multiplier step (Stage 1), no host sync.
 * `augmented_lagrangian_term` - the augmented-Lagrangian penalty term, fused forward/backward.
 
@@ -22,14 +23,16 @@ from . import reference
 from .wasserstein import wasserstein2_1d
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 from .lagrangian import AugmentedLagrangian
-from .projection import project_orthogonal, project_orthogonal_
+from .projection import (project_orthogonal, project_orthogonal_, projection_apply_, projection_gram,
+                         projection_solve)
 from .unlearn import (Splits, Stage1Config, Stage2Config, UnlearnConfig, UnlearnResult, evaluate,
                       stage1, stage2, unlearn)
 from .compare import compare
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
-    "reference", "wasserstein2_1d", "project_orthogonal", "project_orthogonal_", "dual_update_",
+    "reference", "wasserstein2_1d", "project_orthogonal", "project_orthogonal_", "projection_gram",
+    "projection_apply_", "projection_solve", "dual_update_",
     "augmented_lagrangian_term", "AugmentedLagrangian",
     "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
     "stage1", "stage2", "evaluate", "compare",

@@ -1,109 +1,99 @@
-"""Fused low-rank orthogonal gradient projection (custom operators + autograd).
+"""Low-rank orthogonal gradient projection: fused operators, the two split passes, autograd.
 
 Implements step 5 of Stage 2 (W-PGD) of Cheng, Liu, Li, Zhang, "Machine Unlearning under
-Retain-Forget Entanglement", ICLR 2026 (Prop. 4.1; docs/method.md): with the k basis vectors
-V = [v_1; ...; v_k] (e.g. V = [g_f; g_rem]) and the update direction g,
+Retain-Forget Entanglement", ICLR 2026 (docs/algorithm.md §5, Prop. 4.1): with the k basis
+vectors V = [v_1; ...; v_k] (e.g. V = [g_f; g_rem]) and the update direction g,
 
-    out = g - V^T c,    c = (V V^T)^+ V g,
+    out = g - V^T c,    c = (V V^T + ridge_total I)^+ V g,
 
-i.e. g minus its orthogonal projection onto span{v_1, ..., v_k}; a step along -out changes the
-losses whose gradients span V only at second order.
+i.e. (ridge 0) g minus its orthogonal projection onto span{v_1, ..., v_k}; a step along -out changes
+the losses whose gradients span V only at second order.
 
 How the pseudo-inverse is taken (identical in the CPU and CUDA kernels and in
-`entangle_ext.reference.projection`): the Gram G = V V^T and V g are accumulated in float64; the
-rows are normalised, C = S G S with S = diag(1/||v_i||) (S_ii = 0 for an all-zero row), C is
-eigen-decomposed in float64 (cyclic Jacobi), eigenvalues w_m <= rcond * max(w) are discarded, and
-c = S C^+ S V g. The result is the projection onto the span of the rows kept: all-zero rows,
-duplicated rows and near-collinear rows (1 - |cos angle| below about rcond) are handled without
-NaN/Inf and without amplifying the update, and the result does not depend on the scale of the rows.
-This equals ``torch.linalg.pinv(C, rtol=rcond, hermitian=True)``.
+`entangle_ext.reference.projection`): G = V V^T and V g are accumulated in float64; the rows are
+normalised, C = S (G + ridge_total I) S with S = diag(1/sqrt(G_ii + ridge_total)) (S_ii = 0 for an
+all-zero row), C is eigen-decomposed in float64 (cyclic Jacobi), eigenvalues w_m <= rcond * max(w)
+are discarded, and c = S C^+ S V g. With ridge 0 the result is the projection onto the span of the
+rows kept (``torch.linalg.pinv(C, rtol=rcond, hermitian=True)``): all-zero, duplicated and
+near-collinear rows (1 - |cos angle| below about rcond) give no NaN/Inf and no amplified update, and
+the result does not depend on the scale of the rows. float64 rows whose squares under- or overflow
+(magnitudes <~1e-145 or >~1e154) are rescaled by powers of two before the Gram is formed (one more
+read of the data), so any finite input projects correctly.
+
+Split passes, for gradients sharded across processes: `projection_gram` (partial G and V g of the
+tensors given), `projection_solve` (c from the summed G and V g) and `projection_apply_`
+(g -= V^T c in place); ``project_orthogonal_(..., process_group=group)`` chains them with one
+all-reduce (see its docstring, also for FSDP and DeepSpeed ZeRO-3).
 
 Non-finite values in ``g`` or ``basis`` give unspecified (typically NaN) results; nothing is checked
 on the data, because on CUDA that would cost a host synchronisation.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _ext
+from ._projection_lists import (MAX_BASIS, DEFAULT_RCOND, check_k, check_rcond, check_ridge, check_tensor,
+                                gather_lists)
 
-__all__ = ["project_orthogonal", "project_orthogonal_", "MAX_BASIS", "DEFAULT_RCOND"]
-
-#: Largest number of basis vectors k supported by the kernels.
-MAX_BASIS = 8
-#: Default relative eigenvalue cutoff of the row-normalised Gram.
-DEFAULT_RCOND = 1e-7
+__all__ = ["project_orthogonal", "project_orthogonal_", "projection_gram", "projection_apply_",
+           "projection_solve", "MAX_BASIS", "DEFAULT_RCOND"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 BasisLike = Union[torch.Tensor, Sequence[torch.Tensor]]
+ListBasis = Sequence[Union[Sequence[Optional[torch.Tensor]], torch.Tensor]]
 
 
-def _check_tensor(op: str, name: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _check_rcond(op: str, rcond) -> float:
-    if isinstance(rcond, bool) or not isinstance(rcond, (int, float)):
-        raise TypeError(f"{op}: rcond must be a float, got {type(rcond).__name__}")
-    rcond = float(rcond)
-    if not (1e-15 <= rcond < 1.0):
-        raise ValueError(f"{op}: rcond must be in [1e-15, 1), got {rcond}")
-    return rcond
-
-
-def _check_k(op: str, k: int) -> None:
-    if k < 1 or k > MAX_BASIS:
-        raise ValueError(f"{op}: the number of basis vectors k must be in [1, {MAX_BASIS}], got {k}")
-
-
-def project_orthogonal(g: torch.Tensor, basis: BasisLike, *,
-                       rcond: float = DEFAULT_RCOND) -> Tuple[torch.Tensor, torch.Tensor]:
+def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[float] = None,
+                       ridge: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Project ``g`` onto the orthogonal complement of the span of the rows of ``basis``.
 
-    Computes ``out = g - V^T c`` with ``c = (V V^T)^+ V g`` (method.md Stage 2 step 5, Prop. 4.1),
-    the pseudo-inverse taken in float64 with the relative cutoff ``rcond`` on the eigenvalues of
-    the row-normalised Gram (see the module docstring).
+    Computes ``out = g - V^T c`` with ``c = (V V^T + ridge I)^+ V g`` (docs/algorithm.md §5,
+    Prop. 4.1), the pseudo-inverse taken in float64 with the relative cutoff ``rcond`` on the
+    eigenvalues of the row-normalised Gram (see the module docstring).
 
     Args:
-        g: ``(P,)`` vector (any units), float32/float64/float16/bfloat16, contiguous, CPU or CUDA.
+        g: ``(P,)`` vector (any units), float32/float64/float16/bfloat16, contiguous, CPU or CUDA;
+            P = 0 is allowed (the result stays connected to the autograd graph).
         basis: V, either a ``(k, P)`` tensor or a sequence of k ``(P,)`` tensors (stacked into one
-            ``(k, P)`` tensor, a copy), 1 <= k <= 8, same dtype and device as ``g``, contiguous.
-        rcond: relative eigenvalue cutoff in [1e-15, 1) (dimensionless).
+            ``(k, P)`` tensor, a copy), 1 <= k <= `MAX_BASIS`, same dtype and device as ``g``,
+            contiguous.
+        rcond: relative eigenvalue cutoff in [1e-15, 1) (dimensionless); None: `DEFAULT_RCOND`.
+        ridge: >= 0, added to the diagonal of the Gram before the solve (units of g squared);
+            0 (default) is the exact projection.
 
     Returns:
         ``(out, coeffs)``: ``out`` ``(P,)`` with the dtype, device and units of ``g``
         (computed in float64, rounded once); ``coeffs`` = c, ``(k,)`` float64 on the device of
         ``g``, in units of g per unit of V (``V^T coeffs`` is the removed component).
 
-    Autograd: differentiable with respect to ``g``; the map is linear with a symmetric projector,
-    so the gradient is the same projection of the incoming gradient of ``out``. ``basis`` is
-    treated as a constant: no gradient flows to it (it is detached). ``coeffs`` is returned as
-    non-differentiable.
+    Autograd: differentiable with respect to ``g``; the map is linear with a symmetric matrix, so
+    the gradient is the same projection of the incoming gradient of ``out``. ``basis`` is treated as
+    a constant: no gradient flows to it (it is detached). ``coeffs`` is non-differentiable.
 
     Raises:
         TypeError: non-tensor arguments, an unsupported dtype, ``basis`` with another dtype than
-            ``g``, a non-float ``rcond``.
+            ``g``, a non-float ``rcond``/``ridge``.
         ValueError: ``g`` not 1-D, ``basis`` not ``(k, P)``, k outside [1, 8], mismatched devices,
-            non-contiguous tensors, ``rcond`` outside [1e-15, 1).
+            non-contiguous tensors, ``rcond`` outside [1e-15, 1), a negative or non-finite ridge.
         RuntimeError: the native extension is not built/loaded, or a CUDA tensor with a CPU-only
             build.
     """
     op = "project_orthogonal"
-    _check_tensor(op, "g", g)
-    rcond = _check_rcond(op, rcond)
+    check_tensor(op, "g", g)
+    rcond, ridge = check_rcond(op, rcond), check_ridge(op, "ridge", ridge)
     if g.dim() != 1:
         raise ValueError(f"{op}: g must be 1-D (P,), got shape {tuple(g.shape)}")
     if not isinstance(basis, torch.Tensor):
         if not isinstance(basis, (list, tuple)):
             raise TypeError(f"{op}: basis must be a (k, P) tensor or a sequence of (P,) tensors, "
                             f"got {type(basis).__name__}")
-        _check_k(op, len(basis))
+        check_k(op, len(basis))
         for i, v in enumerate(basis):
-            _check_tensor(op, f"basis[{i}]", v)
+            check_tensor(op, f"basis[{i}]", v)
             if tuple(v.shape) != tuple(g.shape):
                 raise ValueError(f"{op}: basis[{i}] has shape {tuple(v.shape)}, expected "
                                  f"{tuple(g.shape)} like g")
@@ -114,91 +104,211 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *,
         basis = torch.stack([v.detach() for v in basis])
     if basis.dim() != 2:
         raise ValueError(f"{op}: basis must be 2-D (k, P), got shape {tuple(basis.shape)}")
-    _check_k(op, basis.shape[0])
+    check_k(op, basis.shape[0])
     if g.dtype not in _DTYPES:
         raise TypeError(f"{op}: g must be float32, float64, float16 or bfloat16, got {g.dtype}")
     _ext.require(op, g, basis)
-    return torch.ops.entangle_ext.project_orthogonal(g, basis.detach(), rcond)
+    return torch.ops.entangle_ext.project_orthogonal(g, basis.detach(), rcond, ridge)
 
 
-def project_orthogonal_(grads: Sequence[torch.Tensor], basis: Sequence[Union[Sequence[torch.Tensor], torch.Tensor]],
-                        *, rcond: float = DEFAULT_RCOND) -> torch.Tensor:
+def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis, *,
+                        rcond: Optional[float] = None, ridge: float = 0.0,
+                        process_group=None) -> torch.Tensor:
     """In place: project the concatenation of ``grads`` onto the orthogonal complement of the basis.
 
     The vectors are the concatenations over the list (e.g. every parameter's ``.grad``), but nothing
     is concatenated or copied: with g = cat(grads) and v_i = cat(basis[i]), every ``grads[t]`` is
-    overwritten with its slice of ``g - V^T c``, ``c = (V V^T)^+ V g`` (method.md Stage 2 step 5,
-    Prop. 4.1; same float64 solve and cutoff as `project_orthogonal`). Two passes over the data;
-    on CUDA no host synchronisation (CUDA-graph capturable), deterministic (no atomics).
+    overwritten with its slice of ``g - V^T c``, ``c = (V V^T + ridge * T * I)^+ V g``
+    (docs/algorithm.md §5, Prop. 4.1; same float64 solve and cutoff as `project_orthogonal`). Two
+    passes over the data; on CUDA no host synchronisation (CUDA-graph capturable) and deterministic
+    (no atomics); on CPU bit-identical for any thread count.
+
+    ``None`` entries of ``grads`` are skipped together with their basis entries (which may be
+    ``None`` too), like ``torch.nn.utils.clip_grad_norm_`` skips parameters without a gradient.
+
+    Sharded gradients (``process_group``): every rank of the ``torch.distributed`` group calls
+    this with its own shard of the same vectors (the shards of all ranks together are the full
+    g and V, each element on exactly one rank; the basis shards match the gradient shards). Each
+    rank forms the partial Gram and V g of its shard (`projection_gram`), one all-reduce (sum) of
+    k*k + k float64 numbers joins them, every rank solves the same k x k system (`projection_solve`)
+    and projects its own shard (`projection_apply_`); the result equals the unsharded projection up
+    to float64 round-off. float64 tensors take one more pass and a max all-reduce to rescale
+    extreme rows. Every rank must call it (collective), with the same k, dtype, rcond and ridge.
+
+    * FSDP (``torch.distributed.fsdp.fully_shard``): pass ``[p.grad.to_local() for p in params]``
+      and the matching local shards of the basis vectors (e.g. other gradients of the same
+      sharded parameters), ``process_group`` = the data-parallel group.
+    * DeepSpeed ZeRO-3 (not a dependency; nothing here imports it): either gather each full
+      gradient with ``deepspeed.utils.safe_get_full_grad(p)`` (and the basis likewise), project on
+      one process with ``process_group=None`` on every rank, and write back with
+      ``deepspeed.utils.safe_set_full_grad(p, g)``; or, without gathering, project the local
+      partitions (``safe_get_local_grad(p)``, the basis partitions alike) with ``process_group`` =
+      the data-parallel group and write them back with ``safe_set_local_grad(p, g)``.
+    * Any other layout: the same three split operators (the partials are plain sums, so any
+      reduction that sums them over the shards works).
 
     Args:
-        grads: non-empty sequence of T tensors of any shapes (empty tensors allowed), one dtype
-            (float32/float64/float16/bfloat16), one device (CPU or CUDA), contiguous, modified in
-            place. They must not require grad while grad mode is on (use ``p.grad`` or
-            ``torch.no_grad()``).
-        basis: k sequences (1 <= k <= 8), each of T tensors matching ``grads`` tensor by tensor in
-            shape, dtype and device, contiguous, not aliasing ``grads``. When T == 1, ``basis[i]``
-            may be a single tensor. Read only; treated as a constant.
-        rcond: relative eigenvalue cutoff in [1e-15, 1) (dimensionless).
+        grads: non-empty sequence of T tensors (or ``None``) of any shapes (empty tensors allowed),
+            one dtype (float32/float64/float16/bfloat16), one device (CPU or CUDA), each dense and
+            non-overlapping (any memory format, e.g. channels_last or a transposed parameter),
+            modified in place. They must not require grad while grad mode is on (use ``p.grad``
+            or ``torch.no_grad()``).
+        basis: k sequences (1 <= k <= `MAX_BASIS`), each of T tensors matching ``grads`` tensor
+            by tensor in shape, memory layout (strides), dtype and device, not aliasing ``grads``.
+            When T == 1, ``basis[i]`` may be a single tensor. Read only; treated as a constant.
+        rcond: relative eigenvalue cutoff in [1e-15, 1) (dimensionless); None: `DEFAULT_RCOND`.
+        ridge: >= 0 per tensor: ``ridge * T`` (T = number of non-None gradient tensors) is added
+            to the Gram diagonal, as the authors' reference code does with ridge = 1e-8
+            (docs/algorithm.md §7). With ``process_group``, T is the mean over the ranks of the
+            tensors each passes (FSDP passes a shard of every parameter on every rank: T is the
+            parameter count). 0 (default): the exact projection.
+        process_group: a ``torch.distributed`` process group, or None (one process).
 
     Returns:
-        coeffs = c, ``(k,)`` float64 on the device of ``grads`` (not synchronised to the host).
+        coeffs = c, ``(k,)`` float64 on the device of ``grads`` (not synchronised to the host;
+        zeros when every gradient is ``None``).
 
     Raises:
-        TypeError: non-tensor entries, unsupported or mixed dtypes, a non-float ``rcond``.
-        ValueError: empty ``grads``, k outside [1, 8], a basis list of the wrong length, mismatched
-            shapes/devices, non-contiguous tensors, ``grads`` requiring grad in grad mode,
-            ``rcond`` outside [1e-15, 1).
+        TypeError: non-tensor entries, unsupported or mixed dtypes, a non-float ``rcond``/``ridge``.
+        ValueError: empty ``grads``, k outside [1, 8], a basis list of the wrong length, a ``None``
+            basis entry for a gradient, mismatched shapes/devices/memory layouts, overlapping or
+            strided views, ``grads`` requiring grad in grad mode, ``rcond`` outside [1e-15, 1),
+            a negative ridge.
         RuntimeError: the native extension is not built/loaded, or a CUDA tensor with a CPU-only
             build.
     """
     op = "project_orthogonal_"
-    rcond = _check_rcond(op, rcond)
-    if isinstance(grads, torch.Tensor) or not isinstance(grads, (list, tuple)):
-        raise TypeError(f"{op}: grads must be a list or tuple of tensors, got {type(grads).__name__}")
-    grads = list(grads)
-    if len(grads) == 0:
-        raise ValueError(f"{op}: grads must be a non-empty list of tensors")
-    for t, x in enumerate(grads):
-        _check_tensor(op, f"grads[{t}]", x)
-    if isinstance(basis, torch.Tensor) or not isinstance(basis, (list, tuple)):
-        raise TypeError(f"{op}: basis must be a sequence of k lists of tensors, got {type(basis).__name__}")
-    _check_k(op, len(basis))
-    T = len(grads)
-    flat = []
-    for i, row in enumerate(basis):
-        if isinstance(row, torch.Tensor) and T == 1:
-            row = [row]
-        if isinstance(row, torch.Tensor) or not isinstance(row, (list, tuple)):
-            raise TypeError(f"{op}: basis[{i}] must be a list of {T} tensors matching grads")
-        if len(row) != T:
-            raise ValueError(f"{op}: basis[{i}] has {len(row)} tensors but grads has {T}")
-        for t, v in enumerate(row):
-            _check_tensor(op, f"basis[{i}][{t}]", v)
-            flat.append(v.detach())
-    if torch.is_grad_enabled() and any(x.requires_grad for x in grads):
-        raise ValueError(f"{op}: grads must not require grad (it is modified in place without "
-                         "autograd); pass the .grad tensors or call it under torch.no_grad()")
-    _ext.require(op, *grads[:1], *flat[:1])
-    return torch.ops.entangle_ext.project_orthogonal_(grads, flat, rcond)
+    rcond, ridge = check_rcond(op, rcond), check_ridge(op, "ridge", ridge)
+    gs, flat, k, probe = gather_lists(op, grads, basis, inplace=True)
+    if process_group is not None:
+        from ._projection_dist import project_sharded_
+        return project_sharded_(gs, flat, k, probe, rcond=rcond, ridge=ridge, group=process_group)
+    if not gs:
+        return torch.zeros(k, dtype=torch.float64, device=probe.device if probe is not None else "cpu")
+    _ext.require(op, gs[0], flat[0])
+    return torch.ops.entangle_ext.project_orthogonal_(gs, flat, rcond, ridge)
+
+
+def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1 of the projection: partial sums G = V V^T and b = V g over the tensors given.
+
+    With g = cat(grads), v_i = cat(basis[i]) (``None`` gradients skipped with their basis entries,
+    no copies), ``G[i, j] = <v_i, v_j>`` and ``b[i] = <v_i, g>`` accumulated in float64 in a fixed
+    order (docs/algorithm.md §5). The partials of disjoint shards of the vectors add up to those of
+    the whole: sum them over the shards (e.g. ``torch.distributed.all_reduce``), then
+    `projection_solve` and `projection_apply_`.
+
+    Args:
+        grads, basis: as in `project_orthogonal_` (read only here; ``grads`` may require grad).
+
+    Returns:
+        ``(G, b)``: ``(k, k)`` and ``(k,)`` float64 on the device of ``grads`` (zeros when every
+        gradient is ``None``), in squared units of the tensors. Not differentiable.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge).
+    """
+    op = "projection_gram"
+    gs, flat, k, probe = gather_lists(op, grads, basis, inplace=False)
+    if not gs:
+        dev = probe.device if probe is not None else "cpu"
+        return (torch.zeros(k, k, dtype=torch.float64, device=dev),
+                torch.zeros(k, dtype=torch.float64, device=dev))
+    _ext.require(op, gs[0], flat[0])
+    return torch.ops.entangle_ext.projection_gram([x.detach() for x in gs], flat)
+
+
+def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis,
+                      coeffs: torch.Tensor) -> None:
+    """Pass 2 of the projection, in place: ``grads[t] -= sum_i coeffs[i] * basis[i][t]``.
+
+    Computed in float64 and rounded once to the tensors' dtype; on CPU bit-identical to the second
+    pass of `project_orthogonal_` with the same coefficients (docs/algorithm.md §5).
+
+    Args:
+        grads, basis: as in `project_orthogonal_` (``None`` gradients skipped).
+        coeffs: ``(k,)`` float64 on the device of ``grads`` (e.g. from `projection_solve`).
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as `project_orthogonal_`; ``coeffs`` not a
+            ``(k,)`` float64 tensor on the device of ``grads``.
+    """
+    op = "projection_apply_"
+    gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True)
+    check_tensor(op, "coeffs", coeffs)
+    if not gs:
+        return
+    _ext.require(op, gs[0], flat[0])
+    torch.ops.entangle_ext.projection_apply_(gs, flat, coeffs.detach())
+
+
+def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[float] = None,
+                     shift: float = 0.0) -> torch.Tensor:
+    """Coefficients c = (G + shift I)^+ b of the projection, with the fused operators' solve.
+
+    The row-equilibrated float64 Jacobi pseudo-inverse with the relative eigenvalue cutoff
+    ``rcond`` (module docstring; docs/algorithm.md §5) - the very code the fused kernels run, on
+    the CPU or in one CUDA thread (no host synchronisation).
+
+    Args:
+        gram: ``(k, k)`` Gram matrix G = V V^T, 1 <= k <= `MAX_BASIS` (its lower triangle is
+            read), floating point (converted to float64), CPU or CUDA.
+        vg: ``(k,)`` products b = V g, same device.
+        rcond: relative eigenvalue cutoff in [1e-15, 1); None: `DEFAULT_RCOND`.
+        shift: >= 0, added to the diagonal of G (the fused operators pass ridge * T here).
+
+    Returns:
+        c ``(k,)`` float64 on the device of ``gram``. Not differentiable.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, a non-float rcond/shift.
+        ValueError: wrong shapes, k outside [1, 8], mismatched devices, bad rcond/shift.
+        RuntimeError: the native extension is not built/loaded.
+    """
+    op = "projection_solve"
+    check_tensor(op, "gram", gram)
+    check_tensor(op, "vg", vg)
+    rcond, shift = check_rcond(op, rcond), check_ridge(op, "shift", shift)
+    for name, x in (("gram", gram), ("vg", vg)):
+        if not x.is_floating_point():
+            raise TypeError(f"{op}: {name} must be a floating-point tensor, got {x.dtype}")
+    _ext.require(op, gram, vg)
+    return torch.ops.entangle_ext.projection_solve(
+        gram.detach().to(torch.float64).contiguous(), vg.detach().to(torch.float64).contiguous(),
+        rcond, shift)
 
 
 # ---------------------------------------------------------------------------------------------
 # torch.library registrations: fake (meta) kernels and autograd.
 # ---------------------------------------------------------------------------------------------
-def _fake_flat(g, basis, rcond):
+def _fake_flat(g, basis, rcond=None, ridge=0.0):
     return torch.empty_like(g), g.new_empty((basis.shape[0],), dtype=torch.float64)
 
 
-def _fake_inplace(grads, basis, rcond):
+def _fake_inplace(grads, basis, rcond=None, ridge=0.0):
     k = len(basis) // max(len(grads), 1)
     return grads[0].new_empty((k,), dtype=torch.float64)
 
 
+def _fake_gram(grads, basis, scale=None):
+    k = len(basis) // max(len(grads), 1)
+    return (grads[0].new_empty((k, k), dtype=torch.float64),
+            grads[0].new_empty((k,), dtype=torch.float64))
+
+
+def _fake_apply(grads, basis, coeffs, scale=None):
+    return None
+
+
+def _fake_solve(gram, vg, rcond=None, shift=0.0):
+    return vg.new_empty((gram.shape[0],), dtype=torch.float64)
+
+
 def _setup_context(ctx, inputs, output):
-    _, basis, rcond = inputs
+    _, basis, rcond, ridge = inputs
     ctx.save_for_backward(basis)
-    ctx.rcond = rcond
+    ctx.rcond, ctx.ridge = rcond, ridge
     ctx.mark_non_differentiable(output[1])
 
 
@@ -206,13 +316,16 @@ def _backward(ctx, grad_out, _grad_coeffs):
     (basis,) = ctx.saved_tensors
     grad_g = None
     if ctx.needs_input_grad[0]:
-        # The projector I - V^T C^+ V is symmetric: the vector-Jacobian product is the projection.
-        grad_g, _ = torch.ops.entangle_ext.project_orthogonal(grad_out.contiguous(), basis, ctx.rcond)
-    return grad_g, None, None
+        # I - V^T (V V^T + ridge I)^+ V is symmetric: the vector-Jacobian product is the projection.
+        grad_g, _ = torch.ops.entangle_ext.project_orthogonal(grad_out.contiguous(), basis,
+                                                              ctx.rcond, ctx.ridge)
+    return grad_g, None, None, None
 
 
 if _ext.available():
-    torch.library.register_fake("entangle_ext::project_orthogonal")(_fake_flat)
-    torch.library.register_fake("entangle_ext::project_orthogonal_")(_fake_inplace)
+    for _name, _fake in (("project_orthogonal", _fake_flat), ("project_orthogonal_", _fake_inplace),
+                         ("projection_gram", _fake_gram), ("projection_apply_", _fake_apply),
+                         ("projection_solve", _fake_solve)):
+        torch.library.register_fake(f"entangle_ext::{_name}")(_fake)
     torch.library.register_autograd("entangle_ext::project_orthogonal", _backward,
                                     setup_context=_setup_context)

@@ -1,18 +1,20 @@
-// CUDA kernels of entangle_ext::project_orthogonal (flat) and project_orthogonal_ (in place over a
-// tensor list): out = g - V^T c, c = (V V^T)^+ V g with a relative eigenvalue cutoff.
+// CUDA kernels of the projection operators (docs/algorithm.md §5): the fused project_orthogonal /
+// project_orthogonal_ and the split passes projection_gram / projection_apply_ / projection_solve.
 //
-// Multi-tensor-apply style, written for this op: the host packs tensor addresses and sizes into a
-// by-value kernel-argument struct (TensorListMeta) together with a block -> (tensor, chunk) table
-// (chunks of kChunk elements) and launches whenever the struct is full. No flattening copies.
-//  pass 1  (proj_pass1_kernel): one block per chunk reads g and the k basis vectors once and forms
-//          the k(k+1)/2 Gram entries and k dot products in float64; the block writes them to its
-//          own slot (slot = global chunk index, fixed by the shapes).
-//  finish  (proj_finish_kernel): one block sums the slots in a fixed order (deterministic, no
-//          atomics) and solves the k x k system in float64 on the device (projection.h: cyclic
-//          Jacobi on the row-normalised Gram with a relative eigenvalue cutoff); writes coeffs.
-//  pass 2  (proj_pass2_kernel): out = g - sum_i c_i v_i (float64 arithmetic, one rounding).
-// Everything runs on the current stream with no host synchronisation: the op is CUDA-graph
-// capturable and the coefficients never leave the device.
+// Multi-tensor style: the host packs up to proj_group_capacity(KMAX) tensors (addresses, sizes,
+// chunk prefix sums, alignment flags) into a by-value argument struct per launch (projection.h:
+// proj_plan_groups); every block grid-strides over the group's chunks of kChunk elements
+// (proj_locate_segment finds a chunk's tensor). No flattening copies.
+//  pass 1 (proj_pass1_kernel): float64 Gram of [V; g] per thread, then one fixed-order block sum
+//         into the block's slot (slot = launch base + block index, fixed by the shapes and GPU);
+//  finish (proj_finish_kernel): one block sums the slots in a fixed order and solves the k x k
+//         system in float64 (projection.h); float64 inputs whose squares under-/overflow set a
+//         device flag that runs the gated max-abs pass, the scales and pass 1 again (rescue);
+//  pass 2 (proj_pass2_kernel): out = g - V^T c in float64, one rounding, chunks in reverse order so
+//         the first chunks it reads are the L2-resident tail of pass 1.
+// Full tiles of aligned tensors use 16-byte vector loads, all (k+1) x unroll issued before the
+// arithmetic; the rest of a chunk is scalar. Everything runs on the current stream with no host
+// synchronisation (CUDA-graph capturable) and no atomics (bitwise deterministic on one GPU model).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -20,325 +22,292 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "../projection.h"
+#include "projection_kernels.cuh"
 
 namespace entangle_ext {
 namespace {
 
-constexpr int64_t kChunk = 16384;  // elements per block (and per reduction slot)
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;
-constexpr int kMaxBlocksPerLaunch = 320;
-
-// Tensors per launch for a basis bucket of KMAX vectors, sized so that the struct stays under the
-// 4 KiB kernel-parameter limit.
-template <int KMAX>
-struct ListCapacity;
-template <>
-struct ListCapacity<2> { static constexpr int value = 48; };
-template <>
-struct ListCapacity<4> { static constexpr int value = 36; };
-template <>
-struct ListCapacity<8> { static constexpr int value = 24; };
-
-template <int KMAX>
-struct TensorListMeta {
-  static constexpr int NT = ListCapacity<KMAX>::value;
-  const void* g[NT];
-  void* out[NT];
-  const void* v[KMAX][NT];
-  int64_t numel[NT];
-  int32_t block_to_chunk[kMaxBlocksPerLaunch];
-  uint8_t block_to_tensor[kMaxBlocksPerLaunch];
-};
-static_assert(sizeof(TensorListMeta<2>) <= 3900, "kernel argument struct too large");
-static_assert(sizeof(TensorListMeta<4>) <= 3900, "kernel argument struct too large");
-static_assert(sizeof(TensorListMeta<8>) <= 3900, "kernel argument struct too large");
-
-template <typename T>
-__device__ __forceinline__ double to_d(T x) {
-  return static_cast<double>(static_cast<float>(x));
-}
-template <>
-__device__ __forceinline__ double to_d<double>(double x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ double to_d<float>(float x) {
-  return static_cast<double>(x);
-}
-
-// Block sum of M per-thread doubles in a fixed order (deterministic, no atomics): warp shuffles,
-// then warps 0..kWarps-1 in order; out[m] is written by threads m, m + kThreads, ...
-template <int M>
-__device__ __forceinline__ void block_sum_fixed_order(const double (&acc)[M], double (*smem)[M],
-                                                      double* out) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    double x = acc[m];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
-    if (lane == 0) smem[warp][m] = x;
-  }
-  __syncthreads();
-  for (int m = threadIdx.x; m < M; m += kThreads) {
-    double s = 0.0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += smem[w][m];
-    out[m] = s;
-  }
-}
-
 // ------------------------------------------------------------------------------------------------
-// Pass 1: per-chunk Gram entries and V g.
-// ------------------------------------------------------------------------------------------------
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(kThreads)
-proj_pass1_kernel(TensorListMeta<KMAX> meta, int k, int64_t slot_base, double* __restrict__ partials) {
-  constexpr int M = proj_num_acc(KMAX);
-  constexpr int NG = KMAX * (KMAX + 1) / 2;
-  const int t = meta.block_to_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunk;
-  const int64_t n = meta.numel[t];
-  const int64_t len = (n - start) < kChunk ? (n - start) : kChunk;
-  const T* __restrict__ g = static_cast<const T*>(meta.g[t]) + start;
-  const T* v[KMAX];
-#pragma unroll
-  for (int i = 0; i < KMAX; ++i) v[i] = i < k ? static_cast<const T*>(meta.v[i][t]) + start : nullptr;
-
-  double acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0;
-
-  for (int64_t base = threadIdx.x; base < len; base += kThreads * kUnroll) {
-    T xg[kUnroll];
-    T xv[KMAX][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t e = base + u * kThreads;
-      const bool ok = e < len;
-      xg[u] = ok ? g[e] : T(0);
-#pragma unroll
-      for (int i = 0; i < KMAX; ++i) xv[i][u] = (ok && i < k) ? v[i][e] : T(0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const double gd = to_d(xg[u]);
-      double vd[KMAX];
-#pragma unroll
-      for (int i = 0; i < KMAX; ++i) vd[i] = to_d(xv[i][u]);
-#pragma unroll
-      for (int i = 0; i < KMAX; ++i) {
-#pragma unroll
-        for (int j = 0; j <= i; ++j) acc[tri_index(i, j)] += vd[i] * vd[j];
-        acc[NG + i] += vd[i] * gd;
-      }
-    }
-  }
-
-  __shared__ double smem[kWarps][M];
-  block_sum_fixed_order<M>(acc, smem, partials + (slot_base + blockIdx.x) * M);
-}
-
-// ------------------------------------------------------------------------------------------------
-// Finish: fixed-order sum of the slots, then the float64 k x k solve (one thread).
-// ------------------------------------------------------------------------------------------------
-template <int KMAX>
-__global__ void __launch_bounds__(kThreads)
-proj_finish_kernel(const double* __restrict__ partials, int64_t nslots, int k, double rcond,
-                   double* __restrict__ coeffs) {
-  constexpr int M = proj_num_acc(KMAX);
-  double acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0;
-  for (int64_t s = threadIdx.x; s < nslots; s += kThreads) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] += partials[s * M + m];
-  }
-  __shared__ double smem[kWarps][M];
-  __shared__ double total[M];
-  block_sum_fixed_order<M>(acc, smem, total);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double c[kProjMaxK];
-    solve_projection_coeffs(total, KMAX, k, rcond, c);
-    for (int i = 0; i < k; ++i) coeffs[i] = c[i];
-  }
-}
-
-// ------------------------------------------------------------------------------------------------
-// Pass 2: out = g - V^T c.
-// ------------------------------------------------------------------------------------------------
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(kThreads)
-proj_pass2_kernel(TensorListMeta<KMAX> meta, int k, const double* __restrict__ coeffs) {
-  const int t = meta.block_to_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunk;
-  const int64_t n = meta.numel[t];
-  const int64_t len = (n - start) < kChunk ? (n - start) : kChunk;
-  const T* g = static_cast<const T*>(meta.g[t]) + start;  // may alias out (in place)
-  T* out = static_cast<T*>(meta.out[t]) + start;
-  const T* v[KMAX];
-  double c[KMAX];
-#pragma unroll
-  for (int i = 0; i < KMAX; ++i) {
-    v[i] = i < k ? static_cast<const T*>(meta.v[i][t]) + start : nullptr;
-    c[i] = i < k ? coeffs[i] : 0.0;
-  }
-  for (int64_t base = threadIdx.x; base < len; base += kThreads * kUnroll) {
-    double r[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t e = base + u * kThreads;
-      r[u] = e < len ? to_d(g[e]) : 0.0;
-    }
-#pragma unroll
-    for (int i = 0; i < KMAX; ++i) {
-      if (i < k) {
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t e = base + u * kThreads;
-          if (e < len) r[u] -= c[i] * to_d(v[i][e]);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t e = base + u * kThreads;
-      if (e < len) out[e] = static_cast<T>(r[u]);
-    }
-  }
-}
-
-// ------------------------------------------------------------------------------------------------
-// Host side: pack the lists into TensorListMeta structs and launch when full.
+// Host side: pack the lists into launch structs, size the grids, launch on the current stream.
 // ------------------------------------------------------------------------------------------------
 struct HostLists {
-  std::vector<const void*> g;
+  std::vector<const void*> g, v;  // v: k * T, row-major by basis vector
   std::vector<void*> out;
-  std::vector<const void*> v;  // k * T, row-major by basis vector
   std::vector<int64_t> numel;
   int64_t T = 0;
+  int k = 0;
 };
 
-// Calls launch(meta, nblocks, slot_base) for consecutive groups of chunks; slot_base + b is the
-// global chunk index of block b. Empty tensors are skipped.
-template <int KMAX, typename Launch>
-void for_each_launch(const HostLists& L, int k, Launch&& launch) {
-  constexpr int NT = TensorListMeta<KMAX>::NT;
-  TensorListMeta<KMAX> meta;
-  int nt = 0, nb = 0;
-  int64_t slot_base = 0;
-  auto set_tensor = [&](int slot, int64_t t) {
-    meta.g[slot] = L.g[t];
-    meta.out[slot] = L.out[t];
-    meta.numel[slot] = L.numel[t];
-    for (int i = 0; i < KMAX; ++i) meta.v[i][slot] = i < k ? L.v[i * L.T + t] : nullptr;
-  };
-  for (int64_t t = 0; t < L.T; ++t) {
-    const int64_t n = L.numel[t];
-    if (n == 0) continue;
-    set_tensor(nt, t);
-    ++nt;
-    const int64_t nchunks = (n + kChunk - 1) / kChunk;
-    for (int64_t c = 0; c < nchunks; ++c) {
-      meta.block_to_tensor[nb] = static_cast<uint8_t>(nt - 1);
-      meta.block_to_chunk[nb] = static_cast<int32_t>(c);
-      ++nb;
-      const bool last_chunk = c == nchunks - 1;
-      if (nb == kMaxBlocksPerLaunch || (nt == NT && last_chunk)) {
-        launch(meta, nb, slot_base);
-        slot_base += nb;
-        nb = 0;
-        if (last_chunk) {
-          nt = 0;
-        } else {  // the current tensor continues in the next launch, as tensor 0
-          set_tensor(0, t);
-          nt = 1;
-        }
-      }
-    }
+HostLists make_host_lists(at::TensorList grads, at::TensorList basis, int64_t k) {
+  HostLists L;
+  L.T = static_cast<int64_t>(grads.size());
+  L.k = static_cast<int>(k);
+  for (const auto& x : grads) {
+    L.g.push_back(x.data_ptr());
+    L.out.push_back(x.data_ptr());
+    L.numel.push_back(x.numel());
   }
-  if (nb > 0) launch(meta, nb, slot_base);
+  for (const auto& x : basis) L.v.push_back(x.data_ptr());
+  return L;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <int KMAX>
+std::vector<ProjArgs<KMAX>> build_args(const HostLists& L) {
+  const auto groups = proj_plan_groups(L.numel, ProjArgs<KMAX>::NT, kChunk);
+  std::vector<ProjArgs<KMAX>> args(groups.size());
+  for (size_t q = 0; q < groups.size(); ++q) {
+    ProjArgs<KMAX>& a = args[q];
+    std::memset(&a, 0, sizeof(a));
+    const ProjGroup& grp = groups[q];
+    a.nseg = static_cast<int>(grp.tensors.size());
+    for (int s = 0; s < a.nseg; ++s) {
+      const int64_t t = grp.tensors[s];
+      a.g[s] = L.g[t];
+      a.out[s] = L.out[t];
+      bool al = aligned16(L.g[t]) && aligned16(L.out[t]);
+      for (int i = 0; i < KMAX; ++i) {
+        a.v[i][s] = i < L.k ? L.v[i * L.T + t] : nullptr;
+        if (i < L.k) al = al && aligned16(a.v[i][s]);
+      }
+      a.numel[s] = L.numel[t];
+      a.chunk_prefix[s] = grp.chunk_prefix[s];
+      a.aligned[s] = al ? 1 : 0;
+    }
+    a.chunk_prefix[a.nseg] = grp.chunk_prefix[a.nseg];
+  }
+  return args;
+}
+
+// Resident blocks per SM of a kernel (queried once per kernel; host-only, capture-safe).
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, int* cache) {
+  if (*cache == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+    *cache = std::max(n, 1);
+  }
+  return *cache;
+}
+
+// Calls launch(args, grid, slot_base) per group (grid = chunks, capped at a full GPU of resident
+// blocks; slot_base = sum of the earlier grids). Returns the number of slots. reverse: last first.
+template <int KMAX, typename Launch>
+int64_t for_each_launch(const std::vector<ProjArgs<KMAX>>& args, int per_sm, bool reverse,
+                        Launch&& launch) {
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int64_t base = 0;
+  for (size_t qq = 0; qq < args.size(); ++qq) {
+    const size_t q = reverse ? args.size() - 1 - qq : qq;
+    const int64_t nchunks = args[q].chunk_prefix[args[q].nseg];
+    const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(nchunks, sms * per_sm));
+    launch(args[q], static_cast<unsigned>(grid), base);
+    base += grid;
+  }
+  return base;
+}
+
+template <int KMAX>
+int64_t count_slots(const std::vector<ProjArgs<KMAX>>& args, int per_sm) {
+  return for_each_launch<KMAX>(args, per_sm, false, [](const ProjArgs<KMAX>&, unsigned, int64_t) {});
+}
+
+// Occupancy cache of one kernel: Which = 0 pass 1, 1 scaled pass 1, 2 max-abs, 3 pass 2.
+template <typename T, int KMAX, int Which>
+int* occupancy_cache() {
+  static int blocks = 0;
+  return &blocks;
+}
+
+// Pass 1 over every group into partials (slot width proj_num_acc(KMAX)). Returns the slots.
+template <typename T, int KMAX>
+int64_t launch_pass1(const std::vector<ProjArgs<KMAX>>& args, int k, const double* scale,
+                     const int* gate, double* partials, cudaStream_t stream) {
+  const int per_sm = scale != nullptr ? blocks_per_sm(proj_pass1_kernel<T, KMAX, true>, occupancy_cache<T, KMAX, 1>())
+                                      : blocks_per_sm(proj_pass1_kernel<T, KMAX, false>, occupancy_cache<T, KMAX, 0>());
+  return for_each_launch<KMAX>(args, per_sm, false, [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t base) {
+    if (scale != nullptr) {
+      proj_pass1_kernel<T, KMAX, true><<<grid, kThreads, 0, stream>>>(a, k, scale, gate, base, partials);
+    } else {
+      proj_pass1_kernel<T, KMAX, false><<<grid, kThreads, 0, stream>>>(a, k, scale, gate, base, partials);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 template <typename T, int KMAX>
-at::Tensor project_core_cuda(const HostLists& L, int k, double rcond, const at::TensorOptions& opts) {
+void launch_pass2(const std::vector<ProjArgs<KMAX>>& args, int k, const double* c, const double* scale,
+                  cudaStream_t stream) {
+  const int per_sm = blocks_per_sm(proj_pass2_kernel<T, KMAX>, occupancy_cache<T, KMAX, 3>());
+  for_each_launch<KMAX>(args, per_sm, true, [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t) {
+    proj_pass2_kernel<T, KMAX><<<grid, kThreads, 0, stream>>>(a, k, c, scale);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+template <int KMAX>
+void launch_finish(const double* partials, int64_t nslots, int k, double rcond, double shift,
+                   FinishMode mode, Work* work, double* out1, double* out2, cudaStream_t stream) {
+  proj_finish_kernel<KMAX><<<1, kThreads, 0, stream>>>(partials, nslots, k, rcond, shift, mode, work,
+                                                       out1, out2);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The fused projection; returns c (k,) float64. float64 runs the gated rescue launches too.
+template <typename T, int KMAX>
+at::Tensor project_core_cuda(const HostLists& L, double rcond, double shift, const at::TensorOptions& opts) {
+  constexpr bool kF64 = std::is_same_v<T, double>;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  constexpr int M = proj_num_acc(KMAX);
-  int64_t nslots = 0;
-  for (int64_t t = 0; t < L.T; ++t) nslots += (L.numel[t] + kChunk - 1) / kChunk;
-  auto dopts = opts.dtype(at::kDouble);
-  auto partials = at::empty({std::max<int64_t>(nslots, 1) * M}, dopts);
+  const int k = L.k;
+  const auto args = build_args<KMAX>(L);
+  const auto dopts = opts.dtype(at::kDouble);
+  int64_t width = count_slots<KMAX>(args, blocks_per_sm(proj_pass1_kernel<T, KMAX, false>, occupancy_cache<T, KMAX, 0>())) *
+                  proj_num_acc(KMAX);
+  if constexpr (kF64) {
+    width = std::max(width, count_slots<KMAX>(args, blocks_per_sm(proj_pass1_kernel<T, KMAX, true>, occupancy_cache<T, KMAX, 1>())) *
+                                proj_num_acc(KMAX));
+    width = std::max(width, count_slots<KMAX>(args, blocks_per_sm(proj_absmax_kernel<T, KMAX>, occupancy_cache<T, KMAX, 2>())) *
+                                (KMAX + 1));
+  }
+  at::Tensor partials = at::empty({std::max<int64_t>(width, 1)}, dopts);
+  auto work_t = at::empty({static_cast<int64_t>((sizeof(Work) + 7) / 8)}, dopts);
   auto coeffs = at::empty({k}, dopts);
   double* pp = partials.data_ptr<double>();
   double* cp = coeffs.data_ptr<double>();
-  for_each_launch<KMAX>(L, k, [&](const TensorListMeta<KMAX>& meta, int nb, int64_t slot_base) {
-    proj_pass1_kernel<T, KMAX><<<nb, kThreads, 0, stream>>>(meta, k, slot_base, pp);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-  proj_finish_kernel<KMAX><<<1, kThreads, 0, stream>>>(pp, nslots, k, rcond, cp);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  for_each_launch<KMAX>(L, k, [&](const TensorListMeta<KMAX>& meta, int nb, int64_t) {
-    proj_pass2_kernel<T, KMAX><<<nb, kThreads, 0, stream>>>(meta, k, cp);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  Work* work = reinterpret_cast<Work*>(work_t.data_ptr<double>());
+  const int64_t n1 = launch_pass1<T, KMAX>(args, k, nullptr, nullptr, pp, stream);
+  launch_finish<KMAX>(pp, n1, k, rcond, shift, kF64 ? kSolveOrFlag : kSolve, work, cp, nullptr, stream);
+  if constexpr (kF64) {  // rescue (runs only when the device flag is set)
+    const int* gate = &work->rescue;
+    const int64_t na = for_each_launch<KMAX>(args, *occupancy_cache<T, KMAX, 2>(), false,
+                                             [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t base) {
+      proj_absmax_kernel<T, KMAX><<<grid, kThreads, 0, stream>>>(a, k, gate, base, pp);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    launch_finish<KMAX>(pp, na, k, rcond, shift, kScales, work, nullptr, nullptr, stream);
+    const int64_t n2 = launch_pass1<T, KMAX>(args, k, work->scale, gate, pp, stream);
+    launch_finish<KMAX>(pp, n2, k, rcond, shift, kRescueSolve, work, cp, nullptr, stream);
+  }
+  launch_pass2<T, KMAX>(args, k, work->c_apply, kF64 ? work->scale : nullptr, stream);
   return coeffs;
 }
 
-at::Tensor dispatch_core_cuda(const HostLists& L, int k, double rcond, at::ScalarType dtype,
-                              const at::TensorOptions& opts) {
-  at::Tensor coeffs;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "project_orthogonal_cuda", [&] {
+template <typename T, int KMAX>
+std::tuple<at::Tensor, at::Tensor> gram_core_cuda(const HostLists& L, const double* scale,
+                                                  const at::TensorOptions& opts) {
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int k = L.k;
+  const auto args = build_args<KMAX>(L);
+  const auto dopts = opts.dtype(at::kDouble);
+  const int per_sm = scale != nullptr ? blocks_per_sm(proj_pass1_kernel<T, KMAX, true>, occupancy_cache<T, KMAX, 1>())
+                                      : blocks_per_sm(proj_pass1_kernel<T, KMAX, false>, occupancy_cache<T, KMAX, 0>());
+  at::Tensor partials = at::empty({std::max<int64_t>(count_slots<KMAX>(args, per_sm) * proj_num_acc(KMAX), 1)}, dopts);
+  auto G = at::empty({k, k}, dopts), b = at::empty({k}, dopts);
+  const int64_t n = launch_pass1<T, KMAX>(args, k, scale, nullptr, partials.data_ptr<double>(), stream);
+  launch_finish<KMAX>(partials.data_ptr<double>(), n, k, 0.0, 0.0, kGram, nullptr, G.data_ptr<double>(),
+                      b.data_ptr<double>(), stream);
+  return {G, b};
+}
+
+// Calls fn.template operator()<scalar_t, KMAX>() for the dtype and the basis bucket of k.
+template <typename Fn>
+void dispatch_cuda(at::ScalarType dtype, int k, Fn&& fn) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "projection_cuda", [&] {
     if (k <= 2) {
-      coeffs = project_core_cuda<scalar_t, 2>(L, k, rcond, opts);
+      fn.template operator()<scalar_t, 2>();
     } else if (k <= 4) {
-      coeffs = project_core_cuda<scalar_t, 4>(L, k, rcond, opts);
+      fn.template operator()<scalar_t, 4>();
     } else {
-      coeffs = project_core_cuda<scalar_t, 8>(L, k, rcond, opts);
+      fn.template operator()<scalar_t, 8>();
     }
   });
-  return coeffs;
 }
 
 std::tuple<at::Tensor, at::Tensor> project_orthogonal_cuda(const at::Tensor& g, const at::Tensor& basis,
-                                                           double rcond) {
-  const int64_t k = check_projection_flat(g, basis, rcond, "project_orthogonal");
+                                                           std::optional<double> rcond, double ridge) {
+  const char* op = "project_orthogonal";
+  const int64_t k = check_projection_flat(g, basis, op);
+  const double rc = resolve_rcond(rcond, op);
+  check_ridge(ridge, op, "ridge");
   c10::cuda::CUDAGuard guard(g.device());
   auto out = at::empty_like(g);
-  const int64_t P = g.numel();
-  TORCH_CHECK_VALUE(P / kChunk < INT32_MAX, "project_orthogonal: tensor too large");
-  HostLists L;
-  L.T = 1;
-  L.g.push_back(g.data_ptr());
-  L.out.push_back(out.data_ptr());
-  L.numel.push_back(P);
-  const size_t row_bytes = static_cast<size_t>(P) * basis.element_size();
-  for (int64_t i = 0; i < k; ++i)
-    L.v.push_back(static_cast<const char*>(basis.data_ptr()) + i * row_bytes);
-  auto coeffs = dispatch_core_cuda(L, static_cast<int>(k), rcond, g.scalar_type(), g.options());
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < k; ++i) rows.push_back(basis.select(0, i));
+  HostLists L = make_host_lists({g}, rows, k);
+  L.out[0] = out.data_ptr();
+  at::Tensor coeffs;
+  dispatch_cuda(g.scalar_type(), L.k, [&]<typename T, int KMAX>() {
+    coeffs = project_core_cuda<T, KMAX>(L, rc, ridge, g.options());
+  });
   return {out, coeffs};
 }
 
-at::Tensor project_orthogonal_inplace_cuda(at::TensorList grads, at::TensorList basis, double rcond) {
-  const int64_t k = check_projection_lists(grads, basis, rcond, "project_orthogonal_");
+at::Tensor project_orthogonal_inplace_cuda(at::TensorList grads, at::TensorList basis,
+                                           std::optional<double> rcond, double ridge) {
+  const char* op = "project_orthogonal_";
+  const int64_t k = check_projection_lists(grads, basis, op);
+  const double rc = resolve_rcond(rcond, op);
+  check_ridge(ridge, op, "ridge");
   c10::cuda::CUDAGuard guard(grads[0].device());
-  HostLists L;
-  L.T = static_cast<int64_t>(grads.size());
-  for (int64_t t = 0; t < L.T; ++t) {
-    TORCH_CHECK_VALUE(grads[t].numel() / kChunk < INT32_MAX, "project_orthogonal_: tensor too large");
-    L.g.push_back(grads[t].data_ptr());
-    L.out.push_back(grads[t].data_ptr());
-    L.numel.push_back(grads[t].numel());
-  }
-  for (const auto& v : basis) L.v.push_back(v.data_ptr());
-  return dispatch_core_cuda(L, static_cast<int>(k), rcond, grads[0].scalar_type(), grads[0].options());
+  const HostLists L = make_host_lists(grads, basis, k);
+  const double shift = ridge * static_cast<double>(grads.size());  // ridge per tensor
+  at::Tensor coeffs;
+  dispatch_cuda(grads[0].scalar_type(), L.k, [&]<typename T, int KMAX>() {
+    coeffs = project_core_cuda<T, KMAX>(L, rc, shift, grads[0].options());
+  });
+  return coeffs;
+}
+
+std::tuple<at::Tensor, at::Tensor> projection_gram_cuda(at::TensorList grads, at::TensorList basis,
+                                                        const std::optional<at::Tensor>& scale) {
+  const char* op = "projection_gram";
+  const int64_t k = check_projection_lists(grads, basis, op);
+  if (scale.has_value()) check_proj_vector(*scale, k + 1, grads[0].device(), op, "scale");
+  c10::cuda::CUDAGuard guard(grads[0].device());
+  const HostLists L = make_host_lists(grads, basis, k);
+  const double* sp = scale.has_value() ? scale->data_ptr<double>() : nullptr;
+  std::tuple<at::Tensor, at::Tensor> res;
+  dispatch_cuda(grads[0].scalar_type(), L.k, [&]<typename T, int KMAX>() {
+    res = gram_core_cuda<T, KMAX>(L, sp, grads[0].options());
+  });
+  return res;
+}
+
+void projection_apply_cuda(at::TensorList grads, at::TensorList basis, const at::Tensor& coeffs,
+                           const std::optional<at::Tensor>& scale) {
+  const char* op = "projection_apply_";
+  const int64_t k = check_projection_lists(grads, basis, op);
+  check_proj_vector(coeffs, k, grads[0].device(), op, "coeffs");
+  if (scale.has_value()) check_proj_vector(*scale, k, grads[0].device(), op, "scale");
+  c10::cuda::CUDAGuard guard(grads[0].device());
+  const HostLists L = make_host_lists(grads, basis, k);
+  const double* sp = scale.has_value() ? scale->data_ptr<double>() : nullptr;
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  dispatch_cuda(grads[0].scalar_type(), L.k, [&]<typename T, int KMAX>() {
+    launch_pass2<T, KMAX>(build_args<KMAX>(L), L.k, coeffs.data_ptr<double>(), sp, stream);
+  });
+}
+
+at::Tensor projection_solve_cuda(const at::Tensor& gram, const at::Tensor& vg, std::optional<double> rcond,
+                                 double shift) {
+  const char* op = "projection_solve";
+  const int64_t k = check_projection_solve(gram, vg, shift, op);
+  const double rc = resolve_rcond(rcond, op);
+  c10::cuda::CUDAGuard guard(gram.device());
+  auto c = at::empty({k}, vg.options());
+  proj_solve_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(
+      gram.data_ptr<double>(), vg.data_ptr<double>(), static_cast<int>(k), rc, shift, c.data_ptr<double>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return c;
 }
 
 }  // namespace
@@ -346,6 +315,9 @@ at::Tensor project_orthogonal_inplace_cuda(at::TensorList grads, at::TensorList 
 TORCH_LIBRARY_IMPL(entangle_ext, CUDA, m) {
   m.impl("project_orthogonal", &project_orthogonal_cuda);
   m.impl("project_orthogonal_", &project_orthogonal_inplace_cuda);
+  m.impl("projection_gram", &projection_gram_cuda);
+  m.impl("projection_apply_", &projection_apply_cuda);
+  m.impl("projection_solve", &projection_solve_cuda);
 }
 
 }  // namespace entangle_ext

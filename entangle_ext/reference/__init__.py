@@ -6,8 +6,8 @@ not built: same arguments and results as the operators, plain PyTorch ops, no co
 from .wasserstein import wasserstein2_1d, wasserstein2_1d_sorted
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 from .projection import (project_orthogonal, project_orthogonal_, project_orthogonal_flat_composite,
-                         project_orthogonal_loop)
+                         project_orthogonal_loop, projection_apply_, projection_gram, projection_solve)
 
 __all__ = ["wasserstein2_1d", "wasserstein2_1d_sorted", "augmented_lagrangian_term", "dual_update_",
            "project_orthogonal", "project_orthogonal_", "project_orthogonal_flat_composite",
-           "project_orthogonal_loop"]
+           "project_orthogonal_loop", "projection_gram", "projection_apply_", "projection_solve"]

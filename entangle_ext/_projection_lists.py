@@ -1,0 +1,99 @@
+"""Argument handling shared by the projection wrappers (entangle_ext.projection): the limits read
+from the compiled extension, scalar checks, and the normalisation of gradient / basis lists."""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import _ext
+
+
+def _limits() -> Tuple[int, float]:
+    """(MAX_BASIS, DEFAULT_RCOND) as compiled into the extension (csrc/projection.h). Without a
+    loaded extension (reference-only use) the same values, which a test checks against the build."""
+    C = _ext._C if _ext.available() else None
+    if C is not None and hasattr(C, "projection_max_basis"):
+        return int(C.projection_max_basis()), float(C.projection_default_rcond())
+    return 8, 1e-7
+
+
+#: Largest number of basis vectors k of the projection operators.
+#: Default relative eigenvalue cutoff of the row-normalised Gram (``rcond=None`` means this value).
+MAX_BASIS, DEFAULT_RCOND = _limits()
+
+
+def check_tensor(op: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_k(op: str, k: int) -> None:
+    if k < 1 or k > MAX_BASIS:
+        raise ValueError(f"{op}: the number of basis vectors k must be in [1, {MAX_BASIS}], got {k}")
+
+
+def check_rcond(op: str, rcond) -> Optional[float]:
+    """None (the operators' DEFAULT_RCOND) or a float in [1e-15, 1)."""
+    if rcond is None:
+        return None
+    if isinstance(rcond, bool) or not isinstance(rcond, (int, float)):
+        raise TypeError(f"{op}: rcond must be a float or None, got {type(rcond).__name__}")
+    rcond = float(rcond)
+    if not (1e-15 <= rcond < 1.0):
+        raise ValueError(f"{op}: rcond must be in [1e-15, 1), got {rcond}")
+    return rcond
+
+
+def check_ridge(op: str, name: str, x) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{op}: {name} must be a float, got {type(x).__name__}")
+    x = float(x)
+    if not (math.isfinite(x) and x >= 0.0):
+        raise ValueError(f"{op}: {name} must be finite and >= 0, got {x}")
+    return x
+
+
+def gather_lists(op: str, grads, basis, *, inplace: bool
+                 ) -> Tuple[List[torch.Tensor], List[torch.Tensor], int, Optional[torch.Tensor]]:
+    """Validate the list arguments; drop ``None`` gradients with their basis entries.
+
+    Returns ``(gs, flat, k, probe)``: the kept gradients, their basis tensors row-major by basis
+    vector (``flat[i * len(gs) + t]``, detached), k, and a tensor that tells the device and dtype
+    (the first kept gradient, else the first basis tensor, else None).
+    """
+    if isinstance(grads, torch.Tensor) or not isinstance(grads, (list, tuple)):
+        raise TypeError(f"{op}: grads must be a list or tuple of tensors, got {type(grads).__name__}")
+    grads = list(grads)
+    if len(grads) == 0:
+        raise ValueError(f"{op}: grads must be a non-empty list of tensors")
+    for t, x in enumerate(grads):
+        if x is not None:
+            check_tensor(op, f"grads[{t}]", x)
+    if isinstance(basis, torch.Tensor) or not isinstance(basis, (list, tuple)):
+        raise TypeError(f"{op}: basis must be a sequence of k lists of tensors, got {type(basis).__name__}")
+    check_k(op, len(basis))
+    T = len(grads)
+    keep = [t for t, x in enumerate(grads) if x is not None]
+    rows, probe = [], None
+    for i, row in enumerate(basis):
+        if isinstance(row, torch.Tensor) and T == 1:
+            row = [row]
+        if isinstance(row, torch.Tensor) or not isinstance(row, (list, tuple)):
+            raise TypeError(f"{op}: basis[{i}] must be a list of {T} tensors matching grads")
+        if len(row) != T:
+            raise ValueError(f"{op}: basis[{i}] has {len(row)} tensors but grads has {T}")
+        for t in keep:
+            if row[t] is None:
+                raise ValueError(f"{op}: basis[{i}][{t}] is None but grads[{t}] is a tensor")
+            check_tensor(op, f"basis[{i}][{t}]", row[t])
+        if probe is None:
+            probe = next((v for v in row if isinstance(v, torch.Tensor)), None)
+        rows.append(row)
+    gs = [grads[t] for t in keep]
+    flat = [rows[i][t].detach() for i in range(len(rows)) for t in keep]
+    if inplace and torch.is_grad_enabled() and any(x.requires_grad for x in gs):
+        raise ValueError(f"{op}: grads must not require grad (it is modified in place without "
+                         "autograd); pass the .grad tensors or call it under torch.no_grad()")
+    return gs, flat, len(rows), gs[0] if gs else probe
