@@ -5,6 +5,7 @@
     python -m entangle_ext --setting cifar100 --data-root path/to/cifar100.npz --out runs/cifar \\
         --superclasses fish,flowers,insects --max-train-per-class 100 --original-epochs 5 --epochs 2
     python -m entangle_ext --setting tinyimagenet --weights vit_b_32.pth --out runs/tin   # also celeba, toxigen
+    torchrun --nproc_per_node 4 -m entangle_ext --setting cifar100 --out runs/cifar   # 4 ranks, global batches
 
 The settings, their variants and options come from the registry `entangle_ext.settings`; the flags
 below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS`. Writes ``report.json``,
@@ -114,13 +115,14 @@ def main(argv=None) -> int:
         return __import__("entangle_ext.cli_compare", fromlist=["main"]).main(argv[1:])
     from .settings import get_setting, prepare
     from .unlearn import unlearn
+    from .unlearn.distributed import init_from_env
 
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        try:
-            device = torch.device(args.device)
+        try:   # under torchrun: one process per rank (NCCL with one GPU each, else gloo)
+            procs, device = init_from_env(args.device)
         except RuntimeError as e:
             raise ValueError(f"--device {args.device!r}: {e}") from None
         setting = get_setting(args.setting)
@@ -130,18 +132,23 @@ def main(argv=None) -> int:
         cfg = setting.config(variant, recipe=args.recipe, stage1=s1, stage2=s2, seed=args.seed,
                              deterministic=args.deterministic, log_every=args.log_every,
                              checkpoint_every=args.checkpoint_every)   # bad values fail before training
-        run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.seed, device=device,
-                      cache_dir=args.out, progress=not args.no_progress, data=data, model=model,
-                      train={"epochs": args.original_epochs})
-        print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))
+        for turn in (True, False):   # rank 0 trains and caches θ0 first; the others then load it
+            if turn == procs.is_main:
+                run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.seed, device=device,
+                              cache_dir=args.out, progress=not args.no_progress and procs.is_main, data=data,
+                              model=model, train={"epochs": args.original_epochs})
+            procs.barrier()
+        if procs.is_main:
+            print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))
         res = unlearn(run.model, run.splits, cfg, device=device, out_dir=args.out, resume=args.resume,
                       progress=not args.no_progress)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"entangle-unlearn: error: {e}", file=sys.stderr)
         return 2
-    if args.no_progress:
-        print(res.table)
-    print(f"report: {Path(args.out) / 'report.json'}")
+    if procs.is_main:
+        if args.no_progress:
+            print(res.table)
+        print(f"report: {Path(args.out) / 'report.json'}")
     return 0
 
 

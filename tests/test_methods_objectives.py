@@ -167,8 +167,8 @@ def test_rl_training_uses_never_true_labels_on_forget_only(small64, monkeypatch)
     import entangle_ext.methods.rl as rl
     calls = []
 
-    def spy(y, C, mode, gen):
-        out = random_labels(y, C, mode, gen)
+    def spy(y, C, mode, gen, **kw):
+        out = random_labels(y, C, mode, gen, **kw)
         calls.append((y.clone(), out.clone(), mode))
         return out
     monkeypatch.setattr(rl, "random_labels", spy)

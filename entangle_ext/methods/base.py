@@ -15,7 +15,10 @@ A baseline is one small class::
             return self.loop(stream, config.epochs, step, objects, loop_args, keys, device)
 
 and is called as ``entangle_ext.unlearn(model, splits, method="ga")`` (`run_method` does the
-evaluation, timing, report and checkpoint plumbing around ``run``).
+evaluation, timing, report and checkpoint plumbing around ``run``). Under several ranks
+(docs/algorithm.md §11) the streams give each rank its part of every global batch, so a method
+writes its losses as global means (`entangle_ext.unlearn.losses.mean_ce`, `Dist.means`) and takes
+its steps with `descend` / `step_along` / ``grads_of``, which average the gradients over the ranks.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import torch
 from ..train import _union
 from ..unlearn.config import _at_least, _check_fields, _require
 from ..unlearn.data import BatchStream, Splits
+from ..unlearn.distributed import current
 from ..unlearn.loop import StageLoop
 
 __all__ = ["METHODS", "HPARAMS", "PAPER_SETTINGS", "register_method", "get_method",
@@ -286,9 +290,11 @@ class UnlearningMethod:
     @staticmethod
     def descend(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], loss: torch.Tensor,
                 cfg: TrainConfig, before_step: Optional[Callable[[], None]] = None) -> None:
-        """zero_grad → loss.backward() → ``before_step()`` → gradient clipping → opt.step()."""
+        """zero_grad → loss.backward() → gradients averaged over the ranks (several processes) →
+        ``before_step()`` → gradient clipping → opt.step()."""
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        current().average_grads_(params)
         if before_step is not None:
             before_step()
         if cfg.grad_clip is not None:

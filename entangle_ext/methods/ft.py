@@ -1,7 +1,7 @@
 """FT: fine-tune on the retain set D_adj ∪ D_rem with cross-entropy (docs/algorithm.md §10)."""
 from __future__ import annotations
 
-from ..unlearn.losses import per_sample_ce, trainable_params
+from ..unlearn.losses import mean_ce, trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method, retain_set
 
 __all__ = ["FineTune"]
@@ -34,7 +34,7 @@ class FineTune(UnlearningMethod):
 
         def step(i, batch):
             self.set_epoch_lr(opt, config, i, len(stream))
-            loss = per_sample_ce(model, batch).mean()
+            loss = mean_ce(model, batch)
             self.descend(opt, params, loss, config)
             return loss, []
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unlearn.losses import per_sample_ce, trainable_params
+from ..unlearn.losses import mean_ce, trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method
 
 __all__ = ["GradientAscent", "GAConfig"]
@@ -40,7 +40,7 @@ class GradientAscent(UnlearningMethod):
 
         def step(i, batch):
             self.set_epoch_lr(opt, config, i, len(stream))
-            ce = per_sample_ce(model, batch).mean()
+            ce = mean_ce(model, batch)
             self.descend(opt, params, -ce, config)
             return -ce, [ce]
 

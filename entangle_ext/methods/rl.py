@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..train import _union
 from ..unlearn.data import _stream_seed, forward_logits, split_batch
+from ..unlearn.distributed import current
 from ..unlearn.losses import trainable_params
 from .base import IndexedStream, TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method
 
@@ -31,16 +32,20 @@ class RLConfig(TrainConfig):
     label_mode: LabelMode = "never_true"
 
 
-def random_labels(y: torch.Tensor, num_classes: int, mode: LabelMode, generator: torch.Generator) -> torch.Tensor:
+def random_labels(y: torch.Tensor, num_classes: int, mode: LabelMode, generator: torch.Generator,
+                  span: Optional[Tuple[int, int, int]] = None) -> torch.Tensor:
     """Random class labels for the (B,) int64 labels ``y``: uniform over the C − 1 wrong classes
     ("never_true") or over all C ("uniform"). Drawn on the CPU from ``generator``, returned on
-    ``y.device`` (int64). Raises ValueError for C < 2 with "never_true"."""
+    ``y.device`` (int64). ``span`` = (lo, hi, n): ``y`` is positions [lo, hi) of a global batch of
+    n samples (a rank's part, `BatchStream.shard_span`); the draw is for all n, so every rank gets
+    its part of the labels one process draws. Raises ValueError for C < 2 with "never_true"."""
+    lo, hi, n = span if span is not None else (0, y.shape[0], y.shape[0])
     if mode == "never_true":
         if num_classes < 2:
             raise ValueError("random labels that are never the true one need at least 2 classes")
-        shift = torch.randint(1, num_classes, tuple(y.shape), generator=generator)
+        shift = torch.randint(1, num_classes, (n,), generator=generator)[lo:hi]
         return (y + shift.to(y.device, non_blocking=True)) % num_classes
-    return torch.randint(0, num_classes, tuple(y.shape), generator=generator).to(y.device, non_blocking=True)
+    return torch.randint(0, num_classes, (n,), generator=generator)[lo:hi].to(y.device, non_blocking=True)
 
 
 @register_method("rl")
@@ -71,8 +76,9 @@ class RandomLabel(UnlearningMethod):
             inputs, y = split_batch(batch)
             gen = torch.Generator().manual_seed(_stream_seed(seed, f"{self.name}/labels", i))
             forget = (idx < n_forget).to(y.device, non_blocking=True)
-            y = torch.where(forget, random_labels(y, C, config.label_mode, gen), y)
-            loss = F.cross_entropy(forward_logits(model, inputs), y)
+            y = torch.where(forget, random_labels(y, C, config.label_mode, gen,
+                                                  span=stream.shard_span(i % len(stream))), y)
+            loss = current().means(F.cross_entropy(forward_logits(model, inputs), y, reduction="none"))[0]
             self.descend(opt, params, loss, config, before_step)
             if after_step is not None:
                 after_step()

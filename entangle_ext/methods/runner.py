@@ -10,8 +10,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 
-from ..unlearn.checkpoint import Checkpointer, load_checkpoint, preserved_rng, seed_everything, set_rng_state
+from ..unlearn.checkpoint import (Checkpointer, load_checkpoint, preserved_rng, restore_objects, seed_everything,
+                                  set_rng_state)
 from ..unlearn.data import Splits
+from ..unlearn.distributed import check_world_size, scope
 from ..unlearn.driver import UnlearnResult, _preflight
 from ..unlearn.evaluate import evaluate
 from ..unlearn.report import build_report, format_table, write_report
@@ -45,6 +47,7 @@ def _load(resume, name: str) -> Optional[Dict[str, Any]]:
     if ckpt.get("method", "two_stage") != name:
         raise ValueError(f"the checkpoint was written by method {ckpt.get('method', 'two_stage')!r}, "
                          f"not {name!r}")
+    check_world_size(ckpt)
     return ckpt
 
 
@@ -57,7 +60,7 @@ def _unlearn(cls, model, splits, config, ckpt: Dict[str, Any], saver: Checkpoint
              out, progress, model_fn) -> Tuple[List[Dict[str, float]], float]:
     """The method's run (or the finished one of the checkpoint): (history, seconds of unlearning)."""
     if ckpt.get("stage_done"):
-        model.load_state_dict(ckpt["model"])
+        restore_objects({"model": model}, ckpt)
         return list(ckpt.get("history", [])), float(ckpt.get("unlearn_s", 0.0))
     method = cls(num_classes=num_classes, model_fn=model_fn)
     model.train(bool(getattr(config, "train_mode", False)))
@@ -88,7 +91,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     ({method: steps}), ``timings_s`` (``unlearn`` = wall clock of the method, evaluation
     excluded; ``eval_original``, ``eval_final``), ``evals`` ({"original", "final"}: {split: {"acc",
     "loss", "n", ...}}), ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
-    Randomness is seeded from ``config.seed``; the caller's generator states are restored.
+    Randomness is seeded from ``config.seed``; the caller's generator states are restored. Under
+    several ranks as `entangle_ext.unlearn` (docs/algorithm.md §11).
 
     Raises:
         TypeError: a config of another method, a non-`Splits` ``splits``.
@@ -96,7 +100,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             method; NonFiniteLossError (a ValueError) for a NaN/Inf loss (names the step).
     """
     warm_imports()
-    with preserved_rng():
+    with preserved_rng(), scope(model) as (d, model):
         ckpt = _load(resume, cls.name)
         from_preset = config is None and ckpt is None
         config = resolve_config(cls, config, setting, hparams, ckpt).validate()
@@ -128,11 +132,12 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         report = build_report(config=config.to_dict(), num_classes=C, c0=None, lam=None, history=history,
                               timings=timings, evals=evals, checkpoint=saver.last_path)
         report.update(method=cls.name, hparams=hparams if from_preset else None,
-                      setting=setting if from_preset else None, steps={cls.name: len(history)})
-        if out is not None:
+                      setting=setting if from_preset else None, steps={cls.name: len(history)},
+                      world_size=d.world)
+        if out is not None and d.is_main:
             out.mkdir(parents=True, exist_ok=True)
             write_report(out, report, history, evals, bins=40, num_classes=C)
         table = format_table(evals)
-        if progress:
+        if progress and d.is_main:
             print(table)
         return UnlearnResult(model=model, report=report, history=history, table=table)

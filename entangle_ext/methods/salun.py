@@ -10,7 +10,7 @@ import torch
 
 from ..unlearn.config import _require
 from ..unlearn.data import BatchStream
-from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
+from ..unlearn.losses import grads_of, mean_ce, trainable_params
 from .base import ZipStream, every, make_optimizer, make_presets, register_method
 from .rl import RandomLabel, RLConfig
 
@@ -65,7 +65,7 @@ def saliency_mask(model, params: Sequence[torch.Tensor], batches, fraction: floa
     """
     acc, score, n = None, None, 0
     for b in batches:
-        g = grads_of(per_sample_ce(model, b).mean(), params)
+        g = grads_of(mean_ce(model, b), params)
         acc = [x.detach().clone() for x in g] if acc is None else [a + x for a, x in zip(acc, g)]
         s = torch.stack([x.abs().mean() for x in g])
         score, n = (s if score is None else score + s), n + 1
@@ -152,9 +152,9 @@ class SalUn(RandomLabel):
 
         def step(i, b):
             self.set_epoch_lr(opt, config, i, len(stream))
-            ce_f = per_sample_ce(model, b["forget"]).mean()
-            loss = config.beta_adjacent * per_sample_ce(model, b["adjacent"]).mean() \
-                + config.beta_remote * per_sample_ce(model, b["remote"]).mean() - ce_f
+            ce_f = mean_ce(model, b["forget"])
+            loss = config.beta_adjacent * mean_ce(model, b["adjacent"]) \
+                + config.beta_remote * mean_ce(model, b["remote"]) - ce_f
             self.descend(opt, params, loss, config, masked.zero_grads)
             masked.restore()
             return loss, [ce_f]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..unlearn.config import _at_least, _require
 from ..unlearn.data import forward_logits, split_batch
+from ..unlearn.distributed import current
 from ..unlearn.losses import trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method, retain_set
 
@@ -18,10 +19,12 @@ __all__ = ["SCRUB", "SCRUBConfig", "distill_kl", "frozen_copy"]
 
 def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """KL(softmax(t/T) ‖ softmax(s/T))·T², averaged over the batch (the repdistiller ``DistillKL``
-    used by SCRUB), for (B, C) logits; 0-d, in nats. Teacher logits of −inf give zero target mass."""
+    used by SCRUB; over the global batch under several ranks, `Dist.means`), for (B, C) logits;
+    0-d, in nats. Teacher logits of −inf give zero target mass."""
     T = float(temperature)
-    return F.kl_div(F.log_softmax(student_logits / T, dim=1), F.softmax(teacher_logits.detach() / T, dim=1),
-                    reduction="batchmean") * (T * T)
+    kl = F.kl_div(F.log_softmax(student_logits / T, dim=1), F.softmax(teacher_logits.detach() / T, dim=1),
+                  reduction="none").sum(1)
+    return current().means(kl)[0] * (T * T)
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -104,7 +107,7 @@ class SCRUB(UnlearningMethod):
                     self.descend(opt, params, -d, config)
                     last_max[0] = d.detach()
             d, s, y = kl(batch)
-            ce = F.cross_entropy(s, y)
+            ce = current().means(F.cross_entropy(s, y, reduction="none"))[0]
             loss = config.gamma * ce + config.alpha * d
             self.descend(opt, params, loss, config)
             return loss, [ce, d, last_max[0]]

@@ -6,8 +6,11 @@ checkpoint, and the fingerprints that stop a resume from mixing two different ru
 A checkpoint is one ``torch.save`` dict: the run-wide entries (``config``, ``fingerprint``,
 ``evals``, ``c0``, ``done`` (what the completed stages handed to the report: their history, the
 final λ), ``timings``), the stage entries (``stage``, ``step``, ``history``, one entry per run
-object), ``rng`` (python, numpy, torch and CUDA generator states), ``tag`` and ``format``
-(`CHECKPOINT_FORMAT`).
+object), ``rng`` (python, numpy, torch and CUDA generator states), ``world_size`` (ranks of the
+run that wrote it), ``tag`` and ``format`` (`CHECKPOINT_FORMAT`). Under several ranks rank 0 writes
+it; run objects holding sharded (FSDP DTensor) state are written by every rank with
+`torch.distributed.checkpoint` into ``{tag}.dcp/`` beside it, and listed under ``sharded``
+(docs/algorithm.md §11).
 """
 from __future__ import annotations
 
@@ -22,13 +25,17 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 import numpy as np
 import torch
 
+from .distributed import current
+from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded
+
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
-           "capture_state", "restore_state", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
+           "capture_state", "restore_state", "restore_objects", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
            "splits_fingerprint", "check_resume", "RESUMABLE_CONFIG_FIELDS", "Reconfigured",
            "optimizer_entry"]
 
-# 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict; 3: fingerprint, done, timings
-CHECKPOINT_FORMAT = 3
+# 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict; 3: fingerprint, done, timings;
+# 4: world_size, sharded entries, Stage 2 keeps the reference losses instead of a model copy
+CHECKPOINT_FORMAT = 4
 #: Environment variables a run may set (restored by `preserved_global_state`).
 ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
 #: UnlearnConfig fields that may differ between a checkpoint and the run resuming it (they change
@@ -128,13 +135,32 @@ def restore_state(obj: Any, state: Any) -> None:
                 t.copy_(s)
 
 
+def restore_objects(objects: Dict[str, Any], state: Dict[str, Any]) -> None:
+    """`restore_state` of every run object from the checkpoint ``state``; the entries it lists
+    under ``sharded`` are first read from its `torch.distributed.checkpoint` directory into the
+    objects' own state dicts (collective: every rank calls this)."""
+    sharded = state.get("sharded") or {}
+    names = [n for n in sharded.get("names", []) if n in objects]
+    loaded: Dict[str, Any] = {}
+    if names:
+        for n in names:
+            getattr(objects[n], "prepare_load", lambda: None)()
+        loaded = load_sharded({n: capture_state(objects[n]) for n in names}, sharded["path"])
+    for name, obj in objects.items():
+        restore_state(obj, loaded[name] if name in loaded else state[name])
+
+
 class Reconfigured:
     """A run object whose settings come from the run's config, not from a checkpoint: it is saved
     as ``obj.state_dict()``; loading restores that state, then calls ``reapply()`` (so a resume
-    with a deliberately changed config uses the new learning rate, μ, ...)."""
+    with a deliberately changed config uses the new learning rate, μ, ...). ``prepare_load()``
+    (optional) readies ``obj`` to be the template of a sharded load."""
 
-    def __init__(self, obj: Any, reapply: Callable[[], None]):
+    def __init__(self, obj: Any, reapply: Callable[[], None],
+                 prepare_load: Optional[Callable[[], None]] = None):
         self.obj, self.reapply = obj, reapply
+        if prepare_load is not None:
+            self.prepare_load = prepare_load
 
     def state_dict(self) -> Dict[str, Any]:
         return self.obj.state_dict()
@@ -152,7 +178,7 @@ def optimizer_entry(opt: torch.optim.Optimizer) -> Reconfigured:
     def reapply():
         for g, h in zip(opt.param_groups, groups):
             g.update(h)
-    return Reconfigured(opt, reapply)
+    return Reconfigured(opt, reapply, lambda: init_optimizer_state(opt))
 
 
 class Checkpointer:
@@ -183,14 +209,22 @@ class Checkpointer:
 
     def save(self, tag: str, state: Dict[str, Any]) -> Optional[str]:
         """Write ``common`` + ``dynamic()`` + ``state`` under ``tag``; returns the path (None
-        without out_dir)."""
+        without out_dir). Under several ranks: rank 0 writes the file, sharded entries of
+        ``state`` go to ``{tag}.dcp/`` (every rank; collective)."""
         if self.dir is None:
             return None
+        d = current()
         path = self.dir / f"{tag}.pt"
-        dyn = self.dynamic() if self.dynamic is not None else {}
-        _atomic_save({**self.common, **dyn, **state, "rng": rng_state(), "tag": tag,
-                      "format": CHECKPOINT_FORMAT}, path)
-        _atomic_save({"path": str(path)}, self.dir / "latest.pt")
+        names = [k for k, v in state.items() if has_dtensor(v)]
+        if names:
+            save_sharded({k: state[k] for k in names}, str(self.dir / f"{tag}.dcp"))
+            state = {k: v for k, v in state.items() if k not in names}
+            state["sharded"] = {"names": names, "path": str(self.dir / f"{tag}.dcp")}
+        if d.is_main:
+            dyn = self.dynamic() if self.dynamic is not None else {}
+            _atomic_save({**self.common, **dyn, **state, "rng": rng_state(), "tag": tag,
+                          "world_size": d.world, "format": CHECKPOINT_FORMAT}, path)
+            _atomic_save({"path": str(path)}, self.dir / "latest.pt")
         self.last_path = str(path)
         return self.last_path
 

@@ -13,6 +13,7 @@ cast to int64, and its floating inputs are cast to the model's dtype.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
+from .distributed import Dist, current
 from .precision import autocast_for
 
 __all__ = ["Splits", "Source", "BatchStream", "forward_logits", "move_batch", "batch_size_of",
@@ -144,14 +146,23 @@ class BatchStream:
     int64, floating inputs to ``input_dtype`` when given); the last batch of an epoch may be smaller
     (no drop_last), as with a DataLoader. Datasets without ``.tensors`` are loaded through a
     DataLoader over the stream's own index batches (workers, prefetching).
+
+    Under several ranks (``dist``, default: the `entangle_ext.unlearn.distributed.current` run)
+    ``batch_size`` is the global batch: every rank computes the same global order and index
+    batches and loads only its contiguous part of each (`Dist.shard`; docs/algorithm.md §11), so
+    the ranks' parts of a step are, together, exactly the batch of one process. A part may be
+    empty (a batch smaller than the number of ranks): it is then a 0-sample batch of the split's
+    structure. ``len(stream)`` counts global batches.
     """
 
     def __init__(self, data, batch_size: int, *, shuffle: bool, seed: int, name: str, device,
-                 input_dtype: Optional[torch.dtype] = None, replay_first: bool = False):
+                 input_dtype: Optional[torch.dtype] = None, replay_first: bool = False,
+                 dist: Optional[Dist] = None):
         self.source = as_source(data)
         self.dataset = self.source.dataset
         self.batch_size, self.shuffle, self.replay_first = int(batch_size), shuffle, replay_first
         self.seed, self.name, self.device, self.input_dtype = seed, name, device, input_dtype
+        self.dist = dist if dist is not None else current()
         self.n = len(self.dataset)
         self.epoch, self.pos = 0, 0  # next batch to deliver (cycling use)
         self._feeds: Dict[str, Tuple[Any, Iterator]] = {}
@@ -167,27 +178,52 @@ class BatchStream:
                                                        0 if self.replay_first else epoch))
         return torch.randperm(self.n, generator=g)
 
-    def batch_indices(self, epoch: int) -> List[torch.Tensor]:
+    def global_batch_indices(self, epoch: int) -> List[torch.Tensor]:
+        """The index batches of epoch ``epoch`` (global: the batches of one process)."""
         return list(torch.split(self.order(epoch), self.batch_size))
+
+    def batch_indices(self, epoch: int) -> List[torch.Tensor]:
+        """This rank's part of each index batch of epoch ``epoch`` (all of it for one process)."""
+        return [self.dist.shard(i) for i in self.global_batch_indices(epoch)]
+
+    def pass_indices(self, epoch: int, limit: int) -> List[torch.Tensor]:
+        """The global index batches that `fetch_pass` (``epoch``, ``limit``) loads parts of."""
+        return self.global_batch_indices(epoch)[:limit]
+
+    def shard_span(self, pos: int) -> Tuple[int, int, int]:
+        """(lo, hi, n): this rank's positions [lo, hi) within global batch ``pos`` of an epoch,
+        and that batch's size n (host arithmetic, no data)."""
+        n = min(self.batch_size, self.n - pos * self.batch_size)
+        return (*self.dist.shard_span(n), n)
 
     def _finish(self, batch):
         return prepare_batch(move_batch(batch, self.device), self.input_dtype, self.name)
 
     def fetch(self, idx: torch.Tensor):
-        """The batch of dataset indices ``idx`` (in process, no workers)."""
+        """The batch of dataset indices ``idx`` (in process, no workers); a 0-sample batch of the
+        split's structure when ``idx`` is empty."""
         tensors = getattr(self.dataset, "tensors", None)
         if tensors is not None:
             dev_idx = idx.to(tensors[0].device, non_blocking=True)  # async H2D, no stream sync
             return self._finish(tuple(t[dev_idx] for t in tensors))
+        if idx.numel() == 0:
+            return slice_batch(self.fetch(torch.zeros(1, dtype=torch.long)), 0, 0)
         return self._finish(self.source.collate_fn([self.dataset[int(i)] for i in idx]))
 
     def _load(self, plan: Iterable[torch.Tensor]) -> Iterator[Any]:
-        """Batches of the index batches of ``plan``, in order (a DataLoader when not tensors)."""
+        """Batches of the index batches of ``plan``, in order (a DataLoader when not tensors; an
+        empty index batch loads sample 0 in its place, cut to 0 samples on delivery)."""
         if getattr(self.dataset, "tensors", None) is not None:
             return (self.fetch(idx) for idx in plan)
-        dl = DataLoader(self.dataset, batch_sampler=_Plan(plan), collate_fn=self.source.collate_fn,
-                        **self.source.loader_kwargs)
-        return (self._finish(b) for b in dl)
+        empty: collections.deque = collections.deque()   # FIFO: the loader delivers in order
+
+        def marked():
+            for idx in plan:
+                empty.append(idx.numel() == 0)
+                yield idx if idx.numel() else torch.zeros(1, dtype=torch.long)
+        dl = DataLoader(self.dataset, batch_sampler=_Plan(marked()),
+                        collate_fn=self.source.collate_fn, **self.source.loader_kwargs)
+        return (self._finish(slice_batch(b, 0, 0) if empty.popleft() else b) for b in dl)
 
     def _feed(self, kind: str, key, plan: Callable[[], Iterable[torch.Tensor]]) -> Iterator[Any]:
         """A kept iterator over an endless plan, rebuilt when ``key`` is not where it stands."""
@@ -360,6 +396,7 @@ def concat_batches(batches: List[Any]):
 
 
 def slice_batch(batch, start: int, stop: int):
+    """Samples [start, stop) of a tuple/list or dict batch."""
     if isinstance(batch, dict):
         return {k: v[start:stop] for k, v in batch.items()}
     return tuple(v[start:stop] for v in batch)

@@ -12,9 +12,11 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 
 from .checkpoint import (Checkpointer, check_format, check_resume, load_checkpoint,
-                         preserved_global_state, seed_everything, set_rng_state, splits_fingerprint)
+                         preserved_global_state, restore_objects, seed_everything, set_rng_state,
+                         splits_fingerprint)
 from .config import UnlearnConfig
 from .data import BatchStream, Splits, forward_logits, split_batch
+from .distributed import check_world_size, current, scope, unwrap
 from .evaluate import evaluate
 from .losses import trainable_params
 from .precision import amp_scope, model_dtype
@@ -29,8 +31,8 @@ class UnlearnResult:
     """Result of `unlearn`.
 
     Attributes:
-        model: the unlearned model (the input model itself with ``inplace=True``, else a copy;
-            eval mode).
+        model: the unlearned model (the input model itself with ``inplace=True``, the module it
+            holds for a DDP wrapper; else a copy; eval mode).
         report: JSON-serialisable dict: config, c0, λ, step counts, timings, evaluations
             ({"original"|"stage1"|"stage2": {split: {"acc", "loss", "n", ...}}}), split
             fingerprint, resume information, paths.
@@ -82,8 +84,15 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         allow_config_change: accept a config that differs from the checkpoint's (the differences
             are recorded in ``report["resume"]["config_changes"]``).
         inplace: True (default): ``model`` itself is updated (its weights change); False: a deep
-            copy is unlearned and returned, ``model`` is left untouched.
-        progress: tqdm bars.
+            copy is unlearned and returned, ``model`` is left untouched (not for FSDP models,
+            which cannot be copied).
+        progress: tqdm bars (rank 0 only under several ranks).
+    Several processes (``torchrun``; docs/algorithm.md §11): when `torch.distributed` is
+    initialised with more than one rank, every rank calls ``unlearn`` with the same arguments and
+    a DDP-wrapped, plain (replicated; broadcast from rank 0) or FSDP (``fully_shard``) model; the
+    batch sizes of the config are global, the result equals one process's with the same seed (up
+    to round-off), only rank 0 writes files and prints, and a resume needs the same number of
+    ranks.
     Global state: the run seeds python/numpy/torch from ``config.seed`` and may switch
     deterministic algorithms on; every global setting it changes (generators, deterministic and
     cuDNN flags, thread count, CUBLAS_WORKSPACE_CONFIG) is restored on return, also on error.
@@ -104,14 +113,14 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     """
     from ..methods import get_method, run_method   # lazy: the methods package builds on this module
     spec = get_method(method)
+    if not inplace:
+        model = _copy(model)
     if not spec.two_stage:
-        if not inplace:
-            model = copy.deepcopy(model)
         return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
                           device=device, out_dir=out_dir, resume=resume, progress=progress)
     if config is not None or resume is None:
         config = spec.two_stage_config(config, setting, hparams)
-    with preserved_global_state():
+    with preserved_global_state(), scope(model) as (_, model):
         ckpt = _load_resume(resume)
         config = _resolve_config(config, ckpt)
         if not isinstance(splits, Splits):
@@ -121,8 +130,6 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         fingerprint = splits_fingerprint(splits)
         changes = None if ckpt is None else check_resume(
             ckpt, fingerprint, config.to_dict(), allow_config_change=allow_config_change)
-        if not inplace:
-            model = copy.deepcopy(model)
         device = torch.device(device) if device is not None else next(model.parameters()).device
         model.to(device).eval()
         num_classes = _preflight(model, splits, device, config.amp)
@@ -140,13 +147,25 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         return run.finish(c0, resumed)
 
 
+def _copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model`` (of the module a DDP wrapper holds); ValueError for FSDP."""
+    model = unwrap(model)
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        raise ValueError("inplace=False needs a copy of the model, and an FSDP (fully_shard) model "
+                         "cannot be copied: pass inplace=True")
+    return copy.deepcopy(model)
+
+
 def _load_resume(resume) -> Optional[Dict[str, Any]]:
     if resume is None:
         return None
     if isinstance(resume, dict):
         check_format(resume)
-        return resume
-    return load_checkpoint(resume)
+        ckpt = resume
+    else:
+        ckpt = load_checkpoint(resume)
+    check_world_size(ckpt)
+    return ckpt
 
 
 def _resolve_config(config, ckpt) -> UnlearnConfig:
@@ -256,20 +275,21 @@ class _Run:
                                             "model": self.model.state_dict(),
                                             "lagrangian": r.lagrangian.state_dict()})
         elif self.done_stage >= 1 and self.ckpt.get("stage") == 1:
-            self.model.load_state_dict(self.ckpt["model"])
+            restore_objects({"model": self.model}, self.ckpt)
         if self.config.run_stage1 and "stage1" not in self.evals and self.done_stage < 2:
             self.evaluate("stage1")
 
     def stage2(self) -> None:
         """Run (or take from the checkpoint) Stage 2, then evaluate."""
         if self.config.run_stage2 and self.done_stage < 2:
-            r = self._timed("stage2", lambda: stage2(self.model, self.splits, self.config.stage2,
-                                                     **self._loop_args(2)))
+            r = self._timed("stage2", lambda: stage2(
+                self.model, self.splits, self.config.stage2,
+                eval_batch_size=self.config.eval_batch_size, **self._loop_args(2)))
             self.done["history"] = self.done["history"] + r.history
             self.saver.save("stage2_done", {"stage": 2, "stage_done": True, "step": r.steps,
                                             "model": self.model.state_dict()})
         elif self.done_stage >= 2:
-            self.model.load_state_dict(self.ckpt["model"])
+            restore_objects({"model": self.model}, self.ckpt)
         if self.config.run_stage2 and "stage2" not in self.evals:
             self.evaluate("stage2")
 
@@ -287,9 +307,10 @@ class _Run:
         report["method"], report["evals"]["final"] = self.method, copy.deepcopy(report["evals"][last])
         tm = report["timings_s"]
         tm["unlearn"] = tm.get("stage1", 0.0) + tm.get("stage2", 0.0)
-        if self.out is not None:
+        report["world_size"] = current().world
+        if self.out is not None and current().is_main:
             write_report(self.out, report, history, self.evals,
                          bins=self.config.histogram_bins, num_classes=self.num_classes)
-        if self.progress:
+        if self.progress and current().is_main:
             print(table)
         return UnlearnResult(model=self.model, report=report, history=history, table=table)

@@ -1,6 +1,8 @@
 """Evaluation of the three splits (train and held-out): accuracy and mean cross-entropy at each
 evaluation point (original / after Stage 1 / after Stage 2; docs/algorithm.md §10). The table,
-plot and report files built from these results are in `entangle_ext.unlearn.report`."""
+plot and report files built from these results are in `entangle_ext.unlearn.report`. Under several
+ranks each evaluates its part of every batch; the counts and sums are all-reduced and the per-sample
+losses gathered, so every rank reports each sample exactly once (docs/algorithm.md §11)."""
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -8,6 +10,7 @@ from typing import Dict, Optional
 import torch
 
 from .data import BatchStream, Splits, forward_logits, split_batch
+from .distributed import Dist, scope
 from .precision import LOW_PRECISION, amp_scope, model_dtype
 
 __all__ = ["evaluate"]
@@ -15,8 +18,8 @@ __all__ = ["evaluate"]
 _MAX_LISTED = 20
 
 
-def _non_finite_error(name: str, masks, n: int) -> ValueError:
-    idx = torch.cat(masks).nonzero().flatten().tolist()
+def _non_finite_error(name: str, mask: torch.Tensor, n: int) -> ValueError:
+    idx = mask.nonzero().flatten().tolist()
     listed = ", ".join(map(str, idx[:_MAX_LISTED])) + (", ..." if len(idx) > _MAX_LISTED else "")
     return ValueError(
         f"split {name!r}: the model's cross-entropy is non-finite (NaN/Inf) for {len(idx)} of {n} "
@@ -26,7 +29,7 @@ def _non_finite_error(name: str, masks, n: int) -> ValueError:
 
 @torch.no_grad()
 def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], keep_losses: bool,
-                    check_finite: bool):
+                    check_finite: bool, d: Dist):
     """(result dict, C) for one split; one host read (plus one to list non-finite samples)."""
     dev = stream.device
     correct = torch.zeros((), dtype=torch.float64, device=dev)
@@ -52,14 +55,15 @@ def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], kee
             masks.append(mask)
         if keep_losses:
             losses.append(ce)
-    n_correct, total, n_bad, n_nonfinite = torch.stack([correct, loss, bad, nonfinite]).tolist()
+    sizes = [len(i) for i in stream.global_batch_indices(0)]
+    n_correct, total, n_bad, n_nonfinite = d.sum_(torch.stack([correct, loss, bad, nonfinite])).tolist()
     if n_bad:
         raise ValueError(f"split {name!r}: {int(n_bad)} labels outside the model's classes [0, {C})")
     if n_nonfinite:
-        raise _non_finite_error(name, masks, stream.n)
+        raise _non_finite_error(name, d.gather(torch.cat(masks).double(), sizes) > 0, stream.n)
     r = {"acc": n_correct / stream.n, "loss": total / stream.n, "n": stream.n}
     if keep_losses:
-        r["losses"] = torch.cat(losses).cpu().tolist()
+        r["losses"] = d.gather(torch.cat(losses), sizes).cpu().tolist()
     return r, C
 
 
@@ -92,12 +96,12 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
     model.eval()
     splits.check(required=())
     out, C = {}, num_classes
-    with amp_scope(amp):
+    with scope(model) as (d, model), amp_scope(amp):
         for name in splits.named():
             stream = BatchStream(splits.source(name), batch_size, shuffle=False, seed=0,
                                  name=f"eval/{name}", device=device, input_dtype=model_dtype(model))
             keep = name == "forget" and keep_forget_losses
-            r, C = _evaluate_split(model, name, stream, C, keep, check_finite)
+            r, C = _evaluate_split(model, name, stream, C, keep, check_finite, d)
             if name == "forget":
                 r["retained"] = r["acc"]
             out[name] = r

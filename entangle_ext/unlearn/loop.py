@@ -18,6 +18,10 @@ points. ``objects`` are what a checkpoint stores and a resume restores (see
 step, multiplier update, stream position, ...) only inside ``with updating():``, after its
 forward passes: a KeyboardInterrupt raised before (e.g. from the model's code) leaves them at the
 last completed step, which is then checkpointed; one raised inside stops without a checkpoint.
+
+Under several ranks (docs/algorithm.md §11) only rank 0 shows the bar; the logged values are the
+same on every rank, so all stop at the same non-finite step; a signal is acted on at the next log
+point (``log_every``), where the ranks agree on it, so that they checkpoint the same step.
 """
 from __future__ import annotations
 
@@ -29,8 +33,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .checkpoint import capture_state, restore_state
+from .checkpoint import capture_state, restore_objects
 from .data import BatchStream
+from .distributed import Dist, current
 
 __all__ = ["StageLoop", "StageResult", "NonFiniteLossError", "RunInterrupted", "StepFn", "updating"]
 
@@ -218,15 +223,14 @@ class StageLoop:
                 step in progress) or a KeyboardInterrupt raised inside a step; ``checkpoint_fn``
                 is called for the last completed step first, whatever ``checkpoint_every``.
         """
-        start, history = 0, []
+        start, history, d = 0, [], current()
         if resume_state is not None:
-            for name, obj in objects.items():
-                restore_state(obj, resume_state[name])
+            restore_objects(objects, resume_state)
             start, history = int(resume_state["step"]), list(resume_state.get("history", []))
         total = len(stream) * epochs
         total = total if max_steps is None else min(total, int(max_steps))
         mon = _Monitor(self.stage, self.keys, device or torch.device("cpu"), start, history)
-        bar = _bar(total, start, self.desc, self.progress)
+        bar = _bar(total, start, self.desc, self.progress and d.is_main)
         step = start
         try:
             with _Interrupts() as intr:
@@ -241,15 +245,14 @@ class StageLoop:
                             raise self._interrupted(step, mon, objects, "KeyboardInterrupt") from None
                         mon.record(step, loss, values)
                         step += 1
-                        self._end_step(step, total, mon, bar, objects)
-                        if intr.signum is not None:
-                            raise self._interrupted(step, mon, objects,
-                                                    signal.Signals(intr.signum).name)
+                        flushed = self._end_step(step, total, mon, bar, objects)
+                        if _stop(intr, d, flushed):
+                            raise self._interrupted(step, mon, objects, _signal_name(intr))
                         if step >= total:
                             break
                     mon.flush()
-                if intr.signum is not None:    # arrived during the last host read
-                    raise self._interrupted(step, mon, objects, signal.Signals(intr.signum).name)
+                if _stop(intr, d, True):    # arrived during the last host read
+                    raise self._interrupted(step, mon, objects, _signal_name(intr))
         except _NonFinite as bad:
             raise NonFiniteLossError(self.stage, bad.step,
                                      getattr(self.checkpoint_fn, "last_path", None)) from None
@@ -271,16 +274,31 @@ class StageLoop:
         return RunInterrupted(self.stage, step, name, path,
                               getattr(self.checkpoint_fn, "resume_hint", None) if path else None)
 
-    def _end_step(self, step: int, total: int, mon: _Monitor, bar, objects) -> None:
+    def _end_step(self, step: int, total: int, mon: _Monitor, bar, objects) -> bool:
         """Progress bar; at log points (and at a checkpoint or the last step) the host read that
-        also detects non-finite values; a checkpoint every ``checkpoint_every`` steps."""
+        also detects non-finite values; a checkpoint every ``checkpoint_every`` steps. Returns
+        whether this was a log point."""
         bar.update(1)
         ckpt_now = self.checkpoint_fn is not None and self.checkpoint_every > 0 \
             and step % self.checkpoint_every == 0
-        if step % self.log_every == 0 or step == total or ckpt_now:
+        flushed = step % self.log_every == 0 or step == total or ckpt_now
+        if flushed:
             bar.set_postfix(refresh=False, **self.postfix(mon.flush()))
         if ckpt_now and step < total:
             self.checkpoint_fn(step, self._state(step, mon, objects))
+        return flushed
+
+
+def _stop(intr: _Interrupts, d: Dist, log_point: bool) -> bool:
+    """Stop for a signal now? One process: as soon as one arrived. Several ranks: at log points,
+    when it arrived on any rank (a collective there, so every rank stops after the same step)."""
+    if not d.active:
+        return intr.signum is not None
+    return log_point and d.any(intr.signum is not None)
+
+
+def _signal_name(intr: _Interrupts) -> str:
+    return signal.Signals(intr.signum).name if intr.signum is not None else "signal on another rank"
 
 
 def _bar(total: int, initial: int, desc: str, progress: bool):

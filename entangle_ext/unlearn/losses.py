@@ -1,6 +1,10 @@
 """Per-sample losses and gradient estimates the stages are built from: per-sample cross-entropy,
 the Stage-2 forget objective L̃_f with its Wasserstein-2 term (docs/algorithm.md §3, §4), and
 gradients accumulated over several minibatches in bounded-memory forward passes.
+
+Under several ranks (docs/algorithm.md §11) the batches given here are this rank's parts of the
+global batches; means and the Wasserstein-2 term are taken over the global batches (`Dist.means`,
+`Dist.gather`) and every gradient returned is the global one, averaged over the ranks once.
 """
 from __future__ import annotations
 
@@ -14,11 +18,12 @@ from .._ext import available
 from ..reference import wasserstein2_1d as _w2_reference
 from ..wasserstein import wasserstein2_1d
 from .config import Stage2Config
-from .data import batch_size_of, concat_batches, forward_logits, slice_batch, split_batch
-from .precision import LOW_PRECISION, state_dtype
+from .data import batch_size_of, forward_logits, slice_batch, split_batch
+from .distributed import current
+from .precision import LOW_PRECISION
 
-__all__ = ["trainable_params", "per_sample_ce", "grads_of", "forget_objective", "forget_grad",
-           "remote_grad"]
+__all__ = ["trainable_params", "per_sample_ce", "mean_ce", "grads_of", "forget_objective",
+           "forget_grad", "remote_grad"]
 
 Grads = List[torch.Tensor]
 
@@ -38,30 +43,33 @@ def per_sample_ce(model: torch.nn.Module, batch) -> torch.Tensor:
     return F.cross_entropy(logits, y, reduction="none")
 
 
+def mean_ce(model: torch.nn.Module, batch) -> torch.Tensor:
+    """Mean cross-entropy (nats, 0-d) over the global batch whose part on this rank is ``batch``
+    (`Dist.means`; ``per_sample_ce(model, batch).mean()`` for one process)."""
+    return current().means(per_sample_ce(model, batch))[0]
+
+
 def grads_of(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> Grads:
-    """∇ loss for each parameter (zeros for parameters the loss does not reach); no ``.grad``."""
-    gs = torch.autograd.grad(loss, params, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for g, p in zip(gs, params)]
+    """∇ loss for each parameter (zeros for parameters the loss does not reach), averaged over the
+    ranks of a distributed run (docs/algorithm.md §11); no ``.grad`` is left behind."""
+    acc = current().grads(params)
+    acc.add(loss)
+    return acc.result()
 
 
-def _add_(acc: Optional[Grads], grads: Grads) -> Grads:
-    """acc += grads; a new accumulator (float32 at least) when acc is None."""
-    if acc is None:
-        return [g.to(state_dtype(g.dtype), copy=True) for g in grads]
-    torch._foreach_add_(acc, list(grads))
-    return acc
-
-
-def _chunks(batches: List[Any], micro_batch: Optional[int]):
-    """Group batches into forward passes: one concatenated pass (micro_batch None), slices of at
-    most micro_batch samples, or one pass per batch when shapes cannot be concatenated."""
-    cat = concat_batches(batches) if len(batches) > 1 else batches[0]
+def _chunks(batches: List[Any], micro_batch: Optional[int], sizes: List[int]):
+    """Group this rank's parts of the global batches of ``sizes`` into forward passes: one
+    concatenated pass (micro_batch None), slices of at most micro_batch samples, or one pass per
+    batch when shapes cannot be concatenated. Every rank takes the same number of passes (slices
+    are counted on the longest rank's part; trailing ones may be empty)."""
+    d = current()
+    cat = d.concat(batches)
     if cat is None:
         return batches
-    n = batch_size_of(cat)
-    if micro_batch is None or micro_batch >= n:
+    n, longest = batch_size_of(cat), d.longest(sizes)
+    if micro_batch is None or micro_batch >= longest:
         return [cat]
-    return [slice_batch(cat, i, min(i + micro_batch, n)) for i in range(0, n, micro_batch)]
+    return [slice_batch(cat, i, min(i + micro_batch, n)) for i in range(0, longest, micro_batch)]
 
 
 def _w2(a: torch.Tensor, b: torch.Tensor, sizes: List[int], per_batch: bool) -> torch.Tensor:
@@ -105,47 +113,55 @@ def forget_objective(a: torch.Tensor, b: torch.Tensor, sizes: List[int], config:
     return obj, w2, ell.detach().mean()
 
 
-def forget_grad(model, ref_model, params, batches: List[Any], config: Stage2Config):
-    """g_f = ∇ L̃_f over the forget ``batches`` (reference losses ℓ(θ̄) from the frozen
-    ``ref_model`` on the same samples, no grad). With several forward chunks (``micro_batch``):
-    d obj / d ℓ from a no-grad pass, then Σ_chunks ∇(w·ℓ) (exact, bounded memory).
+def forget_grad(model, params, batches: List[Any], b_ref: torch.Tensor, sizes: List[int],
+                config: Stage2Config):
+    """g_f = ∇ L̃_f over the forget ``batches`` (this rank's parts of global batches of ``sizes``),
+    with the reference values b = −ℓ(θ̄) of all their samples ``b_ref`` ((Σ sizes,), global order).
+    The per-sample losses of every rank are gathered (`Dist.gather`) so that W2² and the mean term
+    see the whole global batches. With several forward chunks (``micro_batch``): d obj / d ℓ from a
+    no-grad pass, then Σ_chunks ∇(w·ℓ) (exact, bounded memory).
     Returns (g_f, objective, W2², mean forget CE), the last three 0-d detached tensors."""
-    sizes = [batch_size_of(b) for b in batches]
-    chunks = _chunks(batches, config.micro_batch)
-    with torch.no_grad():
-        b_ref = torch.cat([-per_sample_ce(ref_model, c) for c in chunks])
+    d = current()
+    chunks = _chunks(batches, config.micro_batch, sizes)
+    acc = d.grads(params)
     if len(chunks) == 1:
-        a = -per_sample_ce(model, chunks[0])
-        obj, w2, mce = forget_objective(a, b_ref, sizes, config)
-        return grads_of(obj, params), obj.detach(), w2.detach(), mce
+        a = d.gather(-per_sample_ce(model, chunks[0]), sizes)
+        obj, w2, mce = forget_objective(a, b_ref.to(a.dtype), sizes, config)
+        acc.add(obj)
+        return acc.result(), obj.detach(), w2.detach(), mce
     with torch.no_grad():
-        a0 = torch.cat([-per_sample_ce(model, c) for c in chunks])
+        a0 = d.gather(torch.cat([-per_sample_ce(model, c) for c in chunks]), sizes)
     a0.requires_grad_(True)
     with torch.enable_grad():
-        obj, w2, mce = forget_objective(a0, b_ref, sizes, config)
+        obj, w2, mce = forget_objective(a0, b_ref.to(a0.dtype), sizes, config)
         (w,) = torch.autograd.grad(obj, a0)
-    acc, off = None, 0
-    for c in chunks:
+    w = d.local_part(w, sizes) * d.world   # a rank's share, scaled like the gathered objective's
+    off = 0
+    for j, c in enumerate(chunks):
         n = batch_size_of(c)
-        acc = _add_(acc, grads_of((w[off:off + n] * -per_sample_ce(model, c)).sum(), params))
+        acc.add((w[off:off + n] * -per_sample_ce(model, c)).sum(), last=j == len(chunks) - 1)
         off += n
-    return acc, obj.detach(), w2.detach(), mce
+    return acc.result(), obj.detach(), w2.detach(), mce
 
 
-def remote_grad(model, params, batches: List[Any], micro_batch: Optional[int]) -> Tuple[Grads, torch.Tensor]:
-    """g_rem = ∇ Σ_b mean CE(batch b) over the remote ``batches``, in chunks of at most
-    ``micro_batch`` samples. Returns (g_rem, mean over batches of the batch-mean CE, 0-d).
-    The per-sample weights 1/|R_k| are built in the losses' dtype (exact in float64)."""
-    sizes = [batch_size_of(b) for b in batches]
-    acc, off, total, wts = None, 0, None, None
-    for c in _chunks(batches, micro_batch):
+def remote_grad(model, params, batches: List[Any], sizes: List[int],
+                micro_batch: Optional[int]) -> Tuple[Grads, torch.Tensor]:
+    """g_rem = ∇ Σ_b mean CE(batch b) over the remote ``batches`` (this rank's parts of global
+    batches of ``sizes``), in chunks of at most ``micro_batch`` samples. Returns (g_rem, mean over
+    batches of the batch-mean CE, 0-d). The per-sample weights 1/|R_k| are built in the losses'
+    dtype (exact in float64)."""
+    d = current()
+    local = [batch_size_of(b) for b in batches]
+    chunks = _chunks(batches, micro_batch, sizes)
+    acc, off, total, wts = d.grads(params), 0, None, None
+    for j, c in enumerate(chunks):
         ce = per_sample_ce(model, c)
         if wts is None:
-            wts = torch.cat([torch.full((s,), 1.0 / s, dtype=ce.dtype, device=ce.device)
-                             for s in sizes])
+            wts = torch.cat([torch.full((m,), 1.0 / s, dtype=ce.dtype, device=ce.device)
+                             for m, s in zip(local, sizes)])
         n = ce.shape[0]
-        loss = (wts[off:off + n] * ce).sum()
-        acc = _add_(acc, grads_of(loss, params))
+        loss = (wts[off:off + n] * ce).sum()     # this rank's share of the objective
+        acc.add(loss * d.world if d.active else loss, last=j == len(chunks) - 1)
         total = loss.detach() if total is None else total + loss.detach()
         off += n
-    return acc, total / len(sizes)
+    return acc.result(), d.sum_(total) / len(sizes)

@@ -4,11 +4,13 @@ Each stage is a step function run by `StageLoop` (progress bar, logging, checkpo
 interrupts). Both keep the model in eval mode (BatchNorm statistics frozen, dropout off) and never
 read device values back to the host inside a step: logged scalars stay on the device and are read
 every ``log_every`` steps, which is also when non-finite losses are detected. Precision
-(float16/bfloat16 models, ``amp``): see `entangle_ext.unlearn.precision`.
+(float16/bfloat16 models, ``amp``): see `entangle_ext.unlearn.precision`. Under several ranks
+(``torchrun``; DDP, FSDP or a plain replicated module) the same steps run on each rank's part of
+every global batch with the reductions of `entangle_ext.unlearn.distributed` (docs/algorithm.md
+§11).
 """
 from __future__ import annotations
 
-import copy
 import inspect
 from typing import Any, Callable, Dict, List, Optional
 
@@ -18,13 +20,14 @@ from ..lagrangian import AugmentedLagrangian
 from ..projection import project_orthogonal_
 from .checkpoint import Reconfigured, optimizer_entry
 from .config import Stage1Config, Stage2Config
-from .data import BatchStream, Splits, batch_size_of, concat_batches
+from .data import BatchStream, Splits, batch_size_of
+from .distributed import Dist, current, scope
 from .loop import NonFiniteLossError, StageLoop, StageResult, updating
-from .losses import forget_grad, grads_of, per_sample_ce, remote_grad, trainable_params
+from .losses import forget_grad, grads_of, mean_ce, per_sample_ce, remote_grad, trainable_params
 from .precision import MasterParams, amp_scope, model_dtype, state_dtype
 
-__all__ = ["stage1", "stage2", "remote_loss_c0", "NonFiniteLossError", "StageResult",
-           "trainable_params", "per_sample_ce"]
+__all__ = ["stage1", "stage2", "remote_loss_c0", "reference_losses", "NonFiniteLossError",
+           "StageResult", "trainable_params", "per_sample_ce"]
 
 CheckpointFn = Callable[[int, Dict[str, Any]], Optional[str]]
 
@@ -47,25 +50,42 @@ def _stream(splits: Splits, name: str, batch_size: int, model, seed: int, stream
 @torch.no_grad()
 def remote_loss_c0(model: torch.nn.Module, dataset, device, batch_size: int = 512) -> float:
     """c0 = mean CE (nats) of ``model`` over the whole dataset (docs/algorithm.md §2), no grad,
-    accumulated in float64 (per-sample losses in the logits' dtype, float32 at least).
+    accumulated in float64 (per-sample losses in the logits' dtype, float32 at least); under
+    several ranks each takes its part of every batch and the sums are all-reduced.
 
     One host read at the end. Raises ValueError for an empty dataset or non 2-D logits.
     """
-    s = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="c0/remote", device=device,
+    with scope(model) as (d, model):
+        s = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="c0/remote", device=device,
+                        input_dtype=model_dtype(model))
+        if s.n == 0:
+            raise ValueError("remote split is empty")
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for b in s.epoch_batches(0):
+            total += per_sample_ce(model, b).double().sum()
+        return float(d.sum_(total)) / s.n
+
+
+@torch.no_grad()
+def reference_losses(model: torch.nn.Module, dataset, device, batch_size: int = 512) -> torch.Tensor:
+    """b = −ℓ(θ̄): minus the per-sample CE (nats) of ``model`` (θ̄, the model at Stage-2 entry) on
+    every sample of ``dataset``, shape (N,), in dataset order, in the losses' dtype, on ``device``
+    (docs/algorithm.md §3, step 2: the reference profile of the Wasserstein-2 term; computed once
+    instead of one forward pass of a frozen copy per forget batch). Under several ranks each
+    evaluates its part and every rank receives all N values."""
+    d = current()
+    s = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="ref/forget", device=device,
                     input_dtype=model_dtype(model))
-    if s.n == 0:
-        raise ValueError("remote split is empty")
     model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    for b in s.epoch_batches(0):
-        total += per_sample_ce(model, b).double().sum()
-    return float(total) / s.n
+    local = torch.cat([-per_sample_ce(model, b) for b in s.epoch_batches(0)])
+    return d.gather(local, [len(i) for i in s.global_batch_indices(0)])
 
 
 def _remote_and_forget_ce(model, rb, fb):
     """Per-sample CE of a remote and a forget batch, in one forward pass when they concatenate
-    (exact in eval mode)."""
-    both = concat_batches([rb, fb])
+    (exact in eval mode; on every rank, for a sharded model)."""
+    both = current().concat([rb, fb])
     if both is None:
         return per_sample_ce(model, rb), per_sample_ce(model, fb)
     ce = per_sample_ce(model, both)
@@ -73,17 +93,18 @@ def _remote_and_forget_ce(model, rb, fb):
     return ce[:nr], ce[nr:]
 
 
-def _stage1_forget_term(ce_f: torch.Tensor, config: Stage1Config) -> torch.Tensor:
-    """−mean of the clipped forget CE (same value, no gradient where CE ≥ clip), optionally minus
-    the ToxiGen confidence penalty κ/(ℓ + ε) inside the mean, on the unclipped CE
-    (``penalty_on="ce"``, reference: its gradient reaches every sample) or on the clipped one
-    (``"clipped"``: no gradient above the clip); docs/algorithm.md §2, §7."""
+def _stage1_forget_samples(ce_f: torch.Tensor, config: Stage1Config) -> torch.Tensor:
+    """Per-sample forget objective whose mean the forget term −mean(·) negates: the clipped CE
+    (same value, no gradient where CE ≥ clip), optionally minus the ToxiGen confidence penalty
+    κ/(ℓ + ε), on the unclipped CE (``penalty_on="ce"``, reference: its gradient reaches every
+    sample) or on the clipped one (``"clipped"``: no gradient above the clip); docs/algorithm.md
+    §2, §7."""
     clipped = torch.where(ce_f < config.clip, ce_f, ce_f.detach())
     obj = clipped
     if config.confidence_penalty:
         base = ce_f if config.penalty_on == "ce" else clipped
         obj = clipped - config.penalty_factor / (base + config.penalty_eps)
-    return -obj.mean()
+    return obj
 
 
 def _make_lagrangian(config: Stage1Config, c0: float, dtype, device) -> AugmentedLagrangian:
@@ -96,14 +117,18 @@ def _make_lagrangian(config: Stage1Config, c0: float, dtype, device) -> Augmente
 
 
 def _stage1_step(model, params, master: MasterParams, opt, al: AugmentedLagrangian,
-                 forget: BatchStream, config: Stage1Config):
+                 forget: BatchStream, config: Stage1Config, d: Dist):
     """The step function of Stage 1 on one remote batch ``rb`` (see `stage1`). The forward passes
-    come first; the run objects change only after them, inside `updating`."""
+    come first; the run objects change only after them, inside `updating`. Means are over the
+    global batches (`Dist.means`: g, hence λ, is the same on every rank)."""
     def step(_, rb):
         ce_r, ce_f = _remote_and_forget_ce(model, rb, forget.peek())
-        g = al.constraint(ce_r.mean())
-        loss = _stage1_forget_term(ce_f, config) + al.penalty(g)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        l_rem, l_obj, l_f = d.means(ce_r, _stage1_forget_samples(ce_f, config), ce_f.detach())
+        g = al.constraint(l_rem)
+        loss = -l_obj + al.penalty(g)
+        acc = d.grads(params, keep_none=True)
+        acc.add(loss)
+        grads = acc.result()
         with updating():
             forget.advance()
             master.step(opt, grads)
@@ -111,8 +136,8 @@ def _stage1_step(model, params, master: MasterParams, opt, al: AugmentedLagrangi
             if al.update_with == "pre":
                 al.update()                 # with the g of the loss
             else:
-                al.update(closure=lambda: per_sample_ce(model, rb).mean())   # g after the step
-        return loss, [g, lam, ce_f.mean(), ce_r.mean()]
+                al.update(closure=lambda: mean_ce(model, rb))   # g after the step
+        return loss, [g, lam, l_f, l_rem]
     return step
 
 
@@ -159,38 +184,47 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
     """
     config.validate()
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    loop = StageLoop(1, "stage 1 (AL)", ["violation", "lambda", "forget_ce", "remote_ce"],
+                     postfix=lambda last: dict(loss=f"{last['loss']:.3f}",
+                                               viol=f"{last['violation']:+.3f}",
+                                               lam=f"{last['lambda']:.3f}"),
+                     log_every=log_every, checkpoint_every=checkpoint_every,
+                     checkpoint_fn=checkpoint_fn, progress=progress)
+    with scope(model) as (d, model), amp_scope(amp):
+        return _run_stage1(d, model, splits, config, loop, device=device, seed=seed, c0=c0,
+                           eval_batch_size=eval_batch_size, resume_state=resume_state)
+
+
+def _run_stage1(d: Dist, model, splits: Splits, config: Stage1Config, loop: StageLoop, *, device,
+                seed: int, c0: Optional[float], eval_batch_size: int,
+                resume_state: Optional[Dict[str, Any]]) -> StageResult:
+    """The body of `stage1` inside its distributed and precision scopes."""
     params = _trainable(model)
-    with amp_scope(amp):
-        model.eval()
-        if resume_state is not None:
-            c0 = float(resume_state["c0"])
-        elif c0 is None:
-            c0 = remote_loss_c0(model, splits.source("remote"), device, eval_batch_size)
-        master = MasterParams(params)
-        opt = torch.optim.Adam(master.tensors, lr=config.lr, betas=tuple(config.adam_betas),
-                               eps=config.adam_eps)
-        al = _make_lagrangian(config, c0, state_dtype(params[0].dtype), device)
-        remote = _stream(splits, "remote", config.remote_batch_size, model, seed, "s1/remote", device)
-        forget = _stream(splits, "forget", config.forget_batch_size, model, seed, "s1/forget", device,
-                         replay_first=config.forget_order == "cycle")
-        loop = StageLoop(1, "stage 1 (AL)", ["violation", "lambda", "forget_ce", "remote_ce"],
-                         postfix=lambda last: dict(loss=f"{last['loss']:.3f}",
-                                                   viol=f"{last['violation']:+.3f}",
-                                                   lam=f"{last['lambda']:.3f}"),
-                         log_every=log_every, checkpoint_every=checkpoint_every,
-                         checkpoint_fn=checkpoint_fn, progress=progress, extra={"c0": c0})
-        objects = {"model": model, "optimizer": optimizer_entry(opt), "forget_stream": forget,
-                   "lagrangian": Reconfigured(al, lambda: setattr(al, "mu", config.mu))}
-        if master.low:
-            objects["master"] = master.tensors
-        try:
-            steps, history = loop.run(remote, config.epochs,
-                                      _stage1_step(model, params, master, opt, al, forget, config),
-                                      device=device, resume_state=resume_state, objects=objects,
-                                      max_steps=config.max_steps)
-        finally:
-            remote.close()
-            forget.close()
+    model.eval()
+    if resume_state is not None:
+        c0 = float(resume_state["c0"])
+    elif c0 is None:
+        c0 = remote_loss_c0(model, splits.source("remote"), device, eval_batch_size)
+    loop.extra["c0"] = c0
+    master = MasterParams(params)
+    opt = torch.optim.Adam(master.tensors, lr=config.lr, betas=tuple(config.adam_betas),
+                           eps=config.adam_eps)
+    al = _make_lagrangian(config, c0, state_dtype(params[0].dtype), device)
+    remote = _stream(splits, "remote", config.remote_batch_size, model, seed, "s1/remote", device)
+    forget = _stream(splits, "forget", config.forget_batch_size, model, seed, "s1/forget", device,
+                     replay_first=config.forget_order == "cycle")
+    objects = {"model": model, "optimizer": optimizer_entry(opt), "forget_stream": forget,
+               "lagrangian": Reconfigured(al, lambda: setattr(al, "mu", config.mu))}
+    if master.low:
+        objects["master"] = master.tensors
+    try:
+        steps, history = loop.run(remote, config.epochs,
+                                  _stage1_step(model, params, master, opt, al, forget, config, d),
+                                  device=device, resume_state=resume_state, objects=objects,
+                                  max_steps=config.max_steps)
+    finally:
+        remote.close()
+        forget.close()
     return StageResult(stage=1, steps=steps, history=history, lam=al.lam.reshape(()), c0=c0,
                        lagrangian=al)
 
@@ -220,62 +254,71 @@ def _projection_kwargs(config: Stage2Config) -> Dict[str, Any]:
     return kw
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP), the tensor itself otherwise (no copy)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _momentum_and_project_(v: List[torch.Tensor], g_adj: List[torch.Tensor], basis,
-                           config: Stage2Config, proj_kw: Dict[str, Any]) -> torch.Tensor:
+                           config: Stage2Config, proj_kw: Dict[str, Any], d: Dist) -> torch.Tensor:
     """v ← m·v + g_adj (or v = g_adj without momentum), then v ← v − Vᵀ(VVᵀ)⁺Vv in place
     (docs/algorithm.md §5) on memory-order views (v, g_adj and the basis share their strides).
-    Returns the projection coefficients, shape (k,)."""
+    A sharded model projects each rank's shards, joined by one all-reduce of VVᵀ and Vv
+    (``process_group``, docs/algorithm.md §11). Returns the projection coefficients, shape (k,)."""
     with torch.no_grad():
+        v, g_adj, *basis = ([_local(t) for t in ts] for ts in (v, g_adj, *basis))   # FSDP: shards
         if config.use_momentum:
             torch._foreach_mul_(v, config.momentum)
             torch._foreach_add_(v, g_adj)
         else:
             torch._foreach_copy_(v, g_adj)
         flat = [[_memory_order(t) for t in ts] for ts in (v, *basis)]
+        if d.kind == "sharded":
+            proj_kw = dict(proj_kw, process_group=d.group)
         return project_orthogonal_(flat[0], flat[1:], **proj_kw)
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
-def _stage2_step(model, ref_model, params, master: MasterParams, opt, v, streams,
-                 config: Stage2Config):
+def _stage2_step(model, ref: torch.Tensor, params, master: MasterParams, opt, v, streams,
+                 config: Stage2Config, d: Dist):
     """The step function of Stage 2 on one adjacent batch ``ab`` (see `stage2`): every forward
-    pass first, then v, the parameters (and their float32 copies) change."""
+    pass first, then v, the parameters (and their float32 copies) change. ``ref`` holds −ℓ(θ̄) of
+    every forget sample (`reference_losses`)."""
     forget, remote = streams
     proj_kw = _projection_kwargs(config)
 
     def step(i, ab):
-        l_adj = per_sample_ce(model, ab).mean()
+        l_adj = mean_ce(model, ab)
         g_adj = grads_of(l_adj, params)
-        g_f, f_obj, w2, f_ce = forget_grad(model, ref_model, params,
-                                           forget.fetch_pass(i, config.forget_batch_limit), config)
+        fidx = forget.pass_indices(i, config.forget_batch_limit)
+        b_ref = ref[torch.cat(fidx).to(ref.device, non_blocking=True)]
+        g_f, f_obj, w2, f_ce = forget_grad(model, params,
+                                           forget.fetch_pass(i, config.forget_batch_limit), b_ref,
+                                           [len(x) for x in fidx], config)
+        r_sizes = [len(x) for x in remote.pass_indices(i, config.remote_batch_limit)]
         g_rem, r_ce = remote_grad(model, params, remote.fetch_pass(i, config.remote_batch_limit),
-                                  config.micro_batch)
+                                  r_sizes, config.micro_batch)
         with updating():
             coeffs = _momentum_and_project_(v, _like(g_adj, v), [_like(g_f, v), _like(g_rem, v)],
-                                            config, proj_kw)
+                                            config, proj_kw, d)
             master.step(opt, v)
         return l_adj, [f_obj, w2, f_ce, r_ce, coeffs[0], coeffs[1]]
     return step
 
 
 def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
-           device: Optional[torch.device] = None, seed: int = 0, log_every: int = 10,
+           device: Optional[torch.device] = None, seed: int = 0, eval_batch_size: int = 512,
+           log_every: int = 10,
            checkpoint_every: int = 0, checkpoint_fn: Optional[CheckpointFn] = None,
            resume_state: Optional[Dict[str, Any]] = None, progress: bool = True,
            amp: Optional[str] = None) -> StageResult:
     """Stage 2 (docs/algorithm.md §3), W-PGD: repair D_adj while keeping D_f forgotten and D_rem
     intact.
 
-    θ̄ = frozen copy of ``model`` at entry. For each D_adj minibatch (``config.epochs`` passes):
-    g_adj = ∇ mean CE(adjacent batch); g_f = ∇ L̃_f over up to ``forget_batch_limit`` forget
-    batches (see `forget_objective`; the W2² of all of them in one `entangle_ext.wasserstein2_1d`
-    call, reference losses ℓ(θ̄) on the same samples under no_grad); g_rem = ∇ Σ_b mean CE over up
+    θ̄ = ``model`` at entry: the reference losses ℓ(θ̄) of every forget sample are computed once
+    there (`reference_losses`, no grad, ``eval_batch_size`` samples per pass). For each D_adj
+    minibatch (``config.epochs`` passes): g_adj = ∇ mean CE(adjacent batch); g_f = ∇ L̃_f over up
+    to ``forget_batch_limit`` forget batches (see `forget_objective`; the W2² of all of them in
+    one `entangle_ext.wasserstein2_1d` call against ℓ(θ̄) of the same samples); g_rem = ∇ Σ_b mean CE over up
     to ``remote_batch_limit`` remote batches; v ← m·v + g_adj (or v = g_adj without momentum);
     v ← v − Vᵀ(VVᵀ)⁺Vv with V = [g_f; g_rem] over all trainable parameters (with the per-tensor
     Gram ridge ``gram_ridge`` where the projection operator supports it); SGD step θ ← θ − η·v.
@@ -288,7 +331,7 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
             through float32 master copies).
         splits: uses the ``adjacent``, ``forget`` and ``remote`` train parts.
         config: `Stage2Config` (validated here). Other arguments as `stage1`; resume_state also
-            restores θ̄ and v.
+            restores ℓ(θ̄) and v.
     Returns:
         StageResult(stage=2, steps, history (loss = adjacent CE, forget objective, W2², forget CE,
         remote CE, projection coefficients c_f, c_rem), momentum).
@@ -297,33 +340,44 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
     """
     config.validate()
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    loop = StageLoop(2, "stage 2 (W-PGD)",
+                     ["forget_obj", "w2", "forget_ce", "remote_ce", "c_f", "c_rem"],
+                     postfix=lambda last: dict(adj=f"{last['loss']:.3f}", w2=f"{last['w2']:.2e}",
+                                               f_ce=f"{last['forget_ce']:.2f}"),
+                     log_every=log_every, checkpoint_every=checkpoint_every,
+                     checkpoint_fn=checkpoint_fn, progress=progress)
+    with scope(model) as (d, model), amp_scope(amp):
+        return _run_stage2(d, model, splits, config, loop, device=device, seed=seed,
+                           eval_batch_size=eval_batch_size, resume_state=resume_state)
+
+
+def _run_stage2(d: Dist, model, splits: Splits, config: Stage2Config, loop: StageLoop, *, device,
+                seed: int, eval_batch_size: int,
+                resume_state: Optional[Dict[str, Any]]) -> StageResult:
+    """The body of `stage2` inside its distributed and precision scopes."""
     params = _trainable(model)
-    with amp_scope(amp):
-        model.eval()
-        ref_model = _frozen_copy(model)
-        master = MasterParams(params)
-        opt = torch.optim.SGD(master.tensors, lr=config.lr, momentum=0.0)
-        v = [torch.zeros_like(p, dtype=state_dtype(p.dtype)) for p in params]
-        adjacent, forget, remote = (
-            _stream(splits, name, bs, model, seed, f"s2/{name}", device)
-            for name, bs in (("adjacent", config.adjacent_batch_size),
-                             ("forget", config.forget_batch_size),
-                             ("remote", config.remote_batch_size)))
-        loop = StageLoop(2, "stage 2 (W-PGD)",
-                         ["forget_obj", "w2", "forget_ce", "remote_ce", "c_f", "c_rem"],
-                         postfix=lambda last: dict(adj=f"{last['loss']:.3f}", w2=f"{last['w2']:.2e}",
-                                                   f_ce=f"{last['forget_ce']:.2f}"),
-                         log_every=log_every, checkpoint_every=checkpoint_every,
-                         checkpoint_fn=checkpoint_fn, progress=progress)
-        objects = {"model": model, "ref_model": ref_model, "optimizer": optimizer_entry(opt),
-                   "momentum": v}
-        if master.low:
-            objects["master"] = master.tensors
-        step = _stage2_step(model, ref_model, params, master, opt, v, (forget, remote), config)
-        try:
-            steps, history = loop.run(adjacent, config.epochs, step, device=device,
-                                      resume_state=resume_state, objects=objects)
-        finally:
-            for s in (adjacent, forget, remote):
-                s.close()
+    model.eval()
+    if resume_state is not None:
+        ref = resume_state["ref_losses"].to(device)
+    else:
+        ref = reference_losses(model, splits.source("forget"), device, eval_batch_size)
+    loop.extra["ref_losses"] = ref
+    master = MasterParams(params)
+    opt = torch.optim.SGD(master.tensors, lr=config.lr, momentum=0.0)
+    v = [torch.zeros_like(p, dtype=state_dtype(p.dtype)) for p in params]
+    adjacent, forget, remote = (
+        _stream(splits, name, bs, model, seed, f"s2/{name}", device)
+        for name, bs in (("adjacent", config.adjacent_batch_size),
+                         ("forget", config.forget_batch_size),
+                         ("remote", config.remote_batch_size)))
+    objects = {"model": model, "optimizer": optimizer_entry(opt), "momentum": v}
+    if master.low:
+        objects["master"] = master.tensors
+    step = _stage2_step(model, ref, params, master, opt, v, (forget, remote), config, d)
+    try:
+        steps, history = loop.run(adjacent, config.epochs, step, device=device,
+                                  resume_state=resume_state, objects=objects)
+    finally:
+        for s in (adjacent, forget, remote):
+            s.close()
     return StageResult(stage=2, steps=steps, history=history, momentum=v)

@@ -1,0 +1,141 @@
+"""The runs of tests/test_distributed.py: a tiny float64 problem, its configs, and the worker each of
+two gloo processes runs (every scenario in one launch: process start-up is the slow part)."""
+import dataclasses
+import json
+import os
+import traceback
+from datetime import timedelta
+
+import torch
+from torch.utils.data import TensorDataset
+
+import entangle_ext as ee
+
+C, DIM = 3, 6
+# forget 13, adjacent 21, remote 27: with the batch sizes below some global batches have a single
+# sample, so one of two ranks gets an empty part.
+SIZES = {"forget": 13, "adjacent": 21, "remote": 27, "forget_test": 5, "adjacent_test": 6, "remote_test": 7}
+BASELINES = {"ft": dict(optimizer="adam", lr=1e-2, epochs=2, batch_size=8, weight_decay=0.0),
+             "ga": dict(lr=5e-2, epochs=2, forget_batch_size=6),
+             "salun": dict(optimizer="adam", lr=1e-2, epochs=1, batch_size=10, forget_batch_size=6,
+                           weight_decay=0.0),
+             "scrub": dict(optimizer="adam", lr=1e-2, epochs=2, msteps=1, batch_size=12,
+                           forget_batch_size=6, weight_decay=0.0)}
+
+
+def splits(dtype=torch.float64) -> ee.Splits:
+    g = torch.Generator().manual_seed(0)
+    parts = {}
+    for name, n in SIZES.items():
+        x = torch.randn(n, DIM, generator=g, dtype=torch.float64).to(dtype)
+        y = torch.randint(0, C, (n,), generator=g)
+        if name.startswith("forget"):
+            y.fill_(1)
+        parts[name] = TensorDataset(x, y)
+    return ee.Splits(**parts)
+
+
+def model(dtype=torch.float64) -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.Tanh(), torch.nn.Linear(8, C)).to(dtype)
+
+
+def config(recipe: str = "reference", micro_batch=None, **kw) -> ee.UnlearnConfig:
+    cfg = ee.UnlearnConfig(recipe="reference", log_every=1, eval_batch_size=4, **kw).with_recipe(recipe)
+    cfg.stage1 = dataclasses.replace(cfg.stage1, lr=2e-2, remote_batch_size=13, forget_batch_size=5,
+                                     epochs=1)                        # 3 steps (13, 13, 1)
+    cfg.stage2 = dataclasses.replace(cfg.stage2, lr=5e-2, epochs=1, adjacent_batch_size=8,
+                                     forget_batch_size=5, forget_batch_limit=3, remote_batch_size=13,
+                                     remote_batch_limit=3, micro_batch=micro_batch)   # 3 steps
+    return cfg
+
+
+def baseline_config(name: str):
+    from entangle_ext.methods import get_method
+    return get_method(name).Config(log_every=1, eval_batch_size=4, **BASELINES[name])
+
+
+def params_of(m: torch.nn.Module) -> torch.Tensor:
+    """All parameters, flattened (full tensors of FSDP shards)."""
+    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)
+                      for p in m.parameters()])
+
+
+def summary(res) -> dict:
+    """What the tests compare: parameters, λ, the report's numbers, the history."""
+    rep = res.report
+    return {"params": params_of(res.model), "lambda": rep.get("lambda_final"), "c0": rep.get("c0"),
+            "steps": rep["steps"], "evals": rep["evals"], "history": res.history,
+            "world_size": rep.get("world_size")}
+
+
+# ----------------------------------------------------------------------------------- scenarios
+def _shard(m, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    for sub in m:
+        if isinstance(sub, torch.nn.Linear):
+            fully_shard(sub, mesh=mesh)
+    return fully_shard(m, mesh=mesh)
+
+
+def _ddp(m):
+    return torch.nn.parallel.DistributedDataParallel(m)
+
+
+def scenarios(out: str, world: int, one_process_ckpt: str):
+    """name -> zero-argument function returning what to record (run inside every rank)."""
+    def two_stage(wrap, cfg, sub, **kw):
+        return lambda: summary(ee.unlearn(wrap(model()), splits(), cfg, progress=False,
+                                          out_dir=os.path.join(out, sub), **kw))
+
+    def baseline(name):
+        return lambda: summary(ee.unlearn(_ddp(model()), splits(), baseline_config(name), method=name,
+                                          progress=False))
+
+    def refused():
+        try:
+            ee.unlearn(_ddp(model()), splits(), resume=one_process_ckpt, progress=False)
+        except ValueError as e:
+            return {"error": str(e)}
+        return {"error": None}
+
+    ck = config(checkpoint_every=1)
+    runs = {
+        "ddp": two_stage(_ddp, ck, "ddp"),
+        "ddp_resume": two_stage(_ddp, ck, "ddp_resume",
+                                resume=os.path.join(out, "ddp", "checkpoints", "stage2_step000001.pt")),
+        "fsdp": two_stage(lambda m: _shard(m, world), config("paper", micro_batch=3, checkpoint_every=1),
+                          "fsdp"),
+        "fsdp_resume": two_stage(lambda m: _shard(m, world), config("paper", micro_batch=3), "fsdp_resume",
+                                 resume=os.path.join(out, "fsdp", "checkpoints", "stage2_step000002.pt")),
+        "ddp_float32": lambda: summary(ee.unlearn(_ddp(model(torch.float32)), splits(torch.float32),
+                                                  config(), progress=False)),
+        "refused": refused,
+    }
+    runs.update({f"baseline_{n}": baseline(n) for n in BASELINES})
+    return runs
+
+
+def worker(rank: int, world: int, init_file: str, out: str, one_process_ckpt: str) -> None:
+    """One rank: run every scenario, record each result (or its traceback) to out/{name}_{rank}.pt."""
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    from entangle_ext.unlearn import driver
+    writes = []
+    real = driver.write_report
+    driver.write_report = lambda *a, **k: (writes.append(rank), real(*a, **k))
+    try:
+        for name, fn in scenarios(out, world, one_process_ckpt).items():
+            try:
+                rec = fn()
+            except Exception:   # recorded for the test to show; the other rank fails alike
+                rec = {"traceback": traceback.format_exc()}
+            torch.save(rec, os.path.join(out, f"{name}_{rank}.pt"))
+        with open(os.path.join(out, f"writes_{rank}.json"), "w") as f:
+            json.dump(writes, f)
+    finally:
+        dist.destroy_process_group()
