@@ -9,7 +9,9 @@ with 2E steps − bytes of one with E steps) / E, so setup (θ̄'s reference los
 
 Bytes are the sizes of the tensors handed to each collective (payload, per rank) and the ring
 algorithm's traffic sent per rank: all-reduce 2(N−1)/N·B, reduce-scatter and all-gather
-(N−1)/N·B (B = the unsharded buffer), broadcast B, all-to-all (N−1)/N·B.
+(N−1)/N·B (B = the unsharded buffer), broadcast B, all-to-all (N−1)/N·B, scatter the part received.
+FSDP's all-gathers of parameter shards (every forward, and again in the backward) are reported
+apart: any FSDP training has them.
 
     python bench/bench_distributed.py                      # 2 ranks, MLP of ~0.5 M parameters
     python bench/bench_distributed.py --world 4 --width 1024 --json bench/results/distributed_cpu.json
@@ -28,7 +30,7 @@ from datetime import timedelta
 import torch
 from torch.utils.data import TensorDataset
 
-_RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0}
+_RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "scatter": lambda n: 1.0}
 #: FSDP's all-gathers of parameter shards (every forward; any FSDP training has them).
 PARAM_GATHERS = ("all_gather_single", "all_gather_into_tensor")
 
@@ -50,14 +52,19 @@ class Counter:
         self.bytes, self.calls = defaultdict(int), defaultdict(int)
 
     def install(self):
+        import inspect
+
         import torch.distributed as dist
         which = {"all_reduce": 0, "broadcast": 0, "reduce_scatter_tensor": 1, "reduce_scatter_single": 1,
-                 "all_gather_into_tensor": 0, "all_gather_single": 0, "all_gather": 0, "all_to_all": 0}
+                 "all_gather_into_tensor": 0, "all_gather_single": 0, "all_gather": 0, "all_to_all": 0,
+                 "scatter": 0}   # gloo runs all_gather's backward (all-to-all) as scatters
         for name, arg in which.items():
             real = getattr(dist, name)
+            param = list(inspect.signature(real).parameters)[arg]   # the unsharded buffer's argument
 
-            def wrapped(*a, _real=real, _name=name, _arg=arg, **k):
-                self.bytes[_name] += _nbytes(a[_arg] if len(a) > _arg else next(iter(k.values())))
+            def wrapped(*a, _real=real, _name=name, _param=param, **k):
+                bound = inspect.signature(_real).bind(*a, **k)
+                self.bytes[_name] += _nbytes(bound.arguments[_param])
                 self.calls[_name] += 1
                 return _real(*a, **k)
             setattr(dist, name, wrapped)
