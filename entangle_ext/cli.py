@@ -147,6 +147,8 @@ def parse_overrides(items: List[str]) -> Dict[str, Dict[str, Any]]:
         key = key.strip()
         if not eq or not key:
             raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. stage2.lr=1e-4")
+        if key == "recipe":
+            raise ValueError(f"--set {item!r}: use --recipe (it switches four fields together)")
         section, dot, name = key.partition(".")
         if not dot:
             section, name = "top", key
