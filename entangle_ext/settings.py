@@ -220,7 +220,8 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
     seed_everything(seed)   # the initial weights of the original model come from the seed
     net = s.build_model(info, **model_kw)
-    key = dict(setting=s.name, variant=v.name, data_root=None if data_root is None else str(data_root),
+    root = None if data_root is None else str(Path(data_root).resolve())
+    key = dict(setting=s.name, variant=v.name, data_root=root,
                data=data_kw, model=model_kw, recipe=recipe.to_dict(), seed=seed, version=__version__,
                splits=split_fingerprint(splits), architecture=_architecture(net))
     if original is not None:
@@ -300,7 +301,8 @@ def _load_toxigen(root, *, seed, device, cache_dir=None, max_train_per_class=Non
     if features == "tokens":
         splits, info = toxigen_splits(tokenizer=load_hf_tokenizer(mp), max_length=max_length, **kw)
     else:
-        name = f"embeddings_{mp.name}_{len(d['text'])}_{max_length}.npy"
+        h = hashlib.sha256("\n".join([str(mp.resolve()), str(max_length), *d["text"]]).encode()).hexdigest()[:12]
+        name = f"embeddings_{mp.name}_{len(d['text'])}_{max_length}_{h}.npy"   # keyed on model dir and texts
         cache = None if cache_dir is None else Path(cache_dir) / name
         emb = sentence_embeddings(d["text"], mp, max_length=max_length, cache=cache)
         row = {t: i for i, t in enumerate(d["text"])}

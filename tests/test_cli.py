@@ -10,7 +10,7 @@ import torch
 
 import entangle_ext as ee
 from entangle_ext import settings as settings_mod
-from entangle_ext.cli import build_parser, main, parse_overrides
+from entangle_ext import cli
 
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 TINY = ["--max-train-per-class", "10", "--original-epochs", "2", "--epochs", "1", "--stage1-epochs", "1",
@@ -49,7 +49,7 @@ def _no_prepare(monkeypatch):
     (["--superclasses", "fish"], "superclasses")])
 def test_bad_configuration_is_one_line_before_any_training(tmp_path, capsys, monkeypatch, flags, msg):
     _no_prepare(monkeypatch)
-    rc = main(_argv(tmp_path, *flags))
+    rc = cli.main(_argv(tmp_path, *flags))
     err = capsys.readouterr().err
     assert rc == 2 and msg in err, err
     assert err.startswith("entangle-unlearn: error: ") and len(err.strip().splitlines()) == 1
@@ -59,25 +59,25 @@ def test_bad_configuration_is_one_line_before_any_training(tmp_path, capsys, mon
 def test_cuda_without_cuda_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _no_prepare(monkeypatch)
-    assert main(_argv(tmp_path, "--device", "cuda")) == 2
+    assert cli.main(_argv(tmp_path, "--device", "cuda")) == 2
     err = capsys.readouterr().err
     assert "CUDA is not available" in err and "--device cpu" in err and len(err.strip().splitlines()) == 1
 
 
 def test_parse_overrides_literals_and_sections():
-    o = parse_overrides(["stage2.lr=1e-4", "stage2.micro_batch=none", "stage1.adam_betas=(0.8, 0.9)",
+    o = cli.parse_overrides(["stage2.lr=1e-4", "stage2.micro_batch=none", "stage1.adam_betas=(0.8, 0.9)",
                          "train.epochs=3", "run_stage2=false", "stage2.w2_scope=forget_set"])
     assert o == {"stage1": {"adam_betas": (0.8, 0.9)}, "stage2": {"lr": 1e-4, "micro_batch": None,
                                                                   "w2_scope": "forget_set"},
                  "train": {"epochs": 3}, "top": {"run_stage2": False}}
     with pytest.raises(ValueError, match="--recipe"):
-        parse_overrides(["recipe=paper"])   # the recipe switch is --recipe (it sets four fields)
+        cli.parse_overrides(["recipe=paper"])   # the recipe switch is --recipe (it sets four fields)
 
 
 @needs_ext
 def test_set_overrides_reach_the_run(tmp_path, capsys):
     pytest.importorskip("sklearn")
-    assert main(_argv(tmp_path, "--set", "stage2.lr=1e-3", "--set", "stage1.mu=5", "--set", "train.lr=2e-3",
+    assert cli.main(_argv(tmp_path, "--set", "stage2.lr=1e-3", "--set", "stage1.mu=5", "--set", "train.lr=2e-3",
                       "--set", "eval_batch_size=64")) == 0
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["config"]["stage2"]["lr"] == 1e-3 and rep["config"]["stage1"]["mu"] == 5
@@ -113,10 +113,10 @@ def test_cache_is_keyed_on_the_data_not_only_the_options(tmp_path, monkeypatch):
 @needs_ext
 def test_reused_out_with_other_data_flags_trains_a_new_original(tmp_path, capsys):
     pytest.importorskip("sklearn")
-    assert main(_argv(tmp_path)) == 0
-    assert main(_argv(tmp_path, "--max-train-per-class", "12")) == 0     # the later flag wins
-    assert main(_argv(tmp_path, "--original-epochs", "3")) == 0
-    assert main(_argv(tmp_path, "--seed", "1")) == 0
+    assert cli.main(_argv(tmp_path)) == 0
+    assert cli.main(_argv(tmp_path, "--max-train-per-class", "12")) == 0     # the later flag wins
+    assert cli.main(_argv(tmp_path, "--original-epochs", "3")) == 0
+    assert cli.main(_argv(tmp_path, "--seed", "1")) == 0
     assert len(list(tmp_path.glob("original_digits_full_*.pt"))) == 4
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["evals"]["original"]["forget"]["n"] == 10 and rep["run"]["original_model"].endswith(".pt")
@@ -130,11 +130,11 @@ def test_original_flag_uses_the_file_and_refuses_a_mismatch(tmp_path, capsys):
     torch.save({k: torch.zeros_like(v) for k, v in DigitsMLP().state_dict().items()}, good)   # logits 0
     torch.save(DigitsMLP(hidden=16).state_dict(), bad)
     out = tmp_path / "run"
-    rc = main(_argv(out, "--original", str(bad)))
+    rc = cli.main(_argv(out, "--original", str(bad)))
     err = capsys.readouterr().err
     assert rc == 2 and "does not fit" in err and "0.weight" in err and "size mismatch for" not in err
     assert len(err.strip().splitlines()) == 1
-    assert main(_argv(out, "--original", str(good))) == 0
+    assert cli.main(_argv(out, "--original", str(good))) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["run"]["original_model"] == str(good) and not list(out.glob("original_*.pt"))
     assert rep["evals"]["original"]["remote"]["loss"] == pytest.approx(math.log(2))   # the file's weights
@@ -158,7 +158,7 @@ def test_cached_file_that_does_not_fit_is_a_value_error(tmp_path):
 
 # ------------------------------------------------------------------------------------ ergonomics
 def test_every_flag_has_help():
-    missing = [a.option_strings for a in build_parser()._actions if a.option_strings and not a.help]
+    missing = [a.option_strings for a in cli.build_parser()._actions if a.option_strings and not a.help]
     assert not missing
 
 
@@ -173,7 +173,7 @@ def test_every_setting_takes_forget():
 @needs_ext
 def test_forget_flag_chooses_the_digit(tmp_path, capsys):
     pytest.importorskip("sklearn")
-    assert main(_argv(tmp_path, "--forget", "4")) == 0
+    assert cli.main(_argv(tmp_path, "--forget", "4")) == 0
     head = json.loads(capsys.readouterr().out.splitlines()[0])
     assert head["groups"] == {"forget": [4], "adjacent": [0, 2, 6, 8], "remote": [1, 3, 5, 7, 9]}
 
@@ -187,8 +187,8 @@ def test_thread_count_default_explicit_and_restored(tmp_path, capsys, monkeypatc
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     torch.set_num_threads(3)
-    assert main(_argv(tmp_path)) == 0                       # digits' own: 1 thread
-    assert main(_argv(tmp_path, "--threads", "2")) == 0
+    assert cli.main(_argv(tmp_path)) == 0                       # digits' own: 1 thread
+    assert cli.main(_argv(tmp_path, "--threads", "2")) == 0
     assert seen == [1, 2] and torch.get_num_threads() == 3
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["run"]["threads"] == 2
@@ -214,7 +214,7 @@ def test_default_threads():
 @needs_ext
 def test_table_and_report_json(tmp_path, capsys):
     pytest.importorskip("sklearn")
-    assert main(_argv(tmp_path)) == 0
+    assert cli.main(_argv(tmp_path)) == 0
     out = capsys.readouterr().out
     table = out[out.index("accuracy %"):out.index("report:")]
     assert max(len(line) for line in table.splitlines()) <= 100
@@ -232,9 +232,9 @@ def test_table_and_report_json(tmp_path, capsys):
 @needs_ext
 def test_resume_from_the_out_dir(tmp_path, capsys):
     pytest.importorskip("sklearn")
-    assert main(_argv(tmp_path)) == 0
+    assert cli.main(_argv(tmp_path)) == 0
     first = json.loads((tmp_path / "report.json").read_text())["evals"]["stage2"]
-    assert main(_argv(tmp_path, "--resume", str(tmp_path))) == 0
+    assert cli.main(_argv(tmp_path, "--resume", str(tmp_path))) == 0
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["evals"]["stage2"] == first and rep["run"]["resumed_from"] == str(tmp_path)
 
@@ -248,7 +248,10 @@ def test_interrupt_prints_the_resume_command(tmp_path, capsys, monkeypatch):
         (tmp_path / "checkpoints" / "stage1_step2.pt").write_bytes(b"")
         raise KeyboardInterrupt
     monkeypatch.setattr(U, "unlearn", interrupted)
-    rc = main(_argv(tmp_path, "--seed", "3"))
+    try:
+        rc = cli.main(_argv(tmp_path, "--seed", "3"))
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped main() as a traceback")
     err = capsys.readouterr().err
     assert rc == 130 and "Traceback" not in err
     cmd = err.strip().splitlines()[-1].split()
@@ -353,8 +356,8 @@ def test_toxigen_example_prints_its_table_once(tmp_path, capsys, monkeypatch):
     tiny.info["label_rule"] = "stand-in"
     monkeypatch.setattr(ex, "prepare", lambda *a, **k: tiny)
     monkeypatch.setattr(tiny, "config", lambda **k: _tiny_config())
-    ex.main(["--reduced", "--out", str(tmp_path), "--device", "cpu"])
-    assert capsys.readouterr().out.count("good direction") == 1
+    res = ex.main(["--reduced", "--out", str(tmp_path), "--device", "cpu"])
+    assert capsys.readouterr().out.count(res.table) == 1
 
 
 def _tiny_config():

@@ -623,3 +623,24 @@ def test_toxigen_capped_holdout_is_stratified_among_kept_rows():
     tr, te, tr_rows, te_rows = toxigen_index_splits(d, max_per_group_label=10, test_fraction=0.2)
     assert len(tr_rows) + len(te_rows) == 13 * 2 * 10 and len(te_rows) == 13 * 2 * 2
     assert te.sizes() == {"forget": 2, "adjacent": 2, "remote": 48}
+
+
+def test_toxigen_embedding_cache_is_keyed_on_the_model_dir_and_texts(toxigen_csv, tmp_path, monkeypatch):
+    """Two encoders both in a directory called "model" (the MiniLM package's layout) must not share
+    a cached embedding file, nor two CSVs with the same number of rows."""
+    import entangle_ext.data.toxigen as tx
+    from entangle_ext import settings
+    caches = []
+
+    def fake_embeddings(texts, model_path, *, max_length, cache):
+        caches.append(cache)
+        return torch.zeros(len(texts), 4)
+    monkeypatch.setattr(tx, "sentence_embeddings", fake_embeddings)
+    monkeypatch.setattr(tx, "hf_model_dir", lambda p: p)
+    kw = dict(seed=0, device="cpu", cache_dir=tmp_path / "c", features="embeddings")
+    for m in (tmp_path / "a" / "model", tmp_path / "b" / "model"):
+        splits, info = settings._load_toxigen(toxigen_csv, model_path=m, **kw)
+    other = tmp_path / "other.csv"
+    other.write_text(toxigen_csv.read_text().replace("statement", "claim"))
+    settings._load_toxigen(other, model_path=tmp_path / "a" / "model", **kw)
+    assert len(set(caches)) == 3 and info["embedding_dim"] == 4
