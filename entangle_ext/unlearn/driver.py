@@ -2,6 +2,8 @@
 → report (docs/algorithm.md §2, §3)."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ class UnlearnResult:
 
 def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConfig] = None, *,
             method: str = "two_stage", setting: Optional[str] = None, hparams: str = "paper_code",
-            model_fn=None, device: Optional[Union[str, torch.device]] = None,
+            model_fn=None, seed: Optional[int] = None, device: Optional[Union[str, torch.device]] = None,
             out_dir: Optional[Union[str, Path]] = None,
             resume: Optional[Union[str, Path, Dict[str, Any]]] = None,
             progress: bool = True) -> UnlearnResult:
@@ -62,14 +64,16 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             "cifar100", ...) in the family "paper_code" (the released code; recipe "reference")
             or "original" (the baseline authors' defaults; the paper's recipe for the two-stage
             family). model_fn: "retrain" only: builds a fresh model.
+        seed: the run's seed, replacing ``config.seed`` (of an explicit, preset or resumed
+            config; None keeps it): data order, random labels, re-initialisation, every stream.
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage and every ``config.checkpoint_every`` steps).
         resume: checkpoint path / out dir / loaded dict; continues from that point (the config
             stored in the checkpoint is used when ``config`` is None).
         progress: tqdm bars.
-    Randomness: python, numpy and torch are seeded from ``config.seed`` for the run (reproducible
-    data order), and the caller's random-generator states are restored on return.
+    Randomness: python, numpy and torch are seeded from ``config.seed`` (or ``seed``) for the run
+    (reproducible data order), and the caller's random-generator states are restored on return.
     Returns:
         `UnlearnResult` (model, report, history, table); ``report["method"]``,
         ``report["evals"]["final"]`` (the last evaluation) and ``report["timings_s"]["unlearn"]``
@@ -84,7 +88,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     spec = get_method(method)
     if not spec.two_stage:
         return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
-                          device=device, out_dir=out_dir, resume=resume, progress=progress)
+                          seed=seed, device=device, out_dir=out_dir, resume=resume, progress=progress)
     if config is not None or resume is None:
         config = spec.two_stage_config(config, setting, hparams)
     with preserved_rng():   # the run is seeded from config.seed; the caller's RNG is left as it was
@@ -93,6 +97,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             config = UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else UnlearnConfig()
         if not isinstance(config, UnlearnConfig):
             raise TypeError(f"config must be an entangle_ext.UnlearnConfig, got {type(config).__name__}")
+        if seed is not None:
+            config = dataclasses.replace(config, seed=seed)
         config.validate()
         if not isinstance(splits, Splits):
             raise TypeError("splits must be an entangle_ext.Splits")
@@ -219,7 +225,7 @@ class _Run:
                               lam=lam, history=self.history, timings=self.timings,
                               evals=self.evals, checkpoint=self.saver.last_path)
         last = next(t for t in ("stage2", "stage1", "original") if t in report["evals"])
-        report["method"], report["evals"]["final"] = self.method, report["evals"][last]
+        report["method"], report["evals"]["final"] = self.method, copy.deepcopy(report["evals"][last])
         report["timings_s"]["unlearn"] = self.timings.get("stage1", 0.0) + self.timings.get("stage2", 0.0)
         if self.out is not None:
             write_report(self.out, report, self.history, self.evals,
