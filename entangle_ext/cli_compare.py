@@ -5,10 +5,11 @@
 
 Trains (or loads from ``--out``) the setting's original model with `entangle_ext.settings.prepare`,
 then runs `entangle_ext.compare` and prints the markdown table: every method gets the setting's
-``--hparams`` preset (docs/algorithm.md §10), the two-stage family the variant's config, and Retrain a
-fresh model of the setting trained with the variant's recipe (`entangle_ext.settings`). ``--out`` holds ``comparison.md``,
-``comparison.json``, ``comparison.png``, the cached original model and ``cache/`` (one file per
-finished (method, seed) run: rerunning the same command resumes where it stopped).
+``--hparams`` preset (docs/algorithm.md §10), the two-stage family the variant's config, and Retrain
+a fresh model of the setting trained with the variant's recipe (`entangle_ext.settings`).
+``--out`` holds ``comparison.md``, ``comparison.json``, ``comparison.png``, the cached original model
+and ``cache/`` (one file per finished (method, seed) run: rerunning the same command resumes where
+it stopped).
 """
 from __future__ import annotations
 
