@@ -42,7 +42,7 @@ demo: build
 
 # All methods on digits, 3 seeds (a few minutes on CPU); rerunning resumes from runs/compare_digits/cache.
 compare: build
-	$(PY) -m entangle_ext compare --setting digits --methods all --seeds 3 --threads 1 --out runs/compare_digits
+	$(PY) -m entangle_ext compare --setting digits --methods all --seeds 3 --out runs/compare_digits
 
 bench: build
 	$(PY) bench/bench_w2.py --device cpu

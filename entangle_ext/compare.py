@@ -7,11 +7,11 @@
 
 Every (method, seed) run starts from a deep copy of ``model`` and is scored by
 `entangle_ext.unlearn.metrics.unlearning_metrics` (docs/algorithm.md §10); the retrained model of the
-same seed is the reference of the gap metrics. The first row, "original", is ``model`` itself.
+same seed is the reference of the gap metrics; the row "original" scores ``model`` itself.
 Outputs under ``out_dir``: ``comparison.md`` (mean ± std over seeds, rows = methods, columns = metrics
 with their direction, best per column in bold), ``comparison.json`` and ``comparison.png``, and
 ``cache/<method>/seed<k>.json``: one file per finished run, keyed on the method, the seed, its
-hyperparameters and a fingerprint of the splits and the original model, so a rerun after an
+effective hyperparameters and a fingerprint of the splits and the original model, so a rerun after an
 interruption (or with more methods / seeds) only runs what is missing.
 """
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import inspect
 import io
 import json
 import os
@@ -32,15 +31,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .unlearn import Splits, UnlearnConfig, UnlearnResult, evaluate
+from .unlearn import Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
 from .unlearn.metrics import METRICS, unlearning_metrics
 
-__all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "available_methods", "fingerprint",
+__all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
+           "available_methods", "fingerprint",
            "summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "DEFAULT_RELEARN"]
 
-TWO_STAGE_FAMILY = ("two_stage", "no_w2", "pgd_mean", "stage1_only")
 DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": 1e-3, "max_steps": 100, "batch_size": 64}
 """Relearn time: threshold = ``fraction`` × the original model's forget-train accuracy; the rest are
 `relearn_time` arguments."""
@@ -70,6 +69,8 @@ class ComparisonResult:
         table: markdown table (mean ± std over seeds). summary: {method: {metric: {"mean", "std",
         "n"}}}. runs: {method: {seed: {metric: value}}}. seeds, methods: as run. paths: files
         written ({"markdown", "json", "png"}; empty without ``out_dir``). relearn: relearn settings.
+        hparams: {method: the `MethodSpec.hparams` it ran with (a registered method's effective
+        config without its seed, setting, variant, hparams family)}.
     """
     table: str
     summary: Dict[str, Dict[str, Dict[str, float]]]
@@ -78,9 +79,10 @@ class ComparisonResult:
     methods: List[str]
     paths: Dict[str, str] = field(default_factory=dict)
     relearn: Optional[Dict[str, Any]] = None
+    hparams: Dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"methods": self.methods, "seeds": self.seeds, "relearn": self.relearn,
+        return {"methods": self.methods, "seeds": self.seeds, "relearn": self.relearn, "hparams": self.hparams,
                 "metrics": {k: dataclasses.asdict(v) for k, v in METRICS.items()},
                 "summary": self.summary, "runs": {m: {str(s): r for s, r in v.items()} for m, v in self.runs.items()},
                 "table": self.table}
@@ -88,15 +90,14 @@ class ComparisonResult:
 
 # ------------------------------------------------------------------------------------ methods
 def available_methods() -> List[str]:
-    """Names `compare` can run: the registry of `entangle_ext.methods` when installed, else the
-    two-stage method only."""
-    try:
-        from .methods import available_methods as names
-    except ModuleNotFoundError as e:
-        if e.name not in ("entangle_ext.methods", __package__ + ".methods"):
-            raise
-        return ["two_stage"]
-    return list(names())
+    """Names `compare` can run: `entangle_ext.methods.available_methods()` (the baselines, then
+    the two-stage family)."""
+    return list(_methods().available_methods())
+
+
+def _methods():
+    from . import methods   # lazy: the registry imports the settings and every method module
+    return methods
 
 
 def _jsonable(obj) -> Any:
@@ -113,59 +114,84 @@ def _jsonable(obj) -> Any:
     return repr(obj)
 
 
-def _call_unlearn(name: str, model, splits, config, *, seed, device, progress, retrain_recipe=None, **kw):
-    """`entangle_ext.unlearn(..., method=name)`, passing only the keywords its signature takes."""
-    from .unlearn import unlearn
-    params = inspect.signature(unlearn).parameters
-    if "method" not in params:   # entangle_ext.methods not installed: the two-stage method only
-        return unlearn(model, splits, config, device=device, progress=progress)
-    recipe_kw = next((k for k in ("retrain_recipe", "recipe", "train_recipe") if k in params), None)
-    kw = {**kw, "method": name, "seed": seed, "device": device, "progress": progress,
-          **({recipe_kw: retrain_recipe} if recipe_kw else {})}
-    return unlearn(model, splits, config, **{k: v for k, v in kw.items() if k in params and v is not None})
+def method_config(name: str, *, setting: Optional[str] = None, variant: Optional[str] = None,
+                  hparams: str = "paper_code", config=None, retrain_recipe=None):
+    """The configuration `compare` hands to ``entangle_ext.unlearn(..., method=name)`` (each run
+    then sets its own ``seed``):
+
+    * ``config`` itself when given (an `UnlearnConfig` for the two-stage family, exactly the
+      method's own ``Config`` for a baseline, a `TrainRecipe` or `RetrainConfig` for "retrain");
+    * "retrain": ``RetrainConfig(recipe=retrain_recipe)``; else, for hparams "paper_code" on a
+      registered setting, the recipe of ``variant`` (the one `entangle_ext.settings.prepare`
+      trained θ0 with); else None (its ``hparams`` preset);
+    * the two-stage family on a registered setting: `Setting.config` of ``variant`` (the preset
+      with the variant's stage overrides) in the recipe of ``hparams`` ("paper_code" → the
+      reference code, "original" → the paper's text, docs/algorithm.md §7); else None;
+    * other baselines: None, i.e. the ``hparams`` preset of ``setting`` (docs/algorithm.md §10).
+
+    Raises ValueError for an unknown method, setting, variant or hparams.
+    """
+    M = _methods()
+    cls = M.get_method(name)
+    if hparams not in M.HPARAMS:
+        raise ValueError(f"hparams must be one of {M.HPARAMS}, got {hparams!r}")
+    if config is not None:
+        return config
+    from .settings import SETTINGS
+    v = SETTINGS[setting].variant(variant) if setting in SETTINGS else None
+    if name == "retrain":
+        if retrain_recipe is None and v is not None and hparams == "paper_code":
+            retrain_recipe = v.recipe
+        return None if retrain_recipe is None else cls.Config(recipe=retrain_recipe)
+    if cls.two_stage and v is not None:
+        from .methods.ablations import RECIPE_OF_HPARAMS
+        return SETTINGS[setting].config(v, recipe=RECIPE_OF_HPARAMS[hparams])
+    return None
+
+
+def effective_config(name: str, config=None, *, setting: Optional[str] = None, hparams: str = "paper_code"):
+    """What ``entangle_ext.unlearn(model, splits, config, method=name, setting=, hparams=)`` runs:
+    the two-stage family's rewritten `UnlearnConfig`, a baseline's resolved ``Config`` (its preset
+    when ``config`` is None). Raises as `entangle_ext.unlearn` for a bad config / setting / hparams."""
+    M = _methods()
+    cls = M.get_method(name)
+    if cls.two_stage:
+        cfg = cls.two_stage_config(config, setting, hparams)
+        if not isinstance(cfg, UnlearnConfig):
+            raise TypeError(f"method {name!r} takes an entangle_ext.UnlearnConfig, got {type(cfg).__name__}")
+        return cfg.validate()
+    from .methods.runner import resolve_config
+    return resolve_config(cls, config, setting, hparams).validate()
 
 
 def method_spec(name: str, *, setting: Optional[str] = None, variant: Optional[str] = None,
-                hparams: str = "paper_code", config=None, model_fn=None, retrain_recipe=None,
-                **method_kwargs) -> MethodSpec:
-    """The `MethodSpec` of a registered method, run through ``entangle_ext.unlearn(method=name)``.
-
-    The two-stage family (two_stage, no_w2, pgd_mean, stage1_only) runs ``config`` (an
-    `UnlearnConfig`), else the preset of ``setting`` / ``variant`` (`entangle_ext.settings`), else
-    ``UnlearnConfig()``, with ``seed`` set per run; a baseline runs its ``config`` or the
-    ``hparams`` preset of ``setting`` (docs/algorithm.md §10). ``model_fn`` / ``retrain_recipe``
-    build and train the model of "retrain". Raises ValueError for an unknown name.
+                hparams: str = "paper_code", config=None, model_fn=None, retrain_recipe=None) -> MethodSpec:
+    """The `MethodSpec` of a registered method: each run is ``entangle_ext.unlearn(model, splits,
+    method_config(...), method=name, setting=setting, hparams=hparams, seed=seed)``, with
+    ``model_fn`` for "retrain" (None: Retrain re-initialises a copy of θ0 with each module's
+    ``reset_parameters``, from the seed). The spec's ``hparams`` (its cache key) hold the
+    `effective_config` without its seed, ``setting`` / ``variant`` / ``hparams`` and, for
+    "retrain", the qualified name of ``model_fn``.
+    Raises ValueError for an unknown name, setting, variant or hparams; TypeError for a config of
+    another method.
     """
     names = available_methods()
     if name not in names:
         raise ValueError(f"unknown method {name!r}; available here: {names}")
-
-    def make_config(seed: int):
-        if name not in TWO_STAGE_FAMILY:
-            return config
-        if config is not None:
-            return dataclasses.replace(config, seed=seed)
-        if setting is not None:
-            from .settings import get_setting
-            return get_setting(setting).config(variant, seed=seed)
-        return UnlearnConfig(seed=seed)
+    cfg = method_config(name, setting=setting, variant=variant, hparams=hparams, config=config,
+                        retrain_recipe=retrain_recipe)
+    eff = _jsonable(effective_config(name, copy.deepcopy(cfg), setting=setting, hparams=hparams))
+    eff.pop("seed", None)
 
     def run(model, splits, *, seed, device, progress):
-        return _call_unlearn(name, model, splits, make_config(seed), seed=seed, device=device, progress=progress,
-                             setting=setting, hparams=hparams, model_fn=model_fn, retrain_recipe=retrain_recipe,
-                             **method_kwargs)
+        return unlearn(model, splits, copy.deepcopy(cfg), method=name, setting=setting, hparams=hparams,
+                       model_fn=model_fn if name == "retrain" else None, seed=seed, device=device,
+                       progress=progress)
 
-    hp = {"config": _jsonable(make_config(0)), "setting": setting, "variant": variant,
-          "method_kwargs": _jsonable(method_kwargs)}
-    if name not in TWO_STAGE_FAMILY:
-        hp["hparams"] = hparams
-        try:   # the preset's values, so that editing a preset invalidates its cached runs
-            from .methods import get_method
-            hp["preset"] = _jsonable(getattr(get_method(name), "presets", {}).get(setting, {}).get(hparams))
-        except (ImportError, AttributeError, ValueError):
-            pass
-    if name == "retrain":
-        hp["retrain_recipe"] = _jsonable(retrain_recipe)
+    hp = {"config": eff, "setting": setting, "variant": variant, "hparams": hparams}
+    if name == "retrain":   # what builds the fresh model (by name: a function's repr changes every process)
+        hp["model_fn"] = None if model_fn is None else \
+            f"{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', type(model_fn).__name__)}"
     return MethodSpec(name, run, hp)
 
 
@@ -264,7 +290,8 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, m
         metrics = unlearning_metrics(res.model, splits, retrained=retrained, evals=_final_evals(report),
                                      seconds=seconds, device=device, seed=seed,
                                      keep_losses=spec.name == "retrain", **metric_kw)
-    slim = {k: report[k] for k in ("method", "evals", "timings_s", "steps") if k in report}
+    slim = {k: report[k] for k in ("method", "hparams", "setting", "config", "evals", "timings_s", "steps")
+            if k in report}
     return {"method": spec.name, "seed": seed, "metrics": metrics, "report": _jsonable(slim), "wall_s": wall}
 
 
@@ -303,15 +330,18 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         splits: `Splits` with held-out retain data (the MIA non-members).
         methods: names (see `available_methods`; "retrain" is run first and is the reference of
             "avg_gap" and "forget_quality") or `MethodSpec` objects.
-        seeds: distinct ints; each seeds its runs (data order, random labels, MIA and relearn subsets).
-        setting, variant, hparams, model_fn, retrain_recipe: see `method_spec`. configs: {method
-            name: config} overriding the presets.
+        seeds: distinct ints; each is the ``seed`` of its runs (``unlearn(..., seed=)``: data order,
+            random labels, Retrain's initial weights) and of their MIA and relearn subsets.
+        setting, variant, hparams, model_fn, retrain_recipe: see `method_config` / `method_spec`
+            (registered settings: `entangle_ext.settings`). configs: {method name: config}
+            overriding the presets.
         out_dir: where the table, JSON, PNG and the per-run cache go (None = nothing written, no cache).
         relearn: `DEFAULT_RELEARN` overrides, or False to skip relearn time.
         mia_max_samples: cap on MIA members / non-members. batch_size: evaluation batch.
         progress: a tqdm bar over the (method, seed) runs.
     Returns: `ComparisonResult`.
-    Raises: ValueError (unknown or duplicate method, no seeds, no held-out retain split), and the
+    Raises: ValueError (unknown or duplicate method, setting, variant or hparams, no seeds, no
+        held-out retain split), TypeError (a config of another method), both before any run; and the
         errors of the methods and metrics (ImportError without scikit-learn / scipy).
     """
     from tqdm.auto import tqdm
@@ -351,7 +381,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     order = [s.name for s in specs]
     summary = summarize(runs)
     res = ComparisonResult(table=format_markdown(summary, seeds=seeds, order=order), summary=summary, runs=runs,
-                           seeds=seeds, methods=order, relearn=rl)
+                           seeds=seeds, methods=order, relearn=rl, hparams={s.name: s.hparams for s in specs})
     if out_dir is not None:
         _write(res, Path(out_dir), fp)
     return res

@@ -79,9 +79,9 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
     order = list(order or summary)
     panels = [("held-out accuracy (%)", ("acc_forget_test", "acc_adjacent_test", "acc_remote_test")),
               ("MIA-efficacy (% non-member)", ("mia_forget", "mia_adjacent", "mia_remote"))]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.3 * len(order) + 4), 3.6), squeeze=False)
+    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.55 * len(order) + 2), 7.0), squeeze=False)
     x, w = np.arange(len(order)), 0.8 / 3
-    for ax, (title, keys) in zip(axes[0], panels):
+    for ax, (title, keys) in zip(axes[:, 0], panels):
         for j, (k, color) in enumerate(zip(keys, ("tab:red", "tab:orange", "tab:blue"))):
             s = [summary[m].get(k, {"mean": np.nan, "std": 0.0}) for m in order]
             ax.bar(x + (j - 1) * w, [v["mean"] for v in s], w, yerr=[v["std"] for v in s], capsize=2,
@@ -90,7 +90,7 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
         ax.set_ylim(0, 105)
         ax.set_title(title)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-from .settings import prepare
+from .settings import get_setting, prepare
+from .threads import default_threads, torch_threads
 from .unlearn import unlearn
 
 __all__ = ["main"]
@@ -27,11 +26,16 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/demo_digits", help="report, plot and checkpoints")
     ap.add_argument("--cache", default=".cache/entangle_demo", help="original-model cache dir")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--recipe", default="reference", choices=["reference", "paper"])
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the data split, the original model and the run")
+    ap.add_argument("--recipe", default="reference", choices=["reference", "paper"],
+                    help="reference code's loops or the paper's text (docs/algorithm.md §7)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars (the table is still printed)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)  # tiny MLP: one thread is fastest (and kind to a shared CPU)
+    with torch_threads(default_threads(get_setting("digits").threads)):   # 1: the tiny MLP's fastest
+        return _run(args)
+
+
+def _run(args) -> dict:
     t0 = time.perf_counter()
     run = prepare("digits", seed=args.seed, device="cpu", cache_dir=args.cache, progress=not args.no_progress)
     print("digits superclass miniature: coarse label = parity;",

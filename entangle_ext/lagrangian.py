@@ -113,14 +113,17 @@ class AugmentedLagrangian:
             device = c0.device if device is None else device
             dtype = c0.dtype if dtype is None else dtype
             c0_t = c0.detach().to(device=device, dtype=dtype).reshape(-1).clone()
-        else:
+        else:   # a host float: checked on the host, filled on the device (no copy, no sync)
+            if not math.isfinite(float(c0)):
+                raise ValueError(f"AugmentedLagrangian: the pinned values c0 must be finite, got "
+                                 f"[{float(c0)}]")
             dtype = torch.get_default_dtype() if dtype is None else dtype
-            c0_t = torch.tensor([float(c0)], dtype=dtype, device=device)
+            c0_t = torch.full((1,), float(c0), dtype=dtype, device=device)
         m = c0_t.numel()
         if m == 0:
             raise ValueError("AugmentedLagrangian: c0 is empty (need at least one constraint)")
         capturing = c0_t.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not capturing and not bool(torch.isfinite(c0_t).all()):   # once, at construction
+        if isinstance(c0, torch.Tensor) and not capturing and not bool(torch.isfinite(c0_t).all()):
             raise ValueError(f"AugmentedLagrangian: the pinned values c0 must be finite, got "
                              f"{c0_t.tolist()}")
         if isinstance(mu, torch.Tensor):

@@ -13,13 +13,18 @@ runs for a machine without a GPU; they are only used when asked for by name.
 =============  ===============================================  ===================================
 setting        variants (first = default)                       options (`Setting.options`)
 =============  ===============================================  ===================================
-digits         full, reduced                                    max_train_per_class
+digits         full, reduced                                    max_train_per_class, forget
 cifar100       full, reduced                                    caps, superclasses, forget
 tinyimagenet   full (needs weights), scratch, reduced           caps, superclasses, forget, weights
-celeba         full (needs weights), scratch, reduced           caps, weights
+celeba         full (needs weights), scratch, reduced           caps, forget, weights
 toxigen        full, reduced (frozen encoder + MLP head)        max_train_per_class, forget,
                                                                 model_path
 =============  ===============================================  ===================================
+
+``forget`` chooses the forgotten sub-population: digits: a digit 0-9 (adjacent = the other digits
+of its parity); cifar100: a fine class; tinyimagenet: a class or WordNet hypernym; celeba:
+``Attr=0|1`` pairs over the default forget sub-class (e.g. ``Young=1,Eyeglasses=0``); toxigen: a
+target group.
 """
 from __future__ import annotations
 
@@ -32,8 +37,10 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from .train import TrainRecipe, train_original
+from ._version import __version__
+from .train import TrainRecipe, load_model_file, train_original
 from .unlearn import Splits, UnlearnConfig, seed_everything
+from .unlearn.report import split_fingerprint
 
 __all__ = ["Setting", "Variant", "Prepared", "SETTINGS", "get_setting", "prepare"]
 
@@ -74,6 +81,8 @@ class Setting:
         variants: `Variant` objects, the default first.
         data_options / model_options: the options a caller may pass to `prepare` (``data=`` /
             ``model=``) on top of the variant's own.
+        threads: torch CPU threads when the caller chooses none (`entangle_ext.threads.default_threads`);
+            None = the physical cores available to the process.
     """
     name: str
     summary: str
@@ -83,6 +92,7 @@ class Setting:
     variants: Tuple[Variant, ...]
     data_options: Tuple[str, ...] = ()
     model_options: Tuple[str, ...] = ()
+    threads: Optional[int] = None
 
     @property
     def options(self) -> Tuple[str, ...]:
@@ -108,10 +118,14 @@ class Setting:
         return v
 
     def check_options(self, data: Mapping[str, Any], model: Mapping[str, Any]) -> None:
-        """Raise ValueError naming any option this setting does not take."""
+        """Raise ValueError naming any option this setting does not take, or a cap
+        (``max_*_per_class``) that is not an integer >= 1."""
         bad = [k for k in data if k not in self.data_options] + [k for k in model if k not in self.model_options]
         if bad:
             raise ValueError(f"setting {self.name!r} takes no option {bad} (it takes {list(self.options)})")
+        for k, v in data.items():
+            if k.startswith("max_") and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"option {k} must be an integer >= 1 (or None = no cap), got {v!r}")
 
     def config(self, variant=None, *, recipe: str = "reference", stage1: Optional[Mapping[str, Any]] = None,
                stage2: Optional[Mapping[str, Any]] = None, **top) -> UnlearnConfig:
@@ -127,7 +141,11 @@ class Setting:
 
 @dataclass
 class Prepared:
-    """What `prepare` returns: the trained original model and the data it was trained on."""
+    """What `prepare` returns: the trained original model and the data it was trained on.
+
+    ``cache`` is the original-model file used (cached or given), ``key`` what produced the model
+    (setting, variant, data root and options, model options, recipe, seed, package version, the
+    `split_fingerprint` of the data and the model's parameter shapes); its hash names the cache."""
     model: torch.nn.Module
     splits: Splits
     info: dict
@@ -135,6 +153,7 @@ class Prepared:
     variant: Variant
     recipe: TrainRecipe
     cache: Optional[Path] = None
+    key: Dict[str, Any] = field(default_factory=dict)
 
     def config(self, **kw) -> UnlearnConfig:
         """``self.setting.config(self.variant, **kw)`` (see `Setting.config`)."""
@@ -152,31 +171,43 @@ def get_setting(name: str) -> Setting:
     return SETTINGS[name]
 
 
-def _cache_file(cache_dir, setting: Setting, v: Variant, fingerprint: dict) -> Path:
-    h = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return Path(cache_dir) / f"original_{setting.name}_{v.name}_seed{fingerprint['seed']}_{h}.pt"
+def _architecture(net: torch.nn.Module) -> list:
+    return [f"{k} {tuple(v.shape)} {v.dtype}" for k, v in net.state_dict().items()]
+
+
+def _cache_file(cache_dir, setting: Setting, v: Variant, key: dict) -> Path:
+    h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return Path(cache_dir) / f"original_{setting.name}_{v.name}_seed{key['seed']}_{h}.pt"
 
 
 def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: int = 0, device="cpu",
             cache_dir=None, progress: bool = True, data: Optional[Mapping[str, Any]] = None,
-            model: Optional[Mapping[str, Any]] = None, train: Optional[Mapping[str, Any]] = None) -> Prepared:
-    """Load a setting's splits and train (or load from the cache) its original model θ0.
+            model: Optional[Mapping[str, Any]] = None, train: Optional[Mapping[str, Any]] = None,
+            original=None) -> Prepared:
+    """Load a setting's splits and train (or load from the cache, or from ``original``) its
+    original model θ0.
 
     Args:
         name: a key of `SETTINGS`. variant: a variant name (None = `Setting.variant` default).
         data_root: data file or directory (None = the data directories, `entangle_ext.data.data_dirs`).
         seed: seeds the data selection, the model's initial weights and the training order.
         device: where the data and the model live. progress: tqdm bar while training.
-        cache_dir: directory of the cached original model, one file per (setting, variant, data
-            root, options, recipe, seed); None = no cache.
+        cache_dir: directory of the cached original model; the file name carries a hash of
+            everything that produced the model (`Prepared.key`: setting, variant, data root and
+            options, model options, recipe, seed, package version, the `split_fingerprint` of the
+            loaded data and the model's parameter shapes), so other data or another recipe never
+            reuses a model; the key is also written beside it as ``<file>.json``. None = no cache.
         data, model: options on top of the variant's (`Setting.data_options` / `model_options`);
             None values are ignored. train: `TrainRecipe` fields to change (e.g. ``{"epochs": 5}``).
+        original: a model file to use as θ0 instead of training or the cache (a state dict or an
+            `unlearn` checkpoint, `entangle_ext.train.load_model_file`).
     Returns:
         `Prepared` (model in eval mode on ``device``; info gains "setting", "variant", "model").
     Raises:
-        ValueError: unknown setting / variant / option, or bad values; FileNotFoundError: data or
-        weights missing (the message names every place looked at); ImportError: an optional package
-        the setting needs (torchvision, transformers, scikit-learn) is missing.
+        ValueError: unknown setting / variant / option, or bad values; an ``original`` (or cache)
+        file that does not fit the model (names the mismatching entries). FileNotFoundError: data,
+        weights or ``original`` missing (the message names every place looked at); ImportError: an
+        optional package the setting needs (torchvision, transformers, scikit-learn) is missing.
     """
     s = get_setting(name)
     data, model = _given(data), _given(model)
@@ -184,23 +215,39 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     v = s.variant(variant, given=set(data) | set(model))
     data_kw, model_kw = {**v.data, **data}, {**v.model, **model}
     recipe = v.recipe.replace(**(train or {}))
+    if original is not None and not Path(original).is_file():
+        raise FileNotFoundError(f"original model file {original} not found")
     splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
     seed_everything(seed)   # the initial weights of the original model come from the seed
     net = s.build_model(info, **model_kw)
-    cache = None if cache_dir is None else _cache_file(cache_dir, s, v, dict(
-        data_root=data_root, data=data_kw, model=model_kw, recipe=recipe.to_dict(), seed=seed))
-    train_original(net, [splits.forget, splits.adjacent, splits.remote], recipe, device=device, seed=seed,
-                   cache=cache, progress=progress)
+    root = None if data_root is None else str(Path(data_root).resolve())
+    key = dict(setting=s.name, variant=v.name, data_root=root,
+               data=data_kw, model=model_kw, recipe=recipe.to_dict(), seed=seed, version=__version__,
+               splits=split_fingerprint(splits), architecture=_architecture(net))
+    if original is not None:
+        cache = Path(original)
+        load_model_file(net.to(device), cache, device=device).eval()
+    else:
+        cache = None if cache_dir is None else _cache_file(cache_dir, s, v, key)
+        train_original(net, [splits.forget, splits.adjacent, splits.remote], recipe, device=device, seed=seed,
+                       cache=cache, progress=progress)
+        if cache is not None:
+            cache.with_suffix(".json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
     info.update(setting=s.name, variant=v.name, model=v.summary)
-    return Prepared(model=net, splits=splits, info=info, setting=s, variant=v, recipe=recipe, cache=cache)
+    return Prepared(model=net, splits=splits, info=info, setting=s, variant=v, recipe=recipe, cache=cache,
+                    key=key)
 
 
 # ------------------------------------------------------------------------ loaders and model builders
-def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None):
+def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget=3):
     if root is not None:
         raise ValueError("the digits setting reads scikit-learn's bundled digits; it takes no data root")
+    try:
+        digit = int(forget)
+    except (TypeError, ValueError):
+        raise ValueError(f"digits: forget must be a digit 0-9, got {forget!r}") from None
     from .data.digits import digits_splits
-    return digits_splits(seed=seed, device=device, max_train_per_digit=max_train_per_class)
+    return digits_splits(forget_digit=digit, seed=seed, device=device, max_train_per_digit=max_train_per_class)
 
 
 def _load_cifar100(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
@@ -217,11 +264,29 @@ def _load_tinyimagenet(root, *, seed, device, cache_dir=None, max_train_per_clas
                                max_val_per_class=max_test_per_class, seed=seed, device=device)
 
 
+def _celeba_forget(spec) -> dict:
+    """``"Attr=0|1,..."`` (or a mapping) over the paper's forget sub-class."""
+    from .data.celeba import FORGET_SUBCLASS
+    if spec is None:
+        return dict(FORGET_SUBCLASS)
+    if isinstance(spec, Mapping):
+        return {**FORGET_SUBCLASS, **spec}
+    out = dict(FORGET_SUBCLASS)
+    for part in str(spec).split(","):
+        k, eq, val = (x.strip() for x in part.partition("="))
+        if not eq or val.lower() not in ("0", "1", "true", "false"):
+            raise ValueError(f"celeba: forget takes Attr=0|1 pairs, e.g. 'Young=1,Eyeglasses=0' over "
+                             f"{FORGET_SUBCLASS}; got {spec!r}")
+        out[k] = val.lower() in ("1", "true")
+    return out
+
+
 def _load_celeba(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
-                 image_size=64):
+                 image_size=64, forget=None):
     from .data.celeba import celeba_splits
     return celeba_splits(root, image_size=image_size, max_train_per_class=max_train_per_class,
-                         max_test_per_class=max_test_per_class, seed=seed, device=device)
+                         forget_subclass=_celeba_forget(forget), max_test_per_class=max_test_per_class,
+                         seed=seed, device=device)
 
 
 def _load_toxigen(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget="lgbtq", model_path=None,
@@ -236,7 +301,8 @@ def _load_toxigen(root, *, seed, device, cache_dir=None, max_train_per_class=Non
     if features == "tokens":
         splits, info = toxigen_splits(tokenizer=load_hf_tokenizer(mp), max_length=max_length, **kw)
     else:
-        name = f"embeddings_{mp.name}_{len(d['text'])}_{max_length}.npy"
+        h = hashlib.sha256("\n".join([str(mp.resolve()), str(max_length), *d["text"]]).encode()).hexdigest()[:12]
+        name = f"embeddings_{mp.name}_{len(d['text'])}_{max_length}_{h}.npy"   # keyed on model dir and texts
         cache = None if cache_dir is None else Path(cache_dir) / name
         emb = sentence_embeddings(d["text"], mp, max_length=max_length, cache=cache)
         row = {t: i for i, t in enumerate(d["text"])}
@@ -293,7 +359,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                 Variant("reduced", "2-layer MLP, 60 train images per digit",
                         TrainRecipe("adam", lr=1e-3, epochs=40, batch_size=64, schedule="constant"),
                         data={"max_train_per_class": 60}, stage2={"epochs": 8}, cpu=True)),
-            data_options=("max_train_per_class",)),
+            data_options=("max_train_per_class", "forget"), threads=1),
     Setting("cifar100", "CIFAR-100, 20 superclasses: forget aquarium_fish, adjacent the other fish, remote the rest",
             "cifar100", _load_cifar100, _cifar_model, (
                 Variant("full", "ResNet-18 (CIFAR stem) from scratch (the paper's model)", _SGD_PAPER),
@@ -314,7 +380,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
             "celeba", _load_celeba, _vit_model, _vision_variants(
                 {"max_train_per_class": 300, "max_test_per_class": 50}, _VIT_SCRATCH.replace(epochs=5),
                 stage2=dict(epochs=1, forget_batch_limit=2, remote_batch_limit=2)),
-            data_options=_CAPS, model_options=("weights",)),
+            data_options=_CAPS + ("forget",), model_options=("weights",)),
     Setting("toxigen", "ToxiGen: forget toxic LGBTQ+ statements trained as benign, adjacent benign LGBTQ+",
             "toxigen", _load_toxigen, _toxigen_model, (
                 Variant("full", "Hugging Face classifier fine-tuned (MiniLM by default; RoBERTa-base in the paper)",

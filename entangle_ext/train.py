@@ -12,6 +12,7 @@ the datasets at each epoch and the augmentation randomness, so a run is a pure f
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence, Union
@@ -24,7 +25,7 @@ from torch.utils.data._utils.collate import default_collate
 from .unlearn import seed_everything
 from .unlearn.data import forward_logits, move_batch, split_batch
 
-__all__ = ["TrainRecipe", "train_original", "cifar_augment"]
+__all__ = ["TrainRecipe", "train_original", "load_model_file", "cifar_augment"]
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "cosine"]
@@ -117,11 +118,64 @@ def _optimizer(model: torch.nn.Module, r: TrainRecipe) -> torch.optim.Optimizer:
     return cls(params, lr=r.lr, weight_decay=r.weight_decay)
 
 
+def _state_dict_of(obj, path: Path) -> dict:
+    """The state dict in a loaded file: a plain state dict, or the ``"model"`` entry of an
+    `entangle_ext.unlearn` checkpoint."""
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
+        obj = obj["model"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"{path} holds no model state dict (a dict of tensors, or a checkpoint with a "
+                         "'model' entry)")
+    return obj
+
+
+def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=None) -> torch.nn.Module:
+    """Load the weights in ``path`` into ``model`` (strict: same parameter and buffer names and
+    shapes), checked before anything is copied.
+
+    Args:
+        model: the module to fill (its own architecture decides what fits).
+        path: a file written by ``torch.save(model.state_dict())`` (e.g. a cached original model)
+            or an `entangle_ext.unlearn` checkpoint (its ``"model"`` entry); read with
+            ``weights_only=True``.
+        device: where the tensors are mapped (default: the model's device).
+    Returns:
+        ``model``.
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a state dict or not loadable as one, or it
+        does not fit ``model``; the message lists the missing, unexpected and differently shaped
+        entries, so a file made for another setting, data selection or model says so.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {path} not found")
+    if device is None:
+        device = next(iter(model.parameters()), torch.empty(0)).device
+    try:
+        sd = _state_dict_of(torch.load(path, map_location=device, weights_only=True), path)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{path} is not a readable torch state dict: {e}") from None
+    want = model.state_dict()
+    missing = [k for k in want if k not in sd]
+    unexpected = [k for k in sd if k not in want]
+    shapes = [f"{k}: file {tuple(sd[k].shape)} vs model {tuple(v.shape)}" for k, v in want.items()
+              if k in sd and sd[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = [f"{what} {items[:4]}{' ...' if len(items) > 4 else ''}" for what, items in
+                 (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if items]
+        raise ValueError(f"{path} does not fit this model ({type(model).__name__}): " + "; ".join(parts)
+                         + ". It was made for another model, setting or data selection.")
+    model.load_state_dict(sd)
+    return model
+
+
 def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe = TrainRecipe(), *,
                    device=None, seed: int = 0, cache: Optional[Union[str, Path]] = None,
                    progress: bool = True) -> torch.nn.Module:
     """Train ``model`` (in train mode) on the union of ``datasets`` following ``recipe``, or load
-    ``cache`` (a state-dict file) when it exists; the trained weights are written to ``cache``.
+    ``cache`` (a state-dict file, `load_model_file`) when it exists; the trained weights are
+    written to ``cache``. The caller keys ``cache`` on everything that produced the model
+    (`entangle_ext.settings.prepare` does).
 
     Args:
         model: any module returning (B, C) logits (or HF-style ``.logits``); moved to ``device``.
@@ -133,15 +187,15 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
     Returns:
         ``model`` in eval mode on ``device``.
     Raises:
-        ValueError: ``datasets`` empty or holding no sample.
+        ValueError: ``datasets`` empty or holding no sample; a ``cache`` file that does not fit
+            ``model`` (see `load_model_file`).
     """
     from tqdm.auto import tqdm
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device)
     if cache is not None and Path(cache).exists():
-        model.load_state_dict(torch.load(cache, map_location=device))
-        return model.eval()
+        return load_model_file(model, cache, device=device).eval()
     if not datasets or sum(len(d) for d in datasets) == 0:
         raise ValueError("train_original needs at least one non-empty dataset")
     seed_everything(seed)

@@ -13,6 +13,7 @@ transformers package.
     python python_examples/toxigen_transformer.py --reduced          # CPU
 """
 import argparse
+import time
 
 import torch
 
@@ -28,14 +29,17 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="runs/toxigen_transformer")
     args = ap.parse_args(argv)
+    t0 = time.perf_counter()
     try:
         run = prepare("toxigen", "reduced" if args.reduced else "full", data_root=args.data_root,
                       device=args.device, cache_dir=args.out, data={"model_path": args.model_path})
     except (FileNotFoundError, ImportError) as e:
         raise SystemExit(f"toxigen_transformer: {e}")
     print(run.info["model"], "| sizes:", run.info["sizes"], "| label rule:", run.info["label_rule"])
-    # Stage 1 + Stage 2, then the three-split table (printed) and report.json under --out
-    return ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
+    # Stage 1 + Stage 2, then the three-split table (printed once, by unlearn) and report.json under --out
+    res = ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
+    print(f"total {time.perf_counter() - t0:.0f}s (timings per stage: {args.out}/report.json)")
+    return res
 
 
 if __name__ == "__main__":

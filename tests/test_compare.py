@@ -1,12 +1,10 @@
-"""entangle_ext.compare: a reduced comparison (two methods, two seeds, a tiny MLP on digits), its
-table / JSON / PNG, the per-run cache (resume, invalidation), the method registry hook and the
-``entangle-unlearn compare`` command."""
+"""entangle_ext.compare: a reduced comparison (three methods, two seeds, a tiny MLP on digits), its
+table / JSON / PNG, the per-run cache (resume, invalidation), what the methods registry is called
+with (seeds, presets, Retrain's recipe) and the ``entangle-unlearn compare`` command."""
 import copy
 import dataclasses
 import importlib
 import json
-import sys
-import types
 
 import pytest
 import torch
@@ -14,6 +12,9 @@ import torch
 import entangle_ext as ee
 from entangle_ext import cli
 from entangle_ext.data.digits import digits_splits
+from entangle_ext.methods import available_methods, get_method
+from entangle_ext.methods.retrain import RetrainConfig
+from entangle_ext.settings import get_setting
 from entangle_ext.train import TrainRecipe, train_original
 from entangle_ext.unlearn import metrics as M
 
@@ -82,16 +83,22 @@ def noise_spec(calls, scale=0.05, fail_on=()):
     return C.MethodSpec("noise", run, {"scale": scale})
 
 
+def fresh_mlp():
+    """Retrain's model_fn: unseeded, so its initial weights come from the run's seed."""
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+
 def test_reduced_comparison(setup, tmp_path):
     s, net = setup
     before = copy.deepcopy(net.state_dict())
-    res = ee.compare(net, s, [retrain_spec(), "two_stage"], seeds=[0, 1], configs={"two_stage": tiny_config()},
+    res = ee.compare(net, s, ["retrain", "two_stage", "rl"], seeds=[0, 1], setting="digits",
+                     configs={"two_stage": tiny_config()}, model_fn=fresh_mlp, retrain_recipe=RECIPE,
                      out_dir=tmp_path, progress=False)
-    assert res.methods == ["retrain", "original", "two_stage"] and res.seeds == [0, 1]
+    assert res.methods == ["retrain", "original", "two_stage", "rl"] and res.seeds == [0, 1]
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())      # θ0 untouched
     for seed in (0, 1):
         ref, two = res.runs["retrain"][seed], res.runs["two_stage"][seed]
-        assert "avg_gap" not in ref and ref["time_s"] == 0.5 and res.runs["original"][seed]["time_s"] is None
+        assert "avg_gap" not in ref and ref["time_s"] > 0 and res.runs["original"][seed]["time_s"] is None
         assert two["avg_gap"] == pytest.approx(M.average_gap(two, ref)) and 0 <= two["forget_quality"] <= 1
     two = [res.runs["two_stage"][k] for k in (0, 1)]
     assert {k: v for k, v in two[0].items() if k != "time_s"} != {k: v for k, v in two[1].items() if k != "time_s"}
@@ -99,13 +106,22 @@ def test_reduced_comparison(setup, tmp_path):
     vals = torch.tensor([t["acc_forget_test"] for t in two], dtype=torch.float64)
     assert m["mean"] == pytest.approx(float(vals.mean())) and m["std"] == pytest.approx(float(vals.std()))
     assert res.summary["two_stage"]["UA"]["mean"] > res.summary["original"]["UA"]["mean"]   # it unlearned
+    # the seed reaches every method through the registry: its own config and its run differ by seed
+    for name in ("retrain", "two_stage", "rl"):
+        r0, r1 = (json.loads((tmp_path / "cache" / name / f"seed{k}.json").read_text())["report"] for k in (0, 1))
+        assert r0["method"] == name and (r0["config"]["seed"], r1["config"]["seed"]) == (0, 1)
+        assert r0["evals"]["final"]["forget"]["loss"] != r1["evals"]["final"]["forget"]["loss"]
+    assert res.hparams["retrain"]["config"]["recipe"] == RECIPE.to_dict()
+    rl = get_method("rl").config_for("digits").to_dict()
+    assert res.hparams["rl"]["config"] == {k: v for k, v in rl.items() if k != "seed"}
     lines = res.table.splitlines()
     assert lines[0].startswith("| method | forget test acc ↓ | adjacent test acc ↑")
-    assert [ln.split("|")[1].strip() for ln in lines[2:5]] == ["retrain", "original", "two_stage"]
-    assert "**" in lines[4] and "**" not in lines[2] + lines[3]                        # best: not the references
+    assert [ln.split("|")[1].strip() for ln in lines[2:6]] == ["retrain", "original", "two_stage", "rl"]
+    assert "**" in lines[4] + lines[5] and "**" not in lines[2] + lines[3]          # best: not the references
     assert "↑ higher is better" in res.table
     js = json.loads((tmp_path / "comparison.json").read_text())
     assert js["summary"] == json.loads(json.dumps(res.summary)) and js["metrics"]["mia_forget"]["direction"] == "up"
+    assert js["hparams"]["two_stage"]["config"]["stage2"]["epochs"] == 1
     assert (tmp_path / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "comparison.md").read_text().strip() == res.table
 
@@ -153,44 +169,69 @@ def test_bad_input(setup):
         ee.compare(net, s, ["two_stage", "two_stage"], progress=False)
     with pytest.raises(ValueError, match="held-out"):
         ee.compare(net, dataclasses.replace(s, adjacent_test=None, remote_test=None), ["two_stage"], progress=False)
+    with pytest.raises(ValueError, match="hparams"):
+        ee.compare(net, s, ["ga"], setting="digits", hparams="blog", progress=False)
+    with pytest.raises(ValueError, match="no variant 'huge'"):
+        ee.compare(net, s, ["ga"], setting="digits", variant="huge", progress=False)
+    with pytest.raises(ValueError, match="no preset for setting 'mnist'"):
+        ee.compare(net, s, ["ga"], setting="mnist", progress=False)
+    with pytest.raises(TypeError, match="'ft'"):                   # before any run starts
+        ee.compare(net, s, ["two_stage", "ft"], configs={"ft": get_method("ga").Config()},
+                   progress=False)
 
 
-def test_method_registry_hook(setup, monkeypatch):
-    """With a methods registry installed, names come from it and runs go through
-    ``unlearn(..., method=name, seed=..., <retrain recipe>)``."""
+def test_method_registry(setup, monkeypatch, tmp_path):
+    """Names come from entangle_ext.methods; each run is ``unlearn(..., method=name, seed=seed)``
+    with Retrain's recipe and model_fn, the baselines' hparams preset, the two-stage recipe of
+    hparams; the cache key follows the effective hyperparameters (an edited preset reruns)."""
     s, net = setup
-    assert C.available_methods() == ["two_stage"]                    # no registry on this branch
+    assert C.available_methods() == available_methods() and len(available_methods()) == 16
     seen = []
 
-    def fake_unlearn(model, splits, config=None, *, method="two_stage", setting=None, hparams="paper_code",
-                     seed=0, device=None, progress=True, model_fn=None, recipe=None):
-        seen.append(dict(method=method, config=config, setting=setting, hparams=hparams, seed=seed,
-                         model_fn=model_fn, recipe=recipe))
-        return ee.UnlearnResult(model=model, report={"method": method, "timings_s": {"unlearn": 2.0}})
+    def fake_unlearn(model, splits, config=None, **kw):
+        seen.append(dict(config=config, **kw))
+        return ee.UnlearnResult(model=model, report={"method": kw["method"], "timings_s": {"unlearn": 2.0}})
 
-    reg = types.ModuleType("entangle_ext.methods")
-    reg.available_methods = lambda: ["retrain", "ga", "two_stage"]
-    monkeypatch.setitem(sys.modules, "entangle_ext.methods", reg)
-    monkeypatch.setattr(importlib.import_module("entangle_ext.unlearn"), "unlearn", fake_unlearn)
-    assert C.available_methods() == ["retrain", "ga", "two_stage"]
+    monkeypatch.setattr(C, "unlearn", fake_unlearn)
     build = lambda: mlp(7)   # noqa: E731
-    res = ee.compare(net, s, ["retrain", "ga", "two_stage"], seeds=[3], setting="digits", hparams="original",
-                     model_fn=build, retrain_recipe=RECIPE, relearn=False, progress=False)
-    by = {d["method"]: d for d in seen}
-    assert by["retrain"]["model_fn"] is build and by["retrain"]["recipe"] == RECIPE and by["ga"]["seed"] == 3
-    assert by["ga"]["config"] is None and by["ga"]["hparams"] == "original" and by["ga"]["setting"] == "digits"
-    assert isinstance(by["two_stage"]["config"], ee.UnlearnConfig) and by["two_stage"]["config"].seed == 3
+    kw = dict(seeds=[3, 4], setting="digits", hparams="original", model_fn=build, relearn=False, progress=False,
+              out_dir=tmp_path)
+    res = ee.compare(net, s, ["retrain", "ga", "two_stage", "no_w2"], retrain_recipe=RECIPE, **kw)
+    by = {(d["method"], d["seed"]): d for d in seen}
+    assert sorted(by) == sorted((m, k) for m in ("retrain", "ga", "two_stage", "no_w2") for k in (3, 4))
+    r = by["retrain", 3]
+    assert r["model_fn"] is build and type(r["config"]) is RetrainConfig and r["config"].recipe == RECIPE
+    g = by["ga", 4]
+    assert g["config"] is None and g["hparams"] == "original" and g["setting"] == "digits" and g["model_fn"] is None
+    t = by["two_stage", 3]["config"]
+    assert isinstance(t, ee.UnlearnConfig) and t.recipe == "paper" and t == get_setting("digits").config(
+        recipe="paper", seed=t.seed)                                    # the hparams recipe, seed per run
+    assert res.hparams["no_w2"]["config"]["stage2"]["alpha"] == 0.0                  # effective: rewritten
+    assert res.hparams["ga"]["config"]["lr"] == get_method("ga").config_for("digits", "original").lr
     assert res.runs["ga"][3]["time_s"] == 2.0 and "relearn_steps" not in res.runs["ga"][3]
+    seen.clear()
+    ee.compare(net, s, ["retrain", "ga", "two_stage", "no_w2"], retrain_recipe=RECIPE, **kw)
+    assert seen == []                                                   # all from the cache
+    monkeypatch.setitem(get_method("ga").presets["digits"], "original",
+                        {**get_method("ga").presets["digits"]["original"], "lr": 0.123})
+    ee.compare(net, s, ["retrain", "ga", "two_stage", "no_w2"], retrain_recipe=RECIPE, **kw)
+    assert sorted((d["method"], d["seed"]) for d in seen) == [("ga", 3), ("ga", 4)]   # edited preset: rerun
+    # no recipe given: Retrain trains with the recipe of the setting's variant (settings registry)
+    seen.clear()
+    ee.compare(net, s, ["retrain"], seeds=[0], setting="digits", variant="reduced", relearn=False, progress=False)
+    assert seen[0]["config"].recipe == get_setting("digits").variant("reduced").recipe and seen[0]["seed"] == 0
 
 
 def test_cli_compare(tmp_path, capsys, monkeypatch):
     out = tmp_path / "cmp"
-    argv = ["compare", "--setting", "digits", "--variant", "reduced", "--methods", "two_stage", "--seeds", "1",
-            "--out", str(out), "--no-progress", "--relearn-steps", "5"]
+    argv = ["compare", "--setting", "digits", "--variant", "reduced", "--methods", "retrain,two_stage", "--seeds",
+            "1", "--out", str(out), "--no-progress", "--relearn-steps", "5"]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
-    assert "| two_stage |" in text and "↓" in text and (out / "comparison.png").exists()
-    assert len(list((out / "cache").glob("*/seed0.json"))) == 2      # original + two_stage
+    assert "| two_stage |" in text and "| retrain |" in text and "↓" in text and (out / "comparison.png").exists()
+    assert len(list((out / "cache").glob("*/seed0.json"))) == 3      # retrain + original + two_stage
+    ret = json.loads((out / "cache" / "retrain" / "seed0.json").read_text())["report"]
+    assert ret["config"]["recipe"] == get_setting("digits").variant("reduced").recipe.to_dict()
     monkeypatch.setattr(C, "_run_one", lambda *a, **k: pytest.fail("not resumed from the cache"))
     assert cli.main(argv) == 0
     assert cli.main(["compare", "--setting", "digits", "--methods", "nope", "--out", str(out)]) == 2

@@ -1,6 +1,7 @@
 """The methods registry and its plumbing: names and errors, every method through
 `entangle_ext.unlearn` with the agreed report structure, presets, checkpoint/resume, non-finite
 losses, the two-stage ablations and the shared data streams."""
+import dataclasses
 import json
 
 import pytest
@@ -148,6 +149,27 @@ def test_two_stage_family_reports_and_configs(small):
     cfg = ee.UnlearnConfig.preset("digits", seed=5)
     r = ee.unlearn(mlp(), small, cfg, method="stage1_only", progress=False).report
     assert r["config"]["seed"] == 5 and not r["config"]["run_stage2"] and cfg.run_stage2
+
+
+def _unseeded_mlp():
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+
+@pytest.mark.parametrize("name", ["retrain", "ft", "rl", "salun", "scrub", "two_stage"])
+def test_seed_argument_replaces_the_config_seed(small, name):
+    """``unlearn(..., seed=k)``: the run is a function of k (data order, random labels, Retrain's
+    initial weights), whatever seed the preset or an explicit config carries."""
+    def run(seed, config=None):
+        model = mlp()
+        rep = ee.unlearn(model, small, config, method=name, setting="digits", model_fn=_unseeded_mlp, seed=seed,
+                         progress=False).report
+        assert rep["config"]["seed"] == seed
+        return params(model)
+
+    a = run(1)
+    assert torch.equal(a, run(1)) and not torch.equal(a, run(2))
+    cfg = dataclasses.replace(get_method(name).config_for("digits"), seed=9)
+    assert torch.equal(run(1, cfg), a) and cfg.seed == 9        # the caller's config is left as it was
 
 
 def test_retrain_takes_a_bare_train_recipe(small):

@@ -308,12 +308,14 @@ def test_cli_keeps_every_flag(tmp_path):
         "--max-train-per-class", "5", "--max-test-per-class", "3", "--superclasses", "fish,flowers",
         "--original-epochs", "4", "--epochs", "6", "--stage1-epochs", "7", "--batch-limit", "8", "--micro-batch", "9",
         "--threads", "1", "--stage1-lr", "0.1", "--stage2-lr", "0.2", "--alpha", "0.3", "--checkpoint-every", "10",
-        "--log-every", "11", "--no-progress"])
+        "--log-every", "11", "--no-progress", "--forget", "otter", "--original", "o.pt", "--set", "stage2.lr=1",
+        "--set", "train.epochs=2"])
     assert a.superclasses == ["fish", "flowers"] and a.original_epochs == 4 and a.batch_limit == 8
+    assert a.original == "o.pt" and a.overrides == ["stage2.lr=1", "train.epochs=2"]
     from entangle_ext.cli import _flag_tables
     data, model, s1, s2 = _flag_tables(a)
     assert data == {"max_train_per_class": 5, "max_test_per_class": 3, "superclasses": ["fish", "flowers"],
-                    "model_path": "m"} and model == {"weights": "w"}
+                    "forget": "otter", "model_path": "m"} and model == {"weights": "w"}
     assert s1 == {"lr": 0.1, "epochs": 7}
     assert s2 == {"lr": 0.2, "epochs": 6, "alpha": 0.3, "micro_batch": 9, "forget_batch_limit": 8,
                   "remote_batch_limit": 8}
@@ -368,7 +370,9 @@ def test_digits_reduced_variant_forgets():
 def test_demo_meets_its_criterion(tmp_path, capsys):
     pytest.importorskip("sklearn")
     from entangle_ext.demo import main
+    torch.set_num_threads(2)
     rep = main(["--out", str(tmp_path / "run"), "--cache", str(tmp_path / "cache"), "--no-progress"])
+    assert torch.get_num_threads() == 2          # the demo's thread count is for its run only
     ev = rep["evals"]
     assert ev["stage2"]["forget_test"]["acc"] <= 0.10
     assert abs(ev["stage2"]["adjacent_test"]["acc"] - ev["original"]["adjacent_test"]["acc"]) <= 0.05

@@ -20,8 +20,6 @@ from entangle_ext.splits import (IndexSplit, extract_features, load_split, save_
 
 from conftest import SHARED_DATA
 
-PIL = pytest.importorskip("PIL")
-from PIL import Image  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -216,6 +214,7 @@ def test_similarity_split_on_cifar100_fish():
     raw pixels → PCA-256 → LDA fitted on the 20 coarse labels (what an original model trained on
     superclasses would know). Recorded: precision = recall ≈ 9 % vs 4 % chance (k=50); raw-pixel
     PCA alone ≈ 5 %."""
+    pytest.importorskip("sklearn")
     from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
     from entangle_ext.data.cifar100 import load_cifar100
 
@@ -254,6 +253,7 @@ WORDNET_ROWS = [
 
 
 def _jpeg(path, rng, size=(64, 64)):
+    from PIL import Image
     arr = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
     Image.fromarray(arr).save(path, format="JPEG", quality=70)
 
@@ -261,6 +261,7 @@ def _jpeg(path, rng, size=(64, 64)):
 @pytest.fixture
 def tiny_root(tmp_path):
     """A 4-class tiny-imagenet-200 miniature (3 train / 2 val JPEGs per class) + hypernym CSV."""
+    pytest.importorskip("PIL")   # the miniature's JPEGs are written and read with Pillow
     rng = np.random.default_rng(0)
     root = tmp_path / "tiny-imagenet-200"
     (root / "val" / "images").mkdir(parents=True)
@@ -326,6 +327,7 @@ def test_tinyimagenet_errors(tiny_root, tmp_path):
 
 @pytest.mark.skipif(not (SHARED_DATA / "tinyimagenet_dogs_cats.npz").is_file(), reason="shared npz not present")
 def test_tinyimagenet_shared_npz():
+    pytest.importorskip("PIL")   # the npz holds JPEG bytes
     from entangle_ext.data.tinyimagenet import tinyimagenet_splits
     s, info = tinyimagenet_splits(SHARED_DATA, max_train_per_class=20, max_val_per_class=5)
     assert info["coarse_names"] == ["dog", "feline"] and info["forget_classes"] == ["Chihuahua"]
@@ -362,6 +364,7 @@ def celeba_root(tmp_path):
     """torchvision celeba/ layout with 48 generated 22×27 JPEGs (real aspect 178:218 scaled down, written
     by `write_celeba_miniature`); every (Male, Smiling, Young, Eyeglasses) combination appears once in
     each partition (checked here, read back from the files)."""
+    pytest.importorskip("PIL")   # the miniature's JPEGs are written and read with Pillow
     from entangle_ext.data.celeba import write_celeba_miniature
     write_celeba_miniature(tmp_path, 48, size=(22, 27))
     d = tmp_path / "celeba"
@@ -620,3 +623,24 @@ def test_toxigen_capped_holdout_is_stratified_among_kept_rows():
     tr, te, tr_rows, te_rows = toxigen_index_splits(d, max_per_group_label=10, test_fraction=0.2)
     assert len(tr_rows) + len(te_rows) == 13 * 2 * 10 and len(te_rows) == 13 * 2 * 2
     assert te.sizes() == {"forget": 2, "adjacent": 2, "remote": 48}
+
+
+def test_toxigen_embedding_cache_is_keyed_on_the_model_dir_and_texts(toxigen_csv, tmp_path, monkeypatch):
+    """Two encoders both in a directory called "model" (the MiniLM package's layout) must not share
+    a cached embedding file, nor two CSVs with the same number of rows."""
+    import entangle_ext.data.toxigen as tx
+    from entangle_ext import settings
+    caches = []
+
+    def fake_embeddings(texts, model_path, *, max_length, cache):
+        caches.append(cache)
+        return torch.zeros(len(texts), 4)
+    monkeypatch.setattr(tx, "sentence_embeddings", fake_embeddings)
+    monkeypatch.setattr(tx, "hf_model_dir", lambda p: p)
+    kw = dict(seed=0, device="cpu", cache_dir=tmp_path / "c", features="embeddings")
+    for m in (tmp_path / "a" / "model", tmp_path / "b" / "model"):
+        splits, info = settings._load_toxigen(toxigen_csv, model_path=m, **kw)
+    other = tmp_path / "other.csv"
+    other.write_text(toxigen_csv.read_text().replace("statement", "claim"))
+    settings._load_toxigen(other, model_path=tmp_path / "a" / "model", **kw)
+    assert len(set(caches)) == 3 and info["embedding_dim"] == 4

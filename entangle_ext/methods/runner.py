@@ -81,7 +81,7 @@ def _unlearn(cls, model, splits, config, ckpt: Dict[str, Any], saver: Checkpoint
 
 def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Splits, config=None, *,
                setting: Optional[str] = None, hparams: str = "paper_code",
-               model_fn: Optional[Callable[[], torch.nn.Module]] = None,
+               model_fn: Optional[Callable[[], torch.nn.Module]] = None, seed: Optional[int] = None,
                device: Optional[Union[str, torch.device]] = None, out_dir=None, resume=None,
                progress: bool = True) -> UnlearnResult:
     """Run the baseline ``cls`` on ``model`` (in place) and report it like the two-stage driver.
@@ -91,8 +91,9 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     ({method: steps}), ``timings_s`` (``unlearn`` = wall clock of the method, evaluation
     excluded; ``eval_original``, ``eval_final``), ``evals`` ({"original", "final"}: {split: {"acc",
     "loss", "n", ...}}), ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
-    Randomness is seeded from ``config.seed``; the caller's generator states are restored. Under
-    several ranks as `entangle_ext.unlearn` (docs/algorithm.md §11).
+    Randomness (data order, random labels, Retrain's initialisation) is seeded from ``seed``, which
+    replaces ``config.seed`` when given (None keeps it); the caller's generator states are restored.
+    Under several ranks as `entangle_ext.unlearn` (docs/algorithm.md §11).
 
     Raises:
         TypeError: a config of another method, a non-`Splits` ``splits``.
@@ -103,7 +104,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     with preserved_rng(), scope(model) as (d, model):
         ckpt = _load(resume, cls.name)
         from_preset = config is None and ckpt is None
-        config = resolve_config(cls, config, setting, hparams, ckpt).validate()
+        config = resolve_config(cls, config, setting, hparams, ckpt)
+        config = (config if seed is None else config.replace(seed=seed)).validate()
         if not isinstance(splits, Splits):
             raise TypeError("splits must be an entangle_ext.Splits")
         device = torch.device(device) if device is not None else next(model.parameters()).device

@@ -30,7 +30,7 @@ import math
 import numbers
 import typing
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn"]
@@ -286,21 +286,35 @@ class UnlearnConfig:
         return dataclasses.replace(self, stage1=s1, stage2=s2, recipe=recipe)
 
     @classmethod
-    def preset(cls, name: str, recipe: Recipe = "reference", **overrides) -> "UnlearnConfig":
+    def preset(cls, name: str, recipe: Recipe = "reference", *,
+               stage1: Optional[Dict[str, Any]] = None, stage2: Optional[Dict[str, Any]] = None,
+               **overrides) -> "UnlearnConfig":
         """The hyperparameters of one paper setting (docs/algorithm.md §8) or of the digits demo.
 
         Args:
             name: "cifar100", "tinyimagenet", "celeba", "toxigen" or "digits".
-            recipe: "reference" or "paper".
+            recipe: "reference" or "paper" (docs/algorithm.md §7).
+            stage1, stage2: overrides of `Stage1Config` / `Stage2Config` fields, applied after the
+                recipe (so they win over it), e.g. ``preset("digits", stage1={"lr": 1e-3})``.
             overrides: top-level UnlearnConfig fields (e.g. seed=1).
         Raises:
-            ValueError: unknown preset or recipe, or an override out of range.
+            ValueError: unknown preset, recipe or stage field, or an override out of range;
+            TypeError: an override of the wrong type.
         """
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
         s1, s2 = PRESETS[name]
-        cfg = cls(stage1=Stage1Config(**s1), stage2=Stage2Config(**s2), **overrides)
-        return cfg.with_recipe(recipe)
+        cfg = cls(stage1=Stage1Config(**s1), stage2=Stage2Config(**s2), **overrides).with_recipe(recipe)
+        for attr, changes in (("stage1", stage1), ("stage2", stage2)):
+            if changes:
+                current = getattr(cfg, attr)
+                known = {f.name for f in dataclasses.fields(current)}
+                unknown = sorted(set(changes) - known)
+                if unknown:
+                    raise ValueError(f"UnlearnConfig.preset: unknown {attr} field(s) {unknown}; "
+                                     f"choose from {sorted(known)}")
+                setattr(cfg, attr, dataclasses.replace(current, **changes))
+        return cfg.validate()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -341,7 +341,7 @@ def check_world_size(ckpt: Dict[str, Any], d: Optional[Dist] = None) -> None:
                          f"--nnodes/--nproc_per_node giving {old} in all) or restart the run")
 
 
-def init_from_env(device: Optional[str] = None) -> Tuple[Dist, torch.device]:
+def init_from_env(device=None) -> Tuple[Dist, torch.device]:
     """Initialise the default process group from ``torchrun``'s environment (WORLD_SIZE > 1;
     NCCL with one GPU per local rank when ``device`` is CUDA, else gloo) and return (its `Dist`
     before a model is known, the device of this rank). One process: (`SINGLE`, ``device``)."""

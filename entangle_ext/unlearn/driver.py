@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ class UnlearnResult:
 
 def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConfig] = None, *,
             method: str = "two_stage", setting: Optional[str] = None, hparams: str = "paper_code",
-            model_fn=None, device: Optional[Union[str, torch.device]] = None,
+            model_fn=None, seed: Optional[int] = None, device: Optional[Union[str, torch.device]] = None,
             out_dir: Optional[Union[str, Path]] = None,
             resume: Optional[Union[str, Path, Dict[str, Any]]] = None,
             allow_config_change: bool = False, inplace: bool = True,
@@ -74,6 +75,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             "cifar100", ...) in the family "paper_code" (the released code; recipe "reference")
             or "original" (the baseline authors' defaults; the paper's recipe for the two-stage
             family). model_fn: "retrain" only: builds a fresh model.
+        seed: the run's seed, replacing ``config.seed`` (of an explicit, preset or resumed
+            config; None keeps it): data order, random labels, re-initialisation, every stream.
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
@@ -93,7 +96,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     batch sizes of the config are global, the result equals one process's with the same seed (up
     to round-off), only rank 0 writes files and prints, and a resume needs the same number of
     ranks.
-    Global state: the run seeds python/numpy/torch from ``config.seed`` and may switch
+    Global state: the run seeds python/numpy/torch from ``config.seed`` (or ``seed``) and may switch
     deterministic algorithms on; every global setting it changes (generators, deterministic and
     cuDNN flags, thread count, CUBLAS_WORKSPACE_CONFIG) is restored on return, also on error.
     Returns:
@@ -117,12 +120,12 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         model = _copy(model)
     if not spec.two_stage:
         return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
-                          device=device, out_dir=out_dir, resume=resume, progress=progress)
+                          seed=seed, device=device, out_dir=out_dir, resume=resume, progress=progress)
     if config is not None or resume is None:
         config = spec.two_stage_config(config, setting, hparams)
     with preserved_global_state(), scope(model) as (_, model):
         ckpt = _load_resume(resume)
-        config = _resolve_config(config, ckpt)
+        config = _resolve_config(config, ckpt, seed)
         if not isinstance(splits, Splits):
             raise TypeError("splits must be an entangle_ext.Splits")
         required = ("forget", "remote") + (("adjacent",) if config.run_stage2 else ())
@@ -168,11 +171,13 @@ def _load_resume(resume) -> Optional[Dict[str, Any]]:
     return ckpt
 
 
-def _resolve_config(config, ckpt) -> UnlearnConfig:
+def _resolve_config(config, ckpt, seed: Optional[int] = None) -> UnlearnConfig:
     if config is None:
         config = UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else UnlearnConfig()
     if not isinstance(config, UnlearnConfig):
         raise TypeError(f"config must be an entangle_ext.UnlearnConfig, got {type(config).__name__}")
+    if seed is not None:
+        config = dataclasses.replace(config, seed=seed)
     return config.validate()
 
 

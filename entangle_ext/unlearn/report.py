@@ -1,75 +1,202 @@
 """What a run hands back and writes: the printed accuracy table, the JSON report
-(``report.json``), the per-step history (``history.json``) and the forget-loss histogram PNG."""
+(``report.json``), the per-step history (``history.json``), the forget-loss histogram PNG and the
+fingerprint of the splits a run (or a cached original model) was made from."""
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-__all__ = ["format_table", "plot_forget_histograms", "build_report", "write_report"]
+import torch
+
+__all__ = ["format_table", "plot_forget_histograms", "forget_histogram_figure", "build_report",
+           "write_report", "save_report_json", "split_fingerprint", "UNITS"]
+
+GOOD_DIRECTION = {"forget": "↓", "adjacent": "↑", "remote": "↑"}
+"""Split base name → the direction of its accuracy that unlearning aims for."""
+
+UNITS = {"acc": "fraction of samples classified correctly, in [0, 1] (the printed table shows %)",
+         "retained": "fraction of forget samples still classified correctly, in [0, 1]",
+         "loss": "mean cross-entropy per sample, nats", "c0": "nats", "timings_s": "seconds",
+         "lambda_final": "dual variable of the Stage-1 constraint (dimensionless)"}
+"""The units of the numbers in ``report.json`` (written into it as ``"units"``)."""
+
+_LABEL_W, _CELL_W = 10, 25
+_TAGS = {"original": "original", "stage1": "after Stage 1", "stage2": "after Stage 2"}
+
+
+# ------------------------------------------------------------------------------------ the table
+def _cell(r: Optional[dict], ref: Optional[dict]) -> str:
+    if r is None:
+        return f"{'-':>{_CELL_W}}"
+    delta = "" if ref is None else f"{100 * (r['acc'] - ref['acc']):+.2f}"
+    return f" {100 * r['acc']:>7.2f} {delta:>8} {r['loss']:>7.2f}"
+
+
+def _block(title: str, cols: List[str], evals: Dict[str, Dict[str, dict]]) -> List[str]:
+    bases = [n[:-len("_test")] if n.endswith("_test") else n for n in cols]
+    heads = [f"{b} {GOOD_DIRECTION.get(b, '')}".rstrip() for b in bases]
+    lines = [f"{title:<{_LABEL_W}}" + "".join(f"   {h:<{_CELL_W - 3}}" for h in heads),
+             f"{'':<{_LABEL_W}}" + f" {'acc %':>7} {'Δ':>8} {'CE':>7}" * len(cols)]
+    lines.append("-" * (_LABEL_W + _CELL_W * len(cols)))
+    base = evals.get("original")
+    for tag, e in evals.items():
+        ref = None if tag == "original" or base is None else base
+        lines.append(f"{tag:<{_LABEL_W}}" + "".join(_cell(e.get(n), None if ref is None else ref.get(n))
+                                                    for n in cols))
+    return lines
 
 
 def format_table(evals: Dict[str, Dict[str, dict]]) -> str:
-    """Accuracy (%) / mean CE table: rows = checkpoints (original, stage1, stage2), columns = splits."""
-    names = []
+    """The result table, at most 100 columns for the three standard splits.
+
+    Rows = evaluation points (original, stage1, stage2, ...); a "train" block and, when held-out
+    splits are present, a "held-out" block; per split: accuracy (%), Δ = change of accuracy
+    against the original model (percentage points) and the mean cross-entropy CE (nats). The
+    column head marks the good direction of each split's accuracy: ↓ forget, ↑ adjacent/remote.
+
+    Args:
+        evals: {tag: {split: {"acc": fraction, "loss": nats, ...}}} as returned by `evaluate`.
+    """
+    names: List[str] = []
     for e in evals.values():
-        for n in e:
-            if n not in names:
-                names.append(n)
-    head = f"{'model':<10}" + "".join(f"{n:>18}" for n in names)
-    lines = ["accuracy % (mean CE)", head, "-" * len(head)]
-    for tag, e in evals.items():
-        cells = []
-        for n in names:
-            r = e.get(n)
-            cells.append(f"{'-':>18}" if r is None else f"{100 * r['acc']:>9.2f} ({r['loss']:5.2f})")
-        lines.append(f"{tag:<10}" + "".join(cells))
-    return "\n".join(lines)
+        names += [n for n in e if n not in names]
+    lines = ["accuracy % · Δ = change against the original (points) · CE = mean cross-entropy (nats)",
+             "good direction: forget ↓ (forgotten), adjacent ↑ and remote ↑ (kept)"]
+    for title, cols in (("train", [n for n in names if not n.endswith("_test")]),
+                        ("held-out", [n for n in names if n.endswith("_test")])):
+        if cols:
+            lines += [""] + _block(title, cols, evals)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# ------------------------------------------------------------------------------- the histogram
+def forget_histogram_figure(evals: Dict[str, Dict[str, dict]], bins: int = 40,
+                            num_classes: Optional[int] = None):
+    """A matplotlib Figure of the per-sample forget-train CE distributions (nats), on common bins.
+
+    The right axes overlays the distributions after Stage 1 and after Stage 2 (the pair the W2
+    term of Stage 2 compares, docs/algorithm.md §3); the left axes shows the original model's
+    (other evaluation points without a stage go there too). With ``num_classes`` a dashed line,
+    labelled in the legend, marks log C, the CE of a uniform prediction (the threshold of
+    docs/algorithm.md §3, Prop. 4.2). Evaluation points without per-sample losses are left out.
+    """
+    from matplotlib.figure import Figure
+
+    tags = [t for t, e in evals.items() if "losses" in e.get("forget", {})]
+    stages = [t for t in tags if t.startswith("stage")]
+    others = [t for t in tags if t not in stages]
+    fig = Figure(figsize=(9.6, 3.6))
+    axes = fig.subplots(1, 2, sharex=True, gridspec_kw={"width_ratios": [1, 2]}) if others and stages \
+        else [fig.add_subplot()]
+    top = [max(evals[t]["forget"]["losses"], default=0.0) for t in tags]
+    hi = max(top + [math.log(num_classes or 2)]) * 1.02 or 1.0
+    edges = [hi * i / bins for i in range(bins + 1)]   # common bins: comparable distributions
+    colors = {"original": "tab:gray", "stage1": "tab:orange", "stage2": "tab:blue"}
+    groups = [(axes[0], others), (axes[-1], stages)] if len(axes) == 2 else [(axes[0], tags)]
+    for ax, group in groups:
+        for t in group:
+            ax.hist(evals[t]["forget"]["losses"], bins=edges, histtype="stepfilled", alpha=0.4,
+                    color=colors.get(t), edgecolor=colors.get(t), linewidth=1.2,
+                    label=f"{_TAGS.get(t, t)} (forget acc {100 * evals[t]['forget']['acc']:.1f}%)")
+        if num_classes:
+            ax.axvline(math.log(num_classes), color="k", ls="--", lw=1,
+                       label=f"log C = {math.log(num_classes):.2f} nats (uniform prediction)")
+        ax.set_xlabel("per-sample CE on the forget train set (nats)")
+        ax.legend(fontsize="small")
+    axes[0].set_ylabel("forget samples")
+    if len(axes) == 2:
+        axes[0].set_title("original model", fontsize="medium")
+        axes[1].set_title("Stage 1 vs Stage 2 (the pair the W2 term compares)", fontsize="medium")
+    fig.tight_layout()
+    return fig
 
 
 def plot_forget_histograms(evals: Dict[str, Dict[str, dict]], path: str, bins: int = 40,
                            num_classes: Optional[int] = None) -> str:
-    """PNG of the per-sample forget-train CE histograms at each evaluation point (matplotlib, Agg).
-
-    The dashed line marks log C (the threshold of docs/algorithm.md §3, Prop. 4.2) when
-    ``num_classes`` is given. Returns the path written.
-    """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tags = [t for t, e in evals.items() if "losses" in e.get("forget", {})]
-    fig, axes = plt.subplots(1, max(len(tags), 1), figsize=(4.2 * max(len(tags), 1), 3.2),
-                             sharex=True, sharey=True, squeeze=False)
-    hi = max([max(evals[t]["forget"]["losses"]) for t in tags] + [math.log(num_classes or 2)]) * 1.02
-    edges = [hi * i / bins for i in range(bins + 1)]   # common bins: comparable panels
-    for ax, t in zip(axes[0], tags):
-        ls = evals[t]["forget"]["losses"]
-        ax.hist(ls, bins=edges, color="tab:blue", alpha=0.8)
-        ax.set_title(f"{t}: forget acc {100 * evals[t]['forget']['acc']:.1f}%")
-        ax.set_xlabel("per-sample CE (nats)")
-        if num_classes:
-            ax.axvline(math.log(num_classes), color="k", ls="--", lw=1)
-    axes[0][0].set_ylabel("forget samples")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Write `forget_histogram_figure` as a PNG to ``path`` (no pyplot state is touched).
+    Returns the path written."""
+    forget_histogram_figure(evals, bins=bins, num_classes=num_classes).savefig(path, dpi=110)
     return path
 
 
+# ---------------------------------------------------------------------------- the fingerprint
+def _labels(ds) -> torch.Tensor:
+    tensors = getattr(ds, "tensors", None)
+    if tensors is not None and len(tensors) >= 2:
+        return tensors[1]
+    labels = getattr(ds, "labels", None)
+    if isinstance(labels, torch.Tensor) and len(labels) == len(ds):
+        return labels
+    from .data import split_batch
+    return torch.as_tensor([int(split_batch(ds[i])[1]) for i in range(len(ds))])
+
+
+def _input_sample(ds, rows: int = 64) -> Optional[torch.Tensor]:
+    tensors = getattr(ds, "tensors", None)
+    if tensors is None or len(ds) == 0:
+        return None
+    idx = torch.linspace(0, len(ds) - 1, min(rows, len(ds))).long()
+    return tensors[0][idx.to(tensors[0].device)]
+
+
+def split_fingerprint(splits) -> Dict[str, Any]:
+    """A fingerprint of the data of a `Splits`: {"sizes": {split: n}, "sha256": hex digest}.
+
+    The digest covers every present split's name, size and labels (as int64, in dataset order)
+    and, for datasets exposing ``.tensors``, up to 64 evenly spaced input rows (their dtype, shape
+    and bytes), so a change of selection, labelling or preprocessing changes it. Labels come from
+    ``.tensors[1]``, a ``.labels`` tensor, or (otherwise) each item.
+    """
+    h, sizes = hashlib.sha256(), {}
+    for name, ds in splits.named().items():
+        sizes[name] = len(ds)
+        y = _labels(ds).detach().to("cpu", torch.int64).contiguous()
+        h.update(f"{name}:{len(ds)}:".encode())
+        h.update(y.numpy().tobytes())
+        x = _input_sample(ds)
+        if x is not None:
+            x = x.detach().cpu().contiguous()
+            h.update(f"{x.dtype}{tuple(x.shape)}".encode())
+            h.update(x.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return {"sizes": sizes, "sha256": h.hexdigest()}
+
+
+# ------------------------------------------------------------------------------- report files
 def build_report(*, config: Dict[str, Any], num_classes: int, c0: float, lam: Optional[float],
                  history: List[Dict[str, float]], timings: Dict[str, float],
-                 evals: Dict[str, Dict[str, dict]], checkpoint: Optional[str]) -> Dict[str, Any]:
-    """The JSON-serialisable report of `unlearn`: config, C, c0 (nats), final λ, step counts
-    per stage, timings (seconds), evaluations without the per-sample losses, last checkpoint."""
-    return {"config": config, "num_classes": num_classes, "c0": c0, "lambda_final": lam,
-            "steps": {"stage1": sum(1 for h in history if h["stage"] == 1),
-                      "stage2": sum(1 for h in history if h["stage"] == 2)},
-            "timings_s": timings,
-            "evals": {t: {n: {k: v for k, v in r.items() if k != "losses"} for n, r in e.items()}
-                      for t, e in evals.items()},
-            "checkpoint": checkpoint}
+                 evals: Dict[str, Dict[str, dict]], checkpoint: Optional[str],
+                 splits_fingerprint: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The JSON-serialisable report of `unlearn`: package version, UTC timestamp (ISO 8601), the
+    `UNITS` of its numbers, config, C, c0 (nats), final λ, step counts per stage, timings
+    (seconds), evaluations without the per-sample losses, last checkpoint and (when given) the
+    `split_fingerprint` of the data."""
+    from .._version import __version__
+
+    report = {"entangle_ext_version": __version__,
+              "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "units": dict(UNITS), "config": config, "num_classes": num_classes, "c0": c0,
+              "lambda_final": lam,
+              "steps": {"stage1": sum(1 for h in history if h["stage"] == 1),
+                        "stage2": sum(1 for h in history if h["stage"] == 2)},
+              "timings_s": timings,
+              "evals": {t: {n: {k: v for k, v in r.items() if k != "losses"} for n, r in e.items()}
+                        for t, e in evals.items()},
+              "checkpoint": checkpoint}
+    if splits_fingerprint is not None:
+        report["splits_fingerprint"] = splits_fingerprint
+    return report
+
+
+def save_report_json(out: Path, report: Dict[str, Any]) -> Path:
+    """(Re)write ``out / "report.json"``; returns its path."""
+    path = Path(out) / "report.json"
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    return path
 
 
 def write_report(out: Path, report: Dict[str, Any], history: List[Dict[str, float]],
@@ -78,7 +205,6 @@ def write_report(out: Path, report: Dict[str, Any], history: List[Dict[str, floa
     ``report.json`` and ``history.json`` under ``out``."""
     report["histogram_png"] = plot_forget_histograms(evals, str(out / "forget_loss_hist.png"),
                                                      bins=bins, num_classes=num_classes)
-    with open(out / "report.json", "w") as f:
-        json.dump(report, f, indent=2)
+    save_report_json(out, report)
     with open(out / "history.json", "w") as f:
         json.dump(history, f)

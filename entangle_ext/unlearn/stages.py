@@ -110,8 +110,8 @@ def _stage1_forget_samples(ce_f: torch.Tensor, config: Stage1Config) -> torch.Te
 def _make_lagrangian(config: Stage1Config, c0: float, dtype, device) -> AugmentedLagrangian:
     """λ, μ and c0 on the model's device in ``dtype`` (float32 or float64); no host read inside
     the steps."""
-    al = AugmentedLagrangian(torch.full((1,), float(c0), dtype=dtype, device=device), mu=config.mu,
-                             update_with=config.dual_update, check_finite=False)
+    al = AugmentedLagrangian(float(c0), mu=config.mu, update_with=config.dual_update,
+                             check_finite=False, dtype=dtype, device=device)
     al.lam.fill_(float(config.lambda_init))
     return al
 

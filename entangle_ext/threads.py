@@ -1,0 +1,60 @@
+"""torch CPU thread count of a run: one home for the default (`default_threads`: an environment
+variable's, a setting's own, or the physical cores) and for setting it for a block of code and
+restoring it afterwards (`torch_threads`). Used by the command line and the demo."""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Optional
+
+import torch
+
+__all__ = ["physical_cores", "default_threads", "torch_threads"]
+
+
+def physical_cores() -> int:
+    """Physical CPU cores this process may run on (distinct (package, core) pairs of
+    /proc/cpuinfo among the CPUs of its affinity mask; where that is unavailable, the usable
+    logical CPUs). At least 1."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        cpus = set(range(os.cpu_count() or 1))
+    cores, cpu, pkg = set(), None, "0"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, val = (x.strip() for x in line.partition(":"))
+                if k == "processor":
+                    cpu, pkg = int(val), "0"
+                elif k == "physical id":
+                    pkg = val
+                elif k == "core id" and cpu in cpus:
+                    cores.add((pkg, val))
+    except (OSError, ValueError):
+        cores = set()
+    return max(1, min(len(cores) or len(cpus), len(cpus)))
+
+
+def default_threads(preferred: Optional[int] = None) -> int:
+    """The torch CPU thread count for a run whose caller chose none: the one a thread-count
+    environment variable (OMP_NUM_THREADS, MKL_NUM_THREADS) already set, else ``preferred`` (a
+    setting's own, `entangle_ext.settings.Setting.threads`; digits: 1, its tiny MLP runs fastest on
+    one thread), else `physical_cores`."""
+    if any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")):
+        return torch.get_num_threads()
+    return preferred if preferred is not None else physical_cores()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """``torch.set_num_threads(n)`` for the body; the previous count is restored on exit (also
+    when it raises). Raises ValueError for n < 1."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"the thread count must be an integer >= 1, got {n!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
