@@ -41,7 +41,7 @@ def model(dtype=torch.float64) -> torch.nn.Module:
 
 
 def config(recipe: str = "reference", micro_batch=None, **kw) -> ee.UnlearnConfig:
-    cfg = ee.UnlearnConfig(recipe="reference", log_every=1, eval_batch_size=4, **kw).with_recipe(recipe)
+    cfg = ee.UnlearnConfig(recipe="reference", **{"log_every": 1, "eval_batch_size": 4, **kw}).with_recipe(recipe)
     cfg.stage1 = dataclasses.replace(cfg.stage1, lr=2e-2, remote_batch_size=13, forget_batch_size=5,
                                      epochs=1)                        # 3 steps (13, 13, 1)
     cfg.stage2 = dataclasses.replace(cfg.stage2, lr=5e-2, epochs=1, adjacent_batch_size=8,
@@ -84,6 +84,23 @@ def _ddp(m):
     return torch.nn.parallel.DistributedDataParallel(m)
 
 
+class SignalledNet(torch.nn.Module):
+    """`model()` whose k-th gradient-enabled forward on rank 1 sends SIGTERM to its own process."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.net, self.k, self.calls = model(), k, 0
+
+    def forward(self, x):
+        import signal
+        import torch.distributed as dist
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls == self.k and dist.get_rank() == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return self.net(x)
+
+
 def scenarios(out: str, world: int, one_process_ckpt: str):
     """name -> zero-argument function returning what to record (run inside every rank)."""
     def two_stage(wrap, cfg, sub, **kw):
@@ -93,6 +110,15 @@ def scenarios(out: str, world: int, one_process_ckpt: str):
     def baseline(name):
         return lambda: summary(ee.unlearn(_ddp(model()), splits(), baseline_config(name), method=name,
                                           progress=False))
+
+    def interrupted():   # rank 1 is signalled in Stage-1 step 1; both stop at the log point, step 2
+        from entangle_ext.unlearn import RunInterrupted
+        try:
+            ee.unlearn(_ddp(SignalledNet(2)), splits(), config(log_every=2), progress=False,
+                       out_dir=os.path.join(out, "interrupted"))
+        except RunInterrupted as e:
+            return {"stage": e.stage, "step": e.step, "signal": e.signal, "checkpoint": e.checkpoint}
+        return {"stage": None}
 
     def refused():
         try:
@@ -109,10 +135,11 @@ def scenarios(out: str, world: int, one_process_ckpt: str):
         "fsdp": two_stage(lambda m: _shard(m, world), config("paper", micro_batch=3, checkpoint_every=1),
                           "fsdp"),
         "fsdp_resume": two_stage(lambda m: _shard(m, world), config("paper", micro_batch=3), "fsdp_resume",
-                                 resume=os.path.join(out, "fsdp", "checkpoints", "stage2_step000002.pt")),
+                                 resume=os.path.join(out, "fsdp", "checkpoints", "stage1_step000002.pt")),
         "ddp_float32": lambda: summary(ee.unlearn(_ddp(model(torch.float32)), splits(torch.float32),
                                                   config(), progress=False)),
         "refused": refused,
+        "interrupted": interrupted,
     }
     runs.update({f"baseline_{n}": baseline(n) for n in BASELINES})
     return runs

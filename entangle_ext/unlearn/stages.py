@@ -315,7 +315,8 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
     intact.
 
     θ̄ = ``model`` at entry: the reference losses ℓ(θ̄) of every forget sample are computed once
-    there (`reference_losses`, no grad, ``eval_batch_size`` samples per pass). For each D_adj
+    there (`reference_losses`, no grad, ``eval_batch_size`` samples per pass; one draw per sample
+    of a dataset with random transforms). For each D_adj
     minibatch (``config.epochs`` passes): g_adj = ∇ mean CE(adjacent batch); g_f = ∇ L̃_f over up
     to ``forget_batch_limit`` forget batches (see `forget_objective`; the W2² of all of them in
     one `entangle_ext.wasserstein2_1d` call against ℓ(θ̄) of the same samples); g_rem = ∇ Σ_b mean CE over up
