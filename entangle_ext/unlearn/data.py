@@ -167,16 +167,20 @@ class BatchStream:
         self.epoch, self.pos = 0, 0  # next batch to deliver (cycling use)
         self._feeds: Dict[str, Tuple[Any, Iterator]] = {}
         self._peeked: Optional[Tuple[Tuple[int, int], Any]] = None
+        self._last_order: Optional[Tuple[int, torch.Tensor]] = None
 
     def __len__(self) -> int:
         return (self.n + self.batch_size - 1) // self.batch_size
 
     def order(self, epoch: int) -> torch.Tensor:
+        """The sample order of epoch ``epoch`` (the last one asked for is kept)."""
         if not self.shuffle:
             return torch.arange(self.n)
-        g = torch.Generator().manual_seed(_stream_seed(self.seed, self.name,
-                                                       0 if self.replay_first else epoch))
-        return torch.randperm(self.n, generator=g)
+        key = 0 if self.replay_first else epoch
+        if self._last_order is None or self._last_order[0] != key:
+            g = torch.Generator().manual_seed(_stream_seed(self.seed, self.name, key))
+            self._last_order = (key, torch.randperm(self.n, generator=g))
+        return self._last_order[1]
 
     def global_batch_indices(self, epoch: int) -> List[torch.Tensor]:
         """The index batches of epoch ``epoch`` (global: the batches of one process)."""
