@@ -321,7 +321,7 @@ proj_pass2_kernel(const ProjArgs<KMAX> a, int k, const double* __restrict__ coef
 
 __global__ void proj_solve_kernel(const double* __restrict__ gram, const double* __restrict__ vg, int k,
                                   double rcond, double shift, double* __restrict__ c) {
-  double packed[proj_num_acc(kProjMaxK)], sh[kProjMaxK];
+  double packed[proj_num_acc(kProjMaxK)] = {}, sh[kProjMaxK] = {};
   for (int i = 0; i < k; ++i) {
     for (int j = 0; j <= i; ++j) packed[tri_index(i, j)] = gram[i * k + j];
     sh[i] = shift;
