@@ -79,12 +79,14 @@ def verdict(x, target):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    choices=["cpu", "cuda"])
     ap.add_argument("--sizes", default=None, help="comma-separated flat sizes P (default: "
                     f"{SIZES['cpu']} on CPU, {SIZES['cuda']} on CUDA)")
     ap.add_argument("--ks", default="2,8")
     ap.add_argument("--models", default="none", help="torchvision models, comma-separated (e.g. resnet18)")
-    ap.add_argument("--reps", type=int, default=None, help="interleaved rounds per case (default 7 CPU, 20 CUDA)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="interleaved rounds per case (default 7 CPU, 20 CUDA)")
     ap.add_argument("--loop", action="store_true", help="also time the per-parameter float64 loop")
     ap.add_argument("--json", default=None, help="write the results here, updated after every case")
     ap.add_argument("--time-budget", type=float, default=None,
@@ -99,7 +101,8 @@ def main(argv=None):
     args.reps = args.reps or (20 if device.type == "cuda" else 7)
     if args.time_budget is None and device.type == "cuda":
         args.time_budget = 45.0
-    workloads = [(f"flat P={float(p) / 1e6:g}M", [(int(float(p)),)]) for p in (args.sizes or SIZES[device.type]).split(",")]
+    sizes = (args.sizes or SIZES[device.type]).split(",")
+    workloads = [(f"flat P={float(p) / 1e6:g}M", [(int(float(p)),)]) for p in sizes]
     for name in ([] if args.models == "none" else args.models.split(",")):
         shapes = model_shapes(name)
         if shapes is None:
@@ -115,7 +118,8 @@ def main(argv=None):
     env = environment(device)
     kernel = ee._ext._C.projection_cpu_kernel() if hasattr(ee._ext._C, "projection_cpu_kernel") else "?"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    meta = dict(benchmark="projection", **env, cpu_kernel=kernel, load_average_1min=load, bytes_model="(2k+3)*4*P",
+    meta = dict(benchmark="projection", **env, cpu_kernel=kernel, load_average_1min=load,
+                bytes_model="(2k+3)*4*P",
                 copy_bytes=2 * 4 * n_copy, copy_targets=COPY_TARGET[device.type],
                 composite_target=COMPOSITE_TARGET)
     print(f"# {env['device_name']} ({env['threads']} threads, CPU kernels: {kernel}, load average "
