@@ -51,3 +51,33 @@ def save_json(path: str | None, payload: dict) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(payload, indent=2))
     print(f"saved {p}")
+
+
+def time_interleaved(fns: dict, device: torch.device, *, reps: int = 7, warmup: int = 1,
+                     budget_s: float | None = None) -> dict:
+    """Per-call times in ms of several functions, one call of each per round, round after round, so
+    that the drifts of a shared machine hit all of them alike. Stops early (after at least 3 rounds)
+    once budget_s seconds have passed. Returns {name: [ms, ...]}."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    times = {name: [] for name in fns}
+    start = time.perf_counter()
+    for r in range(reps):
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                times[name].append(s.elapsed_time(e))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        if budget_s is not None and r >= 2 and time.perf_counter() - start > budget_s:
+            break
+    return times

@@ -1,22 +1,22 @@
-"""Benchmark of entangle_ext.project_orthogonal_ (fused multi-tensor projection) against the
-plain-PyTorch baselines: (a) the flattened composite (torch.cat -> matmul -> solve -> split) and
-(b) the per-parameter float64 loop (the reference recipe's style), in the same run.
+"""Benchmark of entangle_ext.project_orthogonal_ (fused two-pass projection, docs/algorithm.md §5)
+against a device-to-device copy and the plain-PyTorch composite, measured in the same run.
 
-Workloads: flat vectors of P elements (split into one tensor; default P = 11.2M on CPU,
-{11.2M, 88M, 125M} on CUDA) and the real parameter lists of torchvision resnet18 and ViT-B/32
-(skipped when torchvision is missing); k in {2, 4, 8}. Timing: torch.cuda.Event with warmup on
-CUDA, time.perf_counter median on CPU. Achieved bandwidth counts the two-pass floor
-(2k+3) * 4 * P bytes (float32) and is compared with a measured device-copy bandwidth.
+For every case (flat vectors of P elements, one tensor, float32; k basis vectors) the script times,
+in interleaved rounds (medians): the fused operator; a copy of a large buffer (torch's copy_, the
+bandwidth yardstick); and the composite one writes without a kernel (flatten with torch.cat,
+V @ V.T and V @ g, torch.linalg.solve, g - V.T @ c, split back; reference.
+project_orthogonal_flat_composite). The operator must move (2k+3) * 4 * P bytes (pass 1 reads g
+and V, pass 2 reads them again and writes g); achieved bandwidth on that model is printed as a
+fraction of the copy's, and the composite's time as a ratio to the operator's, each against its
+target. Optional: the per-parameter float64 loop (--loop) and torchvision models (--models).
 
-    python bench/bench_projection.py --device cpu --json bench_projection_cpu.json
-    python bench/bench_projection.py --device cuda --sizes 11.2e6,88e6,125e6
+    python bench/bench_projection.py --device cpu --json bench/results/projection_cpu.json
+    python bench/bench_projection.py --device cuda --json bench/results/projection_cuda.json --time-budget 120
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
+import os
 import statistics
 import sys
 import time
@@ -24,39 +24,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import environment, save_json, time_interleaved  # noqa: E402
+
 import entangle_ext as ee  # noqa: E402
 from entangle_ext import reference as ref  # noqa: E402
 
-
-def timer(device, fn, reps, warmup):
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device, reps, warmup):
-    n = (256 << 20) // 4 if device.type == "cuda" else (64 << 20) // 4
-    src = torch.randn(n, device=device)
-    dst = torch.empty_like(src)
-    t = timer(device, lambda: dst.copy_(src), reps, warmup)
-    return 2 * 4 * n / t / 1e9  # GB/s (read + write)
+SIZES = {"cpu": "11.2e6,86e6", "cuda": "11.2e6,125e6"}
+# Targets: fraction of copy bandwidth per k (CPU: 2 cores; CUDA: H200), composite time / ours.
+COPY_TARGET = {"cpu": {2: 0.70, 8: 0.40}, "cuda": {2: 0.70, 8: 0.50}}
+COMPOSITE_TARGET = 1.5
 
 
 def model_shapes(name):
@@ -64,83 +41,105 @@ def model_shapes(name):
         import torchvision
     except ImportError:
         return None
-    m = torchvision.models.resnet18(weights=None) if name == "resnet18" else \
-        torchvision.models.vit_b_32(weights=None)
+    m = getattr(torchvision.models, name)(weights=None)
     return [tuple(p.shape) for p in m.parameters()]
 
 
-def make(shapes, k, device, gen):
-    grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
-    basis = [[torch.randn(s, generator=gen).to(device) for s in shapes] for _ in range(k)]
+def make(shapes, k, device):
+    """Random float32 tensors drawn on the device itself (torch.manual_seed is set once)."""
+    grads = [torch.randn(s, device=device) for s in shapes]
+    basis = [[torch.randn(s, device=device) for s in shapes] for _ in range(k)]
     return grads, basis
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--json", default=None, help="write the results to this JSON file")
-    ap.add_argument("--sizes", default=None,
-                    help="comma-separated flat sizes P (default: 11.2e6 on CPU, 11.2e6,88e6,125e6 on CUDA)")
-    ap.add_argument("--ks", default="2,4,8")
-    ap.add_argument("--models", default="resnet18,vit_b_32", help="comma-separated, or 'none'")
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--no-loop", action="store_true", help="skip the (slow) per-parameter loop baseline")
-    args = ap.parse_args()
+def run_case(name, shapes, k, device, copy_fn, copy_bytes, args):
+    P = sum(int(torch.Size(s).numel()) for s in shapes)
+    grads, basis = make(shapes, k, device)
+    fns = {"fused": lambda: ee.project_orthogonal_(grads, basis), "copy": copy_fn,
+           "composite": lambda: ref.project_orthogonal_flat_composite(grads, basis)}
+    if args.loop:
+        fns["loop"] = lambda: ref.project_orthogonal_loop(grads, basis)
+    times = time_interleaved(fns, device, reps=args.reps, budget_s=args.case_budget)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    spread = {n: (min(t), max(t)) for n, t in times.items()}
+    copy_gbs = copy_bytes / med["copy"] / 1e6
+    fused_gbs = (2 * k + 3) * 4 * P / med["fused"] / 1e6
+    row = dict(workload=name, k=k, P=P, tensors=len(shapes), rounds=len(times["fused"]),
+               fused_ms=med["fused"], copy_ms=med["copy"], composite_ms=med["composite"],
+               loop_ms=med.get("loop"), spread_ms=spread, fused_GBps=fused_gbs, copy_GBps=copy_gbs,
+               frac_of_copy=fused_gbs / copy_gbs, composite_over_fused=med["composite"] / med["fused"],
+               copy_target=COPY_TARGET[device.type].get(k), composite_target=COMPOSITE_TARGET)
+    del grads, basis
+    return row
 
+
+def verdict(x, target):
+    return "" if target is None else ("ok" if x >= target else "BELOW")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    choices=["cpu", "cuda"])
+    ap.add_argument("--sizes", default=None, help="comma-separated flat sizes P (default: "
+                    f"{SIZES['cpu']} on CPU, {SIZES['cuda']} on CUDA)")
+    ap.add_argument("--ks", default="2,8")
+    ap.add_argument("--models", default="none", help="torchvision models, comma-separated (e.g. resnet18)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="interleaved rounds per case (default 7 CPU, 20 CUDA)")
+    ap.add_argument("--loop", action="store_true", help="also time the per-parameter float64 loop")
+    ap.add_argument("--json", default=None, help="write the results here, updated after every case")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds for the whole run: cases that would start after it are skipped "
+                         "(default: 45 on CUDA, none on CPU)")
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda but no CUDA device is available")
     if not ee.available():
         sys.exit(f"entangle_ext not built: {ee.load_error()}")
-    reps = args.reps or (20 if device.type == "cuda" else 5)
-    warmup = 3 if device.type == "cuda" else 1
-    sizes = [int(float(s)) for s in (args.sizes or ("11.2e6" if device.type == "cpu" else
-                                                     "11.2e6,88e6,125e6")).split(",")]
-    ks = [int(k) for k in args.ks.split(",")]
-    workloads = [(f"flat P={p / 1e6:g}M", [(p,)]) for p in sizes]
+    args.reps = args.reps or (20 if device.type == "cuda" else 7)
+    if args.time_budget is None and device.type == "cuda":
+        args.time_budget = 45.0
+    sizes = (args.sizes or SIZES[device.type]).split(",")
+    workloads = [(f"flat P={float(p) / 1e6:g}M", [(int(float(p)),)]) for p in sizes]
     for name in ([] if args.models == "none" else args.models.split(",")):
         shapes = model_shapes(name)
         if shapes is None:
             print(f"# torchvision missing: skipping {name}")
-            continue
-        workloads.append((f"{name} ({len(shapes)} tensors)", shapes))
+        else:
+            workloads.append((f"{name} ({len(shapes)} tensors)", shapes))
+    cases = [(w, s, int(k)) for w, s in workloads for k in args.ks.split(",")]
+    args.case_budget = None if args.time_budget is None else args.time_budget / (2 * len(cases))
 
-    bw = copy_bandwidth(device, reps, warmup)
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        (platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
-    print(f"# device: {dev_name} | torch {torch.__version__} | copy bandwidth {bw:.1f} GB/s")
-    hdr = (f"{'workload':28s} {'k':>2s} {'P':>11s} {'fused ms':>9s} {'GB/s':>7s} {'%copy':>6s} "
-           f"{'flat ms':>9s} {'loop ms':>9s} {'flat/fused':>10s} {'loop/fused':>10s}")
-    print(hdr)
-    rows = []
-    gen = torch.Generator().manual_seed(0)
-    for wname, shapes in workloads:
-        P = sum(int(torch.Size(s).numel()) for s in shapes)
-        for k in ks:
-            grads, basis = make(shapes, k, device, gen)
-            work = [g.clone() for g in grads]
-            t_fused = timer(device, lambda: ee.project_orthogonal_(work, basis), reps, warmup)
-            t_flat = timer(device, lambda: ref.project_orthogonal_flat_composite(work, basis), reps, warmup)
-            t_loop = None
-            if not args.no_loop:
-                t_loop = timer(device, lambda: ref.project_orthogonal_loop(work, basis),
-                               max(1, reps // 2), 1)
-            gbs = (2 * k + 3) * 4 * P / t_fused / 1e9
-            row = dict(workload=wname, k=k, P=P, tensors=len(shapes), fused_s=t_fused, flat_s=t_flat,
-                       loop_s=t_loop, fused_GBps=gbs, copy_GBps=bw, flat_over_fused=t_flat / t_fused,
-                       loop_over_fused=None if t_loop is None else t_loop / t_fused)
-            rows.append(row)
-            loop_ms = "-" if t_loop is None else f"{t_loop * 1e3:9.2f}"
-            loop_ratio = "-" if t_loop is None else f"{t_loop / t_fused:10.2f}"
-            print(f"{wname:28s} {k:2d} {P:11d} {t_fused * 1e3:9.2f} {gbs:7.1f} {100 * gbs / bw:6.1f} "
-                  f"{t_flat * 1e3:9.2f} {loop_ms:>9s} {t_flat / t_fused:10.2f} {loop_ratio:>10s}", flush=True)
-            del grads, basis, work
-    if args.json:
-        meta = dict(device=dev_name, device_type=device.type, date=datetime.datetime.now().isoformat(),
-                    torch=torch.__version__, entangle_ext=ee.__version__, copy_GBps=bw,
-                    bytes_model="(2k+3)*4*P", threads=torch.get_num_threads())
-        Path(args.json).write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
-        print(f"# wrote {args.json}")
+    n_copy = (1 << 28) if device.type == "cuda" else (1 << 26)  # 1 GiB / 256 MiB of float32
+    src = torch.randn(n_copy, device=device)
+    dst = torch.empty_like(src)
+    env = environment(device)
+    kernel = ee._ext._C.projection_cpu_kernel() if hasattr(ee._ext._C, "projection_cpu_kernel") else "?"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    meta = dict(benchmark="projection", **env, cpu_kernel=kernel, load_average_1min=load,
+                bytes_model="(2k+3)*4*P",
+                copy_bytes=2 * 4 * n_copy, copy_targets=COPY_TARGET[device.type],
+                composite_target=COMPOSITE_TARGET)
+    print(f"# {env['device_name']} ({env['threads']} threads, CPU kernels: {kernel}, load average "
+          f"{load}) | torch {torch.__version__}")
+    print(f"{'workload':24s} {'k':>2s} {'fused ms':>9s} {'GB/s':>7s} {'copy GB/s':>9s} {'of copy':>8s} "
+          f"{'target':>6s} {'composite ms':>12s} {'speed-up':>8s} {'target':>6s}")
+    torch.manual_seed(0)
+    rows, start = [], time.perf_counter()
+    for name, shapes, k in cases:
+        if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
+            print(f"# time budget spent: skipping {name} k={k}")
+            continue
+        row = run_case(name, shapes, k, device, lambda: dst.copy_(src), 2 * 4 * n_copy, args)
+        rows.append(row)
+        ct, st = row["copy_target"], row["composite_target"]
+        print(f"{name:24s} {k:2d} {row['fused_ms']:9.2f} {row['fused_GBps']:7.1f} {row['copy_GBps']:9.1f} "
+              f"{100 * row['frac_of_copy']:7.1f}% {'' if ct is None else f'>={100 * ct:.0f}%':>6s} "
+              f"{row['composite_ms']:12.2f} {row['composite_over_fused']:7.2f}x {f'>={st:g}x':>6s}  "
+              f"{verdict(row['frac_of_copy'], ct)} {verdict(row['composite_over_fused'], st)}", flush=True)
+        save_json(args.json, dict(meta=meta, results=rows))
 
 
 if __name__ == "__main__":

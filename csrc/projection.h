@@ -165,7 +165,7 @@ ENTANGLE_HD int proj_exponent(double pow2) {
 // (scale[i] v_i), and the user's coefficients c_user (V^T c_user is the removed component).
 ENTANGLE_HD void proj_finish(const double* acc, int K, int k, double rcond, double shift,
                              const double* scale, double* c_apply, double* c_user) {
-  double sh[kProjMaxK], cs[kProjMaxK];
+  double sh[kProjMaxK] = {}, cs[kProjMaxK] = {};
   for (int i = 0; i < k; ++i)
     sh[i] = (scale == nullptr || shift == 0.0) ? shift : ::ldexp(shift, 2 * proj_exponent(scale[i]));
   solve_projection_coeffs(acc, acc + proj_vg_offset(K), k, rcond, sh, cs);

@@ -88,5 +88,6 @@ def project_sharded_(gs: List[torch.Tensor], flat: List[torch.Tensor], k: int,
         c_apply = _ldexp(c, -eg)
         c_user = _ldexp(c, _exponent(scale[:k]) - eg)
     if T > 0:
-        op.projection_apply_(gs, flat, c_apply.contiguous(), None if scale is None else scale[:k].contiguous())
+        row_scale = None if scale is None else scale[:k].contiguous()
+        op.projection_apply_(gs, flat, c_apply.contiguous(), row_scale)
     return c_user

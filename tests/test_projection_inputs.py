@@ -13,7 +13,6 @@ import entangle_ext as ee
 from entangle_ext import _ext, projection as proj
 from entangle_ext import reference as ref
 
-from conftest import DEVICES
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 

@@ -215,7 +215,7 @@ at::Tensor projection_solve_cpu(const at::Tensor& gram, const at::Tensor& vg,
   const char* op = "projection_solve";
   const int64_t k = check_projection_solve(gram, vg, shift, op);
   const double rc = resolve_rcond(rcond, op);
-  double packed[proj_num_acc(kProjMaxK)], sh[kProjMaxK];
+  double packed[proj_num_acc(kProjMaxK)] = {}, sh[kProjMaxK] = {};
   const double* G = gram.data_ptr<double>();
   for (int64_t i = 0; i < k; ++i) {
     for (int64_t j = 0; j <= i; ++j) packed[tri_index(i, j)] = G[i * k + j];

@@ -88,15 +88,11 @@ std::vector<ProjArgs<KMAX>> build_args(const HostLists& L) {
   return args;
 }
 
-// Resident blocks per SM of a kernel (queried once per kernel; host-only, capture-safe).
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, int* cache) {
-  if (*cache == 0) {
-    int n = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
-    *cache = std::max(n, 1);
-  }
-  return *cache;
+int blocks_per_sm(Kernel kernel) {
+  int n = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+  return std::max(n, 1);
 }
 
 // Calls launch(args, grid, slot_base) per group (grid = chunks, capped at a full GPU of resident
@@ -118,37 +114,50 @@ int64_t for_each_launch(const std::vector<ProjArgs<KMAX>>& args, int per_sm, boo
 
 template <int KMAX>
 int64_t count_slots(const std::vector<ProjArgs<KMAX>>& args, int per_sm) {
-  return for_each_launch<KMAX>(args, per_sm, false, [](const ProjArgs<KMAX>&, unsigned, int64_t) {});
+  return for_each_launch<KMAX>(args, per_sm, false, [](const ProjArgs<KMAX>&, unsigned, int64_t) {
+  });
 }
 
-// Occupancy cache of one kernel: Which = 0 pass 1, 1 scaled pass 1, 2 max-abs, 3 pass 2.
-template <typename T, int KMAX, int Which>
-int* occupancy_cache() {
-  static int blocks = 0;
-  return &blocks;
+// Resident blocks per SM of each kernel, queried once per instantiation (host-only, capture-safe).
+template <typename T, int KMAX>
+int pass1_per_sm(bool scaled) {
+  static const int plain = blocks_per_sm(proj_pass1_kernel<T, KMAX, false>);
+  static const int with_scale = blocks_per_sm(proj_pass1_kernel<T, KMAX, true>);
+  return scaled ? with_scale : plain;
+}
+template <typename T, int KMAX>
+int absmax_per_sm() {
+  static const int n = blocks_per_sm(proj_absmax_kernel<T, KMAX>);
+  return n;
+}
+template <typename T, int KMAX>
+int pass2_per_sm() {
+  static const int n = blocks_per_sm(proj_pass2_kernel<T, KMAX>);
+  return n;
 }
 
 // Pass 1 over every group into partials (slot width proj_num_acc(KMAX)). Returns the slots.
 template <typename T, int KMAX>
 int64_t launch_pass1(const std::vector<ProjArgs<KMAX>>& args, int k, const double* scale,
                      const int* gate, double* partials, cudaStream_t stream) {
-  const int per_sm = scale != nullptr ? blocks_per_sm(proj_pass1_kernel<T, KMAX, true>, occupancy_cache<T, KMAX, 1>())
-                                      : blocks_per_sm(proj_pass1_kernel<T, KMAX, false>, occupancy_cache<T, KMAX, 0>());
-  return for_each_launch<KMAX>(args, per_sm, false, [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t base) {
+  const int per_sm = pass1_per_sm<T, KMAX>(scale != nullptr);
+  auto launch = [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t base) {
     if (scale != nullptr) {
       proj_pass1_kernel<T, KMAX, true><<<grid, kThreads, 0, stream>>>(a, k, scale, gate, base, partials);
     } else {
-      proj_pass1_kernel<T, KMAX, false><<<grid, kThreads, 0, stream>>>(a, k, scale, gate, base, partials);
+      proj_pass1_kernel<T, KMAX, false><<<grid, kThreads, 0, stream>>>(a, k, nullptr, gate, base,
+                                                                       partials);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  };
+  return for_each_launch<KMAX>(args, per_sm, false, launch);
 }
 
 template <typename T, int KMAX>
-void launch_pass2(const std::vector<ProjArgs<KMAX>>& args, int k, const double* c, const double* scale,
-                  cudaStream_t stream) {
-  const int per_sm = blocks_per_sm(proj_pass2_kernel<T, KMAX>, occupancy_cache<T, KMAX, 3>());
-  for_each_launch<KMAX>(args, per_sm, true, [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t) {
+void launch_pass2(const std::vector<ProjArgs<KMAX>>& args, int k, const double* c,
+                  const double* scale, cudaStream_t stream) {
+  for_each_launch<KMAX>(args, pass2_per_sm<T, KMAX>(), true,
+                        [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t) {
     proj_pass2_kernel<T, KMAX><<<grid, kThreads, 0, stream>>>(a, k, c, scale);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -164,19 +173,17 @@ void launch_finish(const double* partials, int64_t nslots, int k, double rcond, 
 
 // The fused projection; returns c (k,) float64. float64 runs the gated rescue launches too.
 template <typename T, int KMAX>
-at::Tensor project_core_cuda(const HostLists& L, double rcond, double shift, const at::TensorOptions& opts) {
+at::Tensor project_core_cuda(const HostLists& L, double rcond, double shift,
+                             const at::TensorOptions& opts) {
   constexpr bool kF64 = std::is_same_v<T, double>;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int k = L.k;
   const auto args = build_args<KMAX>(L);
   const auto dopts = opts.dtype(at::kDouble);
-  int64_t width = count_slots<KMAX>(args, blocks_per_sm(proj_pass1_kernel<T, KMAX, false>, occupancy_cache<T, KMAX, 0>())) *
-                  proj_num_acc(KMAX);
-  if constexpr (kF64) {
-    width = std::max(width, count_slots<KMAX>(args, blocks_per_sm(proj_pass1_kernel<T, KMAX, true>, occupancy_cache<T, KMAX, 1>())) *
-                                proj_num_acc(KMAX));
-    width = std::max(width, count_slots<KMAX>(args, blocks_per_sm(proj_absmax_kernel<T, KMAX>, occupancy_cache<T, KMAX, 2>())) *
-                                (KMAX + 1));
+  int64_t width = count_slots<KMAX>(args, pass1_per_sm<T, KMAX>(false)) * proj_num_acc(KMAX);
+  if constexpr (kF64) {  // the rescue launches reuse the buffer
+    width = std::max(width, count_slots<KMAX>(args, pass1_per_sm<T, KMAX>(true)) * proj_num_acc(KMAX));
+    width = std::max(width, count_slots<KMAX>(args, absmax_per_sm<T, KMAX>()) * (KMAX + 1));
   }
   at::Tensor partials = at::empty({std::max<int64_t>(width, 1)}, dopts);
   auto work_t = at::empty({static_cast<int64_t>((sizeof(Work) + 7) / 8)}, dopts);
@@ -188,11 +195,11 @@ at::Tensor project_core_cuda(const HostLists& L, double rcond, double shift, con
   launch_finish<KMAX>(pp, n1, k, rcond, shift, kF64 ? kSolveOrFlag : kSolve, work, cp, nullptr, stream);
   if constexpr (kF64) {  // rescue (runs only when the device flag is set)
     const int* gate = &work->rescue;
-    const int64_t na = for_each_launch<KMAX>(args, *occupancy_cache<T, KMAX, 2>(), false,
-                                             [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t base) {
+    auto absmax = [&](const ProjArgs<KMAX>& a, unsigned grid, int64_t base) {
       proj_absmax_kernel<T, KMAX><<<grid, kThreads, 0, stream>>>(a, k, gate, base, pp);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
+    };
+    const int64_t na = for_each_launch<KMAX>(args, absmax_per_sm<T, KMAX>(), false, absmax);
     launch_finish<KMAX>(pp, na, k, rcond, shift, kScales, work, nullptr, nullptr, stream);
     const int64_t n2 = launch_pass1<T, KMAX>(args, k, work->scale, gate, pp, stream);
     launch_finish<KMAX>(pp, n2, k, rcond, shift, kRescueSolve, work, cp, nullptr, stream);
@@ -208,13 +215,13 @@ std::tuple<at::Tensor, at::Tensor> gram_core_cuda(const HostLists& L, const doub
   const int k = L.k;
   const auto args = build_args<KMAX>(L);
   const auto dopts = opts.dtype(at::kDouble);
-  const int per_sm = scale != nullptr ? blocks_per_sm(proj_pass1_kernel<T, KMAX, true>, occupancy_cache<T, KMAX, 1>())
-                                      : blocks_per_sm(proj_pass1_kernel<T, KMAX, false>, occupancy_cache<T, KMAX, 0>());
-  at::Tensor partials = at::empty({std::max<int64_t>(count_slots<KMAX>(args, per_sm) * proj_num_acc(KMAX), 1)}, dopts);
+  const int64_t nslots = count_slots<KMAX>(args, pass1_per_sm<T, KMAX>(scale != nullptr));
+  at::Tensor partials = at::empty({std::max<int64_t>(nslots * proj_num_acc(KMAX), 1)}, dopts);
   auto G = at::empty({k, k}, dopts), b = at::empty({k}, dopts);
-  const int64_t n = launch_pass1<T, KMAX>(args, k, scale, nullptr, partials.data_ptr<double>(), stream);
-  launch_finish<KMAX>(partials.data_ptr<double>(), n, k, 0.0, 0.0, kGram, nullptr, G.data_ptr<double>(),
-                      b.data_ptr<double>(), stream);
+  double* pp = partials.data_ptr<double>();
+  const int64_t n = launch_pass1<T, KMAX>(args, k, scale, nullptr, pp, stream);
+  launch_finish<KMAX>(pp, n, k, 0.0, 0.0, kGram, nullptr, G.data_ptr<double>(), b.data_ptr<double>(),
+                      stream);
   return {G, b};
 }
 
@@ -297,15 +304,16 @@ void projection_apply_cuda(at::TensorList grads, at::TensorList basis, const at:
   });
 }
 
-at::Tensor projection_solve_cuda(const at::Tensor& gram, const at::Tensor& vg, std::optional<double> rcond,
-                                 double shift) {
+at::Tensor projection_solve_cuda(const at::Tensor& gram, const at::Tensor& vg,
+                                 std::optional<double> rcond, double shift) {
   const char* op = "projection_solve";
   const int64_t k = check_projection_solve(gram, vg, shift, op);
   const double rc = resolve_rcond(rcond, op);
   c10::cuda::CUDAGuard guard(gram.device());
   auto c = at::empty({k}, vg.options());
   proj_solve_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(
-      gram.data_ptr<double>(), vg.data_ptr<double>(), static_cast<int>(k), rc, shift, c.data_ptr<double>());
+      gram.data_ptr<double>(), vg.data_ptr<double>(), static_cast<int>(k), rc, shift,
+      c.data_ptr<double>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return c;
 }

@@ -27,13 +27,19 @@ constexpr int kWarps = kThreads / 32;
 // caps it at 128 registers so that two blocks stay resident per SM, and loads of two elements (8
 // bytes for float32) keep the 9 rows of a tile within that budget (no spills in the tile loop).
 template <int KMAX> struct Tune;
-template <> struct Tune<2> { static constexpr int kMaxBytes = 16, kMaxElems = 8, kUnroll = 2, kMinBlocks = 4; };
-template <> struct Tune<4> { static constexpr int kMaxBytes = 16, kMaxElems = 4, kUnroll = 1, kMinBlocks = 3; };
-template <> struct Tune<8> { static constexpr int kMaxBytes = 8, kMaxElems = 2, kUnroll = 1, kMinBlocks = 2; };
+template <> struct Tune<2> {
+  static constexpr int kMaxBytes = 16, kMaxElems = 8, kUnroll = 2, kMinBlocks = 4;
+};
+template <> struct Tune<4> {
+  static constexpr int kMaxBytes = 16, kMaxElems = 4, kUnroll = 1, kMinBlocks = 3;
+};
+template <> struct Tune<8> {
+  static constexpr int kMaxBytes = 8, kMaxElems = 2, kUnroll = 1, kMinBlocks = 2;
+};
 template <typename T, int KMAX>
 constexpr int vec_bytes() {
-  return Tune<KMAX>::kMaxBytes < Tune<KMAX>::kMaxElems * int(sizeof(T)) ? Tune<KMAX>::kMaxBytes
-                                                                        : Tune<KMAX>::kMaxElems * int(sizeof(T));
+  constexpr int by_elems = Tune<KMAX>::kMaxElems * int(sizeof(T));
+  return Tune<KMAX>::kMaxBytes < by_elems ? Tune<KMAX>::kMaxBytes : by_elems;
 }
 
 template <int KMAX>
@@ -56,6 +62,11 @@ struct alignas(BYTES) Pack {
   static constexpr int N = BYTES / sizeof(T);
   T x[N];
 };
+
+template <typename T, int B>
+__device__ __forceinline__ Pack<T, B> load_pack(const void* base, int64_t e) {
+  return *reinterpret_cast<const Pack<T, B>*>(static_cast<const T*>(base) + e);
+}
 
 template <typename T>
 __device__ __forceinline__ double to_d(T x) {
@@ -109,7 +120,8 @@ __device__ __forceinline__ int locate(const ProjArgs<KMAX>& a, int64_t c, int64_
 // Adds the products of one element's rows (vd[0..KMAX-1] basis, gd = g) to the packed Gram; g.g
 // only when GG (float64 inputs: the rescue test needs it; other dtypes cannot under-/overflow).
 template <int KMAX, bool GG>
-__device__ __forceinline__ void gram_add(double (&acc)[proj_num_acc(KMAX)], const double (&vd)[KMAX], double gd) {
+__device__ __forceinline__ void gram_add(double (&acc)[proj_num_acc(KMAX)], const double (&vd)[KMAX],
+                                         double gd) {
 #pragma unroll
   for (int i = 0; i < KMAX; ++i) {
 #pragma unroll
@@ -155,7 +167,7 @@ proj_pass1_kernel(const ProjArgs<KMAX> a, int k, const double* __restrict__ scal
           pg[u] = *reinterpret_cast<const Pack<T, B>*>(g + e);
 #pragma unroll
           for (int i = 0; i < KMAX; ++i)
-            if (i < k) pv[i][u] = *reinterpret_cast<const Pack<T, B>*>(static_cast<const T*>(a.v[i][s]) + start + e);
+            if (i < k) pv[i][u] = load_pack<T, B>(a.v[i][s], start + e);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u)
@@ -292,7 +304,7 @@ proj_pass2_kernel(const ProjArgs<KMAX> a, int k, const double* __restrict__ coef
           pg[u] = *reinterpret_cast<const Pack<T, B>*>(g + e);
 #pragma unroll
           for (int i = 0; i < KMAX; ++i)
-            if (i < k) pv[i][u] = *reinterpret_cast<const Pack<T, B>*>(static_cast<const T*>(a.v[i][s]) + start + e);
+            if (i < k) pv[i][u] = load_pack<T, B>(a.v[i][s], start + e);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -321,7 +333,7 @@ proj_pass2_kernel(const ProjArgs<KMAX> a, int k, const double* __restrict__ coef
 
 __global__ void proj_solve_kernel(const double* __restrict__ gram, const double* __restrict__ vg, int k,
                                   double rcond, double shift, double* __restrict__ c) {
-  double packed[proj_num_acc(kProjMaxK)], sh[kProjMaxK];
+  double packed[proj_num_acc(kProjMaxK)] = {}, sh[kProjMaxK] = {};
   for (int i = 0; i < k; ++i) {
     for (int j = 0; j <= i; ++j) packed[tri_index(i, j)] = gram[i * k + j];
     sh[i] = shift;
