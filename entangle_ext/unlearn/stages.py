@@ -11,7 +11,6 @@ every global batch with the reductions of `entangle_ext.unlearn.distributed` (do
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -245,11 +244,9 @@ def _like(grads: List[torch.Tensor], ref: List[torch.Tensor]) -> List[torch.Tens
 
 
 def _projection_kwargs(config: Stage2Config) -> Dict[str, Any]:
-    """rcond (when set) and the per-tensor Gram ridge (when set and the projection operator
-    takes a ``ridge`` argument; docs/algorithm.md §5, §7)."""
+    """rcond and the per-tensor Gram ridge, each when set (docs/algorithm.md §5, §7)."""
     kw: Dict[str, Any] = {} if config.rcond is None else {"rcond": config.rcond}
-    if config.gram_ridge is not None and \
-            "ridge" in inspect.signature(project_orthogonal_).parameters:
+    if config.gram_ridge is not None:
         kw["ridge"] = config.gram_ridge
     return kw
 
