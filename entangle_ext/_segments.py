@@ -123,47 +123,6 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
                     None if max_seqlen is None else int(max_seqlen), u.dtype, True)
 
 
-def validate_values(op: str, seg: Segments) -> Segments:
-    """Data-dependent checks (finite values; offsets start at 0, end at N, no empty segment).
-
-    Reads device values back to the host (one synchronisation on CUDA). Fills in
-    ``seg.max_seqlen`` from the offsets when it was unknown.
-
-    Raises:
-        ValueError: NaN/Inf values, malformed offsets, empty segments, or a max_seqlen hint
-            smaller than the longest segment.
-    """
-    bad_u = ~torch.isfinite(seg.u).all()
-    bad_v = ~torch.isfinite(seg.v).all()
-    flags = torch.stack([bad_u, bad_v]).cpu()
-    if bool(flags[0]) or bool(flags[1]):
-        which = "u" if bool(flags[0]) else "v"
-        raise ValueError(f"{op}: {which} contains NaN or Inf. Remove them, or pass validate=False "
-                         "to get NaN for the affected segments instead of an error.")
-    if not seg.ragged:
-        return seg
-    longest = 0
-    for name, off, total in (("u_offsets", seg.u_offsets, seg.u.numel()),
-                             ("v_offsets", seg.v_offsets, seg.v.numel())):
-        o = off.cpu()
-        if int(o[0]) != 0 or int(o[-1]) != total:
-            raise ValueError(f"{op}: {name} must start at 0 and end at the number of values "
-                             f"({total}); got {int(o[0])} ... {int(o[-1])}")
-        if seg.num_segments > 0:
-            lengths = o[1:] - o[:-1]
-            if bool((lengths < 0).any()):
-                raise ValueError(f"{op}: {name} must be non-decreasing")
-            if bool((lengths == 0).any()):
-                s = int(torch.nonzero(lengths == 0)[0])
-                raise ValueError(f"{op}: segment {s} of {name[0]} is empty; W2 to an empty "
-                                 "distribution is undefined (validate=False gives NaN for it)")
-            longest = max(longest, int(lengths.max()))
-    if seg.max_seqlen is not None and seg.max_seqlen < longest:
-        raise ValueError(f"{op}: max_seqlen={seg.max_seqlen} but the longest segment has {longest} values")
-    seg.max_seqlen = longest if seg.max_seqlen is None else seg.max_seqlen
-    return seg
-
-
 def reduce(op: str, w2: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "none":
         return w2

@@ -1,0 +1,248 @@
+// Stable CPU sort of one W2 segment on the order-preserving integer keys of csrc/wasserstein.h.
+//
+// Items hold the key (and, when the caller needs the sort permutation, the 32-bit local index
+// below it), so equal keys keep their input order and sorted values are decoded from the keys
+// (no gather). Short segments: insertion sort; otherwise an LSD radix sort (8-bit digits up to
+// kRadix8Max items, 11-bit digits above: fewer passes once the 2048-bucket histograms pay off),
+// skipping passes whose digit is the same for every item. One long segment: the same LSD sort with
+// 8-bit digits, each pass split over the threads by element count (histogram per chunk, then a
+// stable scatter); the result is the unique stable order, whatever the thread count.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "../wasserstein.h"
+
+namespace entangle_ext {
+namespace w2 {
+namespace cpu {
+
+// Item layouts: float32 with index = key << 32 | index (one 64-bit word); key only otherwise.
+template <typename T, bool kIndex>
+struct Item;
+template <>
+struct Item<float, true> {
+  using type = uint64_t;
+  static constexpr int kKeyBits = 32;
+  static type make(uint32_t k, uint32_t i) { return (static_cast<uint64_t>(k) << 32) | i; }
+  static uint32_t key(type it) { return static_cast<uint32_t>(it >> 32); }
+  static uint32_t index(type it) { return static_cast<uint32_t>(it); }
+  static bool less(type a, type b) { return a < b; }
+};
+template <>
+struct Item<float, false> {
+  using type = uint32_t;
+  static constexpr int kKeyBits = 32;
+  static type make(uint32_t k, uint32_t) { return k; }
+  static uint32_t key(type it) { return it; }
+  static uint32_t index(type) { return 0; }
+  static bool less(type a, type b) { return a < b; }
+};
+struct KeyIndex64 {
+  uint64_t key;
+  uint32_t index;
+};
+template <>
+struct Item<double, true> {
+  using type = KeyIndex64;
+  static constexpr int kKeyBits = 64;
+  static type make(uint64_t k, uint32_t i) { return {k, i}; }
+  static uint64_t key(const type& it) { return it.key; }
+  static uint32_t index(const type& it) { return it.index; }
+  static bool less(const type& a, const type& b) {
+    return a.key < b.key || (a.key == b.key && a.index < b.index);
+  }
+};
+template <>
+struct Item<double, false> {
+  using type = uint64_t;
+  static constexpr int kKeyBits = 64;
+  static type make(uint64_t k, uint32_t) { return k; }
+  static uint64_t key(type it) { return it; }
+  static uint32_t index(type) { return 0; }
+  static bool less(type a, type b) { return a < b; }
+};
+
+constexpr int64_t kInsertionMax = 32;
+constexpr int64_t kRadix8Max = 2048;
+
+// Reusable buffers of one thread (grown to the longest segment it sorts).
+struct Scratch {
+  std::vector<uint64_t> a, b;  // item buffers (uint64_t words: aligned for every item type)
+  std::vector<uint32_t> hist;
+  template <typename I>
+  I* items(std::vector<uint64_t>& buf, int64_t n) {
+    const size_t words = (static_cast<size_t>(n) * sizeof(I) + 7) / 8;
+    if (buf.size() < words) buf.resize(words);
+    return reinterpret_cast<I*>(buf.data());
+  }
+};
+
+template <typename Tr>
+void insertion_sort(typename Tr::type* a, int64_t n) {
+  for (int64_t i = 1; i < n; ++i) {
+    const auto x = a[i];
+    int64_t j = i - 1;
+    while (j >= 0 && Tr::less(x, a[j])) {
+      a[j + 1] = a[j];
+      --j;
+    }
+    a[j + 1] = x;
+  }
+}
+
+// Exclusive prefix sums of one digit histogram; false when one bucket holds every item (skip).
+inline bool digit_offsets(uint32_t* h, int radix, int64_t n) {
+  uint32_t sum = 0;
+  for (int r = 0; r < radix; ++r) {
+    const uint32_t c = h[r];
+    if (static_cast<int64_t>(c) == n) return false;
+    h[r] = sum;
+    sum += c;
+  }
+  return true;
+}
+
+// Single-thread LSD radix sort of a[0:n) (tmp: n more items). Returns the buffer holding the result.
+template <int kBits, typename Tr>
+typename Tr::type* radix_sort(typename Tr::type* a, typename Tr::type* tmp, int64_t n,
+                              std::vector<uint32_t>& hist_buf) {
+  constexpr int kRadix = 1 << kBits;
+  constexpr int kPasses = (Tr::kKeyBits + kBits - 1) / kBits;
+  if (hist_buf.size() < static_cast<size_t>(kPasses * kRadix)) hist_buf.resize(kPasses * kRadix);
+  uint32_t* hist = hist_buf.data();
+  std::fill(hist, hist + kPasses * kRadix, 0u);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = Tr::key(a[i]);
+    for (int p = 0; p < kPasses; ++p) ++hist[p * kRadix + ((k >> (p * kBits)) & (kRadix - 1))];
+  }
+  for (int p = 0; p < kPasses; ++p) {
+    uint32_t* h = hist + p * kRadix;
+    if (!digit_offsets(h, kRadix, n)) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto it = a[i];
+      tmp[h[(Tr::key(it) >> (p * kBits)) & (kRadix - 1)]++] = it;
+    }
+    std::swap(a, tmp);
+  }
+  return a;
+}
+
+// Writes sorted[0:n) (values decoded from the keys) and, if perm, the local source indices.
+// Returns whether every value is finite (the extreme keys are).
+template <typename T, typename Tr>
+bool decode_sorted(const typename Tr::type* a, int64_t begin, int64_t end, int64_t n, T* sorted,
+                   uint32_t* perm) {
+  for (int64_t i = begin; i < end; ++i) sorted[i] = key_value<T>(Tr::key(a[i]));
+  if (perm)
+    for (int64_t i = begin; i < end; ++i) perm[i] = Tr::index(a[i]);
+  return n == 0 || (key_is_finite<T>(Tr::key(a[0])) && key_is_finite<T>(Tr::key(a[n - 1])));
+}
+
+template <typename T, bool kIndex>
+bool sort_segment_impl(const T* x, int64_t n, T* sorted, uint32_t* perm, Scratch& sc) {
+  using Tr = Item<T, kIndex>;
+  using I = typename Tr::type;
+  I* a = sc.items<I>(sc.a, n);
+  for (int64_t i = 0; i < n; ++i) a[i] = Tr::make(sort_key(x[i]), static_cast<uint32_t>(i));
+  if (n <= kInsertionMax) {
+    insertion_sort<Tr>(a, n);
+  } else {
+    I* tmp = sc.items<I>(sc.b, n);
+    a = n <= kRadix8Max ? radix_sort<8, Tr>(a, tmp, n, sc.hist) : radix_sort<11, Tr>(a, tmp, n, sc.hist);
+  }
+  return decode_sorted<T, Tr>(a, 0, n, n, sorted, perm);
+}
+
+// Stable sort of x[0:n) by one thread; perm may be null (values only). Returns "all finite".
+template <typename T>
+bool sort_segment(const T* x, int64_t n, T* sorted, uint32_t* perm, Scratch& sc) {
+  TORCH_CHECK_VALUE(n < (int64_t(1) << 32), "wasserstein2_1d: segments hold at most 2^32-1 values");
+  return perm ? sort_segment_impl<T, true>(x, n, sorted, perm, sc)
+              : sort_segment_impl<T, false>(x, n, sorted, perm, sc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One long segment, every thread: LSD radix sort with 8-bit digits, each pass split into chunks.
+// ---------------------------------------------------------------------------------------------
+template <typename T, bool kIndex>
+bool sort_long_impl(const T* x, int64_t n, T* sorted, uint32_t* perm) {
+  using Tr = Item<T, kIndex>;
+  using I = typename Tr::type;
+  constexpr int kBits = 8, kRadix = 256, kPasses = Tr::kKeyBits / kBits;
+  const int64_t C = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / 4096));
+  std::unique_ptr<I[]> buf_a(new I[n]), buf_b(new I[n]);
+  I* a = buf_a.get();
+  I* b = buf_b.get();
+  // hist[(c * kPasses + p) * kRadix + r]: chunk c, digit p, bucket r.
+  std::vector<uint32_t> hist(static_cast<size_t>(C * kPasses * kRadix), 0u);
+  auto chunk = [&](int64_t c, int64_t* lo, int64_t* hi) { *lo = n * c / C; *hi = n * (c + 1) / C; };
+  auto digit = [](const I& it, int p) { return (Tr::key(it) >> (p * kBits)) & (kRadix - 1); };
+  at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      int64_t lo, hi;
+      chunk(c, &lo, &hi);
+      uint32_t* h = hist.data() + c * kPasses * kRadix;
+      for (int64_t i = lo; i < hi; ++i) {
+        a[i] = Tr::make(sort_key(x[i]), static_cast<uint32_t>(i));
+        for (int p = 0; p < kPasses; ++p) ++h[p * kRadix + digit(a[i], p)];
+      }
+    }
+  });
+  std::vector<int64_t> offs(static_cast<size_t>(C * kRadix));
+  bool fresh = true;  // the per-chunk histograms describe the current order of a
+  for (int p = 0; p < kPasses; ++p) {
+    int64_t total[kRadix] = {0};
+    for (int64_t c = 0; c < C; ++c)
+      for (int r = 0; r < kRadix; ++r) total[r] += hist[(c * kPasses + p) * kRadix + r];
+    if (std::any_of(total, total + kRadix, [&](int64_t t) { return t == n; })) continue;
+    if (!fresh) {  // recount this digit per chunk on the current order
+      at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
+        for (int64_t c = cb; c < ce; ++c) {
+          int64_t lo, hi;
+          chunk(c, &lo, &hi);
+          uint32_t* h = hist.data() + (c * kPasses + p) * kRadix;
+          std::fill(h, h + kRadix, 0u);
+          for (int64_t i = lo; i < hi; ++i) ++h[digit(a[i], p)];
+        }
+      });
+    }
+    int64_t run = 0;  // bucket-major, chunk-minor exclusive prefix: a stable scatter
+    for (int r = 0; r < kRadix; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        offs[c * kRadix + r] = run;
+        run += hist[(c * kPasses + p) * kRadix + r];
+      }
+    at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c) {
+        int64_t lo, hi;
+        chunk(c, &lo, &hi);
+        int64_t* o = offs.data() + c * kRadix;
+        for (int64_t i = lo; i < hi; ++i) b[o[digit(a[i], p)]++] = a[i];
+      }
+    });
+    std::swap(a, b);
+    fresh = false;
+  }
+  at::parallel_for(0, n, 4096, [&](int64_t lo, int64_t hi) {
+    decode_sorted<T, Tr>(a, lo, hi, n, sorted, perm);
+  });
+  return decode_sorted<T, Tr>(a, 0, 0, n, sorted, perm);
+}
+
+template <typename T>
+bool sort_long(const T* x, int64_t n, T* sorted, uint32_t* perm) {
+  TORCH_CHECK_VALUE(n < (int64_t(1) << 32), "wasserstein2_1d: segments hold at most 2^32-1 values");
+  return perm ? sort_long_impl<T, true>(x, n, sorted, perm) : sort_long_impl<T, false>(x, n, sorted, perm);
+}
+
+}  // namespace cpu
+}  // namespace w2
+}  // namespace entangle_ext
