@@ -44,10 +44,48 @@ def environment(device: torch.device) -> dict:
     }
 
 
-def save_json(path: str | None, payload: dict) -> None:
+def save_json(path: str | None, payload: dict, quiet: bool = False) -> None:
     if not path:
         return
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(payload, indent=2))
-    print(f"saved {p}")
+    if not quiet:
+        print(f"saved {p}")
+
+
+def time_interleaved(fns: dict, device: torch.device, *, warmup: int = 2, reps: int = 15,
+                     min_time: float = 0.3, max_reps: int = 200) -> dict:
+    """Times several callables in alternation (A B A B ...), so that a change of machine load hits
+    them alike. Returns {name: [ms per repetition, ...]} (CUDA: events on the current stream)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {k: [] for k in fns}
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    while True:
+        for k, fn in fns.items():
+            if cuda:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                times[k].append(s.elapsed_time(e))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times[k].append((time.perf_counter() - t0) * 1e3)
+        n = len(next(iter(times.values())))
+        if n >= max_reps or (n >= reps and time.perf_counter() - start >= min_time):
+            return times
+
+
+def summarize(ms: list) -> dict:
+    """Median and spread (interquartile range as a fraction of the median) of repeated timings."""
+    q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0]] * 3
+    med = statistics.median(ms)
+    return {"median_ms": med, "iqr_frac": (q[2] - q[0]) / med if med > 0 else 0.0, "reps": len(ms)}

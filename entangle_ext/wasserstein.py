@@ -79,10 +79,9 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
     if validate and cu.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{_OP}: validate=True reads values back to the host, which is not "
                            "allowed during CUDA-graph capture; pass validate=False")
-    grad = torch.is_grad_enabled()
-    w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(
+    w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(  # autograd sets grad_u/grad_v as needed
         cu, cv, seg.u_offsets, seg.v_offsets, -1 if seg.max_seqlen is None else seg.max_seqlen,
-        grad and cu.requires_grad, grad and cv.requires_grad, validate)
+        False, False, validate)
     if seg.out_shape != (seg.num_segments,):
         w2 = w2.reshape(seg.out_shape)
     if w2.dtype != seg.input_dtype:
@@ -91,8 +90,9 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.library registrations: fake (meta) kernels and autograd. The forward returns the local
-# gradients dW2^2_s/dx it was asked for; the backward scales them by the incoming gradient.
+# Fake (meta) kernels for torch.compile / FakeTensor. The autograd of both operators is registered
+# in C++ (csrc/wasserstein_autograd.h): it raises grad_u/grad_v for inputs that require grad, and
+# the double backward raises NotImplementedError.
 # ---------------------------------------------------------------------------------------------
 def _fake_forward(u, v, u_offsets, v_offsets, max_seqlen, grad_u=False, grad_v=False, validate=False):
     S = u_offsets.shape[0] - 1
@@ -104,46 +104,6 @@ def _fake_backward(grad, du, dv, u_offsets, v_offsets):
     return torch.empty_like(du), torch.empty_like(dv)
 
 
-def _setup_context(ctx, inputs, output):
-    u, v, u_offsets, v_offsets, max_seqlen = inputs[:5]
-    _, du, dv = output
-    # The wrapper asks for exactly the local gradients autograd needs. A raw call that did not
-    # (grad_u/grad_v False for an input that requires grad) keeps u and v to recompute them.
-    ctx.recompute = ((u.requires_grad and du.shape[0] != u.shape[0])
-                     or (v.requires_grad and dv.shape[0] != v.shape[0]))
-    ctx.max_seqlen = max_seqlen
-    # du/dv stay differentiable outputs (their gradient is ignored): with create_graph=True the
-    # backward's result then hangs off the graph, and a double backward reaches _double_backward.
-    if ctx.recompute:
-        ctx.save_for_backward(u_offsets, v_offsets, u, v)
-    else:
-        ctx.save_for_backward(u_offsets, v_offsets, du, dv)
-
-
-def _backward(ctx, grad_w2, _grad_du, _grad_dv):
-    u_offsets, v_offsets, a, b = ctx.saved_tensors
-    if ctx.recompute:
-        _, a, b = torch.ops.entangle_ext.wasserstein2_1d(
-            a, b, u_offsets, v_offsets, ctx.max_seqlen, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-    gu, gv = torch.ops.entangle_ext.wasserstein2_1d_backward(grad_w2.contiguous(), a, b,
-                                                             u_offsets, v_offsets)
-    return (gu if ctx.needs_input_grad[0] else None, gv if ctx.needs_input_grad[1] else None,
-            None, None, None, None, None, None)
-
-
-def _double_backward(ctx, *grads):
-    raise NotImplementedError("entangle_ext.wasserstein2_1d: double backward (second derivatives "
-                              "of W2^2) is not implemented")
-
-
-def _double_backward_setup(ctx, inputs, output):
-    pass
-
-
 if _ext.available():
     torch.library.register_fake("entangle_ext::wasserstein2_1d")(_fake_forward)
     torch.library.register_fake("entangle_ext::wasserstein2_1d_backward")(_fake_backward)
-    torch.library.register_autograd("entangle_ext::wasserstein2_1d", _backward,
-                                    setup_context=_setup_context)
-    torch.library.register_autograd("entangle_ext::wasserstein2_1d_backward", _double_backward,
-                                    setup_context=_double_backward_setup)

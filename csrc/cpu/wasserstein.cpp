@@ -149,36 +149,76 @@ struct Job {
   std::atomic<bool> bad_u{false}, bad_v{false};
 };
 
-// Sorts both sides of segment s (by one thread, or by all threads when `all_threads`), then walks.
+// Reusable per-thread buffers: sort scratch, sorted values/permutations of a batch, bounds.
 template <typename T>
-void run_segment(Job<T>& job, int64_t s, Scratch& sc, std::vector<T>& vals, std::vector<uint32_t>& perm,
-                 bool all_threads) {
+struct Buffers {
+  Scratch sc;
+  std::vector<T> vals;
+  std::vector<uint32_t> perm;
+  std::vector<int64_t> bounds;  // per batch segment: u lo, u n, v lo, v n (4 arrays of K)
+};
+
+// Walks one segment whose two sides are sorted; writes its W2^2 (NaN if a side is empty).
+template <typename T>
+void walk_segment(Job<T>& job, int64_t s, Side<T> a, Side<T> b, bool all_threads) {
+  if (a.n == 0 || b.n == 0) {  // W2 to an empty distribution: NaN value, zero gradient
+    job.w2[s] = std::numeric_limits<T>::quiet_NaN();
+    if (a.grad) std::fill(a.grad + a.lo, a.grad + a.lo + a.n, T(0));
+    if (b.grad) std::fill(b.grad + b.lo, b.grad + b.lo + b.n, T(0));
+    return;
+  }
+  const bool u_larger = a.n >= b.n;
+  const Side<T>& L = u_larger ? a : b;
+  const Side<T>& Sm = u_larger ? b : a;
+  const acc_t scale = grad_scale(a.n, b.n);
+  const acc_t cost = all_threads ? larger_side_tiled(L, Sm, scale) : larger_side_sequential(L, Sm, scale);
+  job.w2[s] = static_cast<T>(w2_of_cost(cost, a.n, b.n));
+}
+
+// Segments [s0, s1) by one thread: one sort per side for the whole batch, then one walk each.
+template <typename T>
+void run_batch(Job<T>& job, int64_t s0, int64_t s1, Buffers<T>& buf) {
+  const int64_t K = s1 - s0;
+  buf.bounds.resize(4 * K);
+  int64_t *ulo = buf.bounds.data(), *un = ulo + K, *vlo = un + K, *vn = vlo + K;
+  int64_t tu = 0, tv = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    int64_t hi;
+    segment_bounds(job.uo, s0 + k, job.Nu, &ulo[k], &hi);
+    un[k] = hi - ulo[k];
+    segment_bounds(job.vo, s0 + k, job.Nv, &vlo[k], &hi);
+    vn[k] = hi - vlo[k];
+    tu += un[k];
+    tv += vn[k];
+  }
+  if (buf.vals.size() < static_cast<size_t>(tu + tv)) buf.vals.resize(tu + tv);
+  if ((job.du || job.dv) && buf.perm.size() < static_cast<size_t>(tu + tv)) buf.perm.resize(tu + tv);
+  T* uvals = buf.vals.data();
+  T* vvals = uvals + tu;
+  uint32_t* uperm = job.du ? buf.perm.data() : nullptr;
+  uint32_t* vperm = job.dv ? buf.perm.data() + tu : nullptr;
+  if (!sort_batch(job.u, ulo, un, K, uvals, uperm, buf.sc)) job.bad_u.store(true, std::memory_order_relaxed);
+  if (!sort_batch(job.v, vlo, vn, K, vvals, vperm, buf.sc)) job.bad_v.store(true, std::memory_order_relaxed);
+  for (int64_t k = 0, bu = 0, bv = 0; k < K; bu += un[k], bv += vn[k], ++k) {
+    walk_segment(job, s0 + k, Side<T>{uvals + bu, uperm ? uperm + bu : nullptr, ulo[k], un[k], job.du},
+                 Side<T>{vvals + bv, vperm ? vperm + bv : nullptr, vlo[k], vn[k], job.dv}, false);
+  }
+}
+
+// One long segment over all threads: parallel sorts, then the tiled walk.
+template <typename T>
+void run_long(Job<T>& job, int64_t s, Buffers<T>& buf) {
   int64_t ulo, uhi, vlo, vhi;
   segment_bounds(job.uo, s, job.Nu, &ulo, &uhi);
   segment_bounds(job.vo, s, job.Nv, &vlo, &vhi);
   const int64_t na = uhi - ulo, nb = vhi - vlo;
-  if (na == 0 || nb == 0) {  // W2 to an empty distribution: NaN value, zero gradient
-    job.w2[s] = std::numeric_limits<T>::quiet_NaN();
-    if (job.du) std::fill(job.du + ulo, job.du + uhi, T(0));
-    if (job.dv) std::fill(job.dv + vlo, job.dv + vhi, T(0));
-    return;
-  }
-  if (vals.size() < static_cast<size_t>(na + nb)) vals.resize(na + nb);
-  if ((job.du || job.dv) && perm.size() < static_cast<size_t>(na + nb)) perm.resize(na + nb);
-  Side<T> a{vals.data(), job.du ? perm.data() : nullptr, ulo, na, job.du};
-  Side<T> b{vals.data() + na, job.dv ? perm.data() + na : nullptr, vlo, nb, job.dv};
-  auto sort = [&](const T* x, const Side<T>& side) {
-    return all_threads ? sort_long(x + side.lo, side.n, side.vals, side.perm)
-                       : sort_segment(x + side.lo, side.n, side.vals, side.perm, sc);
-  };
-  if (!sort(job.u, a)) job.bad_u.store(true, std::memory_order_relaxed);
-  if (!sort(job.v, b)) job.bad_v.store(true, std::memory_order_relaxed);
-  const bool u_larger = na >= nb;
-  const Side<T>& L = u_larger ? a : b;
-  const Side<T>& Sm = u_larger ? b : a;
-  const acc_t scale = grad_scale(na, nb);
-  const acc_t cost = all_threads ? larger_side_tiled(L, Sm, scale) : larger_side_sequential(L, Sm, scale);
-  job.w2[s] = static_cast<T>(w2_of_cost(cost, na, nb));
+  buf.vals.resize(na + nb);
+  if (job.du || job.dv) buf.perm.resize(na + nb);
+  Side<T> a{buf.vals.data(), job.du ? buf.perm.data() : nullptr, ulo, na, job.du};
+  Side<T> b{buf.vals.data() + na, job.dv ? buf.perm.data() + na : nullptr, vlo, nb, job.dv};
+  if (!sort_long(job.u + ulo, na, a.vals, a.perm)) job.bad_u.store(true, std::memory_order_relaxed);
+  if (!sort_long(job.v + vlo, nb, b.vals, b.perm)) job.bad_v.store(true, std::memory_order_relaxed);
+  walk_segment(job, s, a, b, true);
 }
 
 // First segment of each of C chunks of (about) equal element count (offsets partition [0, N)).
@@ -194,6 +234,31 @@ inline std::vector<int64_t> chunk_starts(const int64_t* uo, const int64_t* vo, i
   return starts;
 }
 
+// Segments [begin, end) except the long ones, in batches of at most kBatchMax values per side.
+template <typename T>
+void run_chunk(Job<T>& job, int64_t begin, int64_t end, const std::vector<int64_t>& long_segments,
+               Buffers<T>& buf) {
+  auto next_long = std::lower_bound(long_segments.begin(), long_segments.end(), begin);
+  for (int64_t s = begin; s < end;) {
+    if (next_long != long_segments.end() && *next_long == s) {
+      ++next_long;
+      ++s;
+      continue;
+    }
+    const int64_t s0 = s, stop = next_long != long_segments.end() ? std::min(end, *next_long) : end;
+    int64_t tu = 0, tv = 0;
+    for (; s < stop && s - s0 < kBatchMax; ++s) {
+      int64_t lo, hi, lo2, hi2;
+      segment_bounds(job.uo, s, job.Nu, &lo, &hi);
+      segment_bounds(job.vo, s, job.Nv, &lo2, &hi2);
+      if (s > s0 && (tu + hi - lo > kBatchMax || tv + hi2 - lo2 > kBatchMax)) break;
+      tu += hi - lo;
+      tv += hi2 - lo2;
+    }
+    run_batch(job, s0, s, buf);
+  }
+}
+
 template <typename T>
 void forward_impl(Job<T>& job, bool tidy) {
   const int64_t S = job.S;
@@ -207,21 +272,11 @@ void forward_impl(Job<T>& job, bool tidy) {
   const int64_t C = tidy ? std::min<int64_t>(S, int64_t(threads) * 8) : 1;
   const std::vector<int64_t> starts = tidy ? chunk_starts(job.uo, job.vo, S, C) : std::vector<int64_t>{0, S};
   at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
-    Scratch sc;
-    std::vector<T> vals;
-    std::vector<uint32_t> perm;
-    for (int64_t c = cb; c < ce; ++c) {
-      auto next_long = std::lower_bound(long_segments.begin(), long_segments.end(), starts[c]);
-      for (int64_t s = starts[c]; s < starts[c + 1]; ++s) {
-        if (next_long != long_segments.end() && *next_long == s) { ++next_long; continue; }
-        run_segment(job, s, sc, vals, perm, false);
-      }
-    }
+    Buffers<T> buf;
+    for (int64_t c = cb; c < ce; ++c) run_chunk(job, starts[c], starts[c + 1], long_segments, buf);
   });
-  Scratch sc;
-  std::vector<T> vals;
-  std::vector<uint32_t> perm;
-  for (int64_t s : long_segments) run_segment(job, s, sc, vals, perm, true);
+  Buffers<T> buf;
+  for (int64_t s : long_segments) run_long(job, s, buf);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> w2_forward_cpu(

@@ -170,6 +170,76 @@ bool sort_segment(const T* x, int64_t n, T* sorted, uint32_t* perm, Scratch& sc)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Several short segments at once: one radix sort of 64-bit words (segment << 46 | key << 14 |
+// position) over the segment and key bits, so the histogram cost is paid once per batch.
+// ---------------------------------------------------------------------------------------------
+constexpr int kPosBits = 14;
+constexpr int64_t kBatchMax = int64_t(1) << kPosBits;  // values per side in one batch
+
+// LSD radix sort of a[0:n) on bits [shift, shift + bits) (zero above), digits of at most 11 bits.
+inline uint64_t* radix_sort_bits(uint64_t* a, uint64_t* tmp, int64_t n, int shift, int bits,
+                                 std::vector<uint32_t>& hist_buf) {
+  const int passes = (bits + 10) / 11, d = (bits + passes - 1) / passes, radix = 1 << d;
+  if (hist_buf.size() < static_cast<size_t>(passes * radix)) hist_buf.resize(passes * radix);
+  uint32_t* hist = hist_buf.data();
+  std::fill(hist, hist + passes * radix, 0u);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t k = a[i] >> shift;
+    for (int p = 0; p < passes; ++p) ++hist[p * radix + ((k >> (p * d)) & (radix - 1))];
+  }
+  for (int p = 0; p < passes; ++p) {
+    uint32_t* h = hist + p * radix;
+    if (!digit_offsets(h, radix, n)) continue;
+    const int sh = shift + p * d;
+    for (int64_t i = 0; i < n; ++i) tmp[h[(a[i] >> sh) & (radix - 1)]++] = a[i];
+    std::swap(a, tmp);
+  }
+  return a;
+}
+
+// Stable sort of K consecutive segments x[lo[k] : lo[k] + n[k]) (sum of n[k] <= kBatchMax unless
+// K == 1). vals/perm receive the segments one after another (perm: index within the segment).
+// Returns whether every value is finite.
+inline bool sort_batch(const float* x, const int64_t* lo, const int64_t* n, int64_t K, float* vals,
+                       uint32_t* perm, Scratch& sc) {
+  int64_t total = 0;
+  for (int64_t k = 0; k < K; ++k) total += n[k];
+  if (K == 1 || total > kBatchMax) {  // one segment (any length): its own sort
+    TORCH_CHECK(K == 1, "wasserstein2_1d: internal error, batch too large");
+    return sort_segment(x + lo[0], n[0], vals, perm, sc);
+  }
+  uint64_t* a = sc.items<uint64_t>(sc.a, total);
+  int64_t pos = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const uint64_t seg = static_cast<uint64_t>(k) << (32 + kPosBits);
+    for (int64_t i = 0; i < n[k]; ++i, ++pos)
+      a[pos] = seg | (static_cast<uint64_t>(sort_key(x[lo[k] + i])) << kPosBits) | static_cast<uint64_t>(pos);
+  }
+  const int seg_bits = K > 1 ? 64 - __builtin_clzll(static_cast<unsigned long long>(K - 1)) : 0;
+  if (total <= kInsertionMax) insertion_sort<Item<double, false>>(a, total);  // plain uint64 order
+  else a = radix_sort_bits(a, sc.items<uint64_t>(sc.b, total), total, kPosBits, 32 + seg_bits, sc.hist);
+  bool finite = true;
+  int64_t k = 0, base = 0;
+  for (int64_t r = 0; r < total; ++r) {
+    while (r >= base + n[k]) base += n[k++];
+    const uint32_t key = static_cast<uint32_t>(a[r] >> kPosBits);
+    vals[r] = key_value<float>(key);
+    finite &= key_is_finite<float>(key);
+    if (perm) perm[r] = static_cast<uint32_t>((a[r] & (kBatchMax - 1)) - base);
+  }
+  return finite;
+}
+
+// float64 keys do not fit a 64-bit word with a segment and a position: one sort per segment.
+inline bool sort_batch(const double* x, const int64_t* lo, const int64_t* n, int64_t K, double* vals,
+                       uint32_t* perm, Scratch& sc) {
+  bool finite = true;
+  for (int64_t k = 0, base = 0; k < K; base += n[k++])
+    finite &= sort_segment(x + lo[k], n[k], vals + base, perm ? perm + base : nullptr, sc);
+  return finite;
+}
+
+// ---------------------------------------------------------------------------------------------
 // One long segment, every thread: LSD radix sort with 8-bit digits, each pass split into chunks.
 // ---------------------------------------------------------------------------------------------
 template <typename T, bool kIndex>
