@@ -176,25 +176,36 @@ bool sort_segment(const T* x, int64_t n, T* sorted, uint32_t* perm, Scratch& sc)
 constexpr int kPosBits = 14;
 constexpr int64_t kBatchMax = int64_t(1) << kPosBits;  // values per side in one batch
 
-// LSD radix sort of a[0:n) on bits [shift, shift + bits) (zero above), digits of at most 11 bits.
-inline uint64_t* radix_sort_bits(uint64_t* a, uint64_t* tmp, int64_t n, int shift, int bits,
-                                 std::vector<uint32_t>& hist_buf) {
-  const int passes = (bits + 10) / 11, d = (bits + passes - 1) / passes, radix = 1 << d;
-  if (hist_buf.size() < static_cast<size_t>(passes * radix)) hist_buf.resize(passes * radix);
+// LSD radix sort of a[0:n) on bits [shift, shift + bits) (zero above), kPasses digits of at most
+// 11 bits each.
+template <int kPasses>
+uint64_t* radix_sort_bits(uint64_t* a, uint64_t* tmp, int64_t n, int shift, int bits,
+                          std::vector<uint32_t>& hist_buf) {
+  const int d = (bits + kPasses - 1) / kPasses, radix = 1 << d;
+  const uint64_t mask = static_cast<uint64_t>(radix - 1);
+  if (hist_buf.size() < static_cast<size_t>(kPasses * radix)) hist_buf.resize(kPasses * radix);
   uint32_t* hist = hist_buf.data();
-  std::fill(hist, hist + passes * radix, 0u);
+  std::fill(hist, hist + kPasses * radix, 0u);
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t k = a[i] >> shift;
-    for (int p = 0; p < passes; ++p) ++hist[p * radix + ((k >> (p * d)) & (radix - 1))];
+#pragma GCC unroll 8
+    for (int p = 0; p < kPasses; ++p) ++hist[p * radix + ((k >> (p * d)) & mask)];
   }
-  for (int p = 0; p < passes; ++p) {
+  for (int p = 0; p < kPasses; ++p) {
     uint32_t* h = hist + p * radix;
     if (!digit_offsets(h, radix, n)) continue;
     const int sh = shift + p * d;
-    for (int64_t i = 0; i < n; ++i) tmp[h[(a[i] >> sh) & (radix - 1)]++] = a[i];
+    for (int64_t i = 0; i < n; ++i) tmp[h[(a[i] >> sh) & mask]++] = a[i];
     std::swap(a, tmp);
   }
   return a;
+}
+
+inline uint64_t* radix_sort_bits(uint64_t* a, uint64_t* tmp, int64_t n, int shift, int bits,
+                                 std::vector<uint32_t>& hist) {
+  if (bits <= 33) return radix_sort_bits<3>(a, tmp, n, shift, bits, hist);
+  if (bits <= 44) return radix_sort_bits<4>(a, tmp, n, shift, bits, hist);
+  return radix_sort_bits<5>(a, tmp, n, shift, bits, hist);
 }
 
 // Stable sort of K consecutive segments x[lo[k] : lo[k] + n[k]) (sum of n[k] <= kBatchMax unless
