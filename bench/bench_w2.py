@@ -104,7 +104,10 @@ def main(argv=None):
     ap.add_argument("--min-time", type=float, default=0.5, help="seconds of repetitions per case (at least)")
     ap.add_argument("--time-budget", type=float, default=None, help="start no case after this many seconds")
     ap.add_argument("--json", default=None, help="write results here (JSON, after every case)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not ee.available():
         sys.exit(f"entangle_ext not loaded: {ee.load_error()}")
     dev = torch.device(args.device)

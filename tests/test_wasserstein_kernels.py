@@ -17,7 +17,6 @@ from test_wasserstein import ragged
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 
 TILE = 4096          # kTile of csrc/wasserstein.h
-LONG = 1 << 16       # kLongSegment of csrc/cpu/wasserstein.cpp (u + v values that get every thread)
 
 
 def _value_and_grads(u, v, uo, vo, weights=None, **kw):
@@ -55,9 +54,10 @@ def test_segments_across_tiles_match_reference(lu, lv):
 
 # ------------------------------------------------------------------------------ threads
 def _mixed_ragged(dtype, g):
-    # Long segments (the all-threads path, unequal and equal sizes), a 1-vs-many one, short ones.
-    lu = [LONG, 3, 70_000, 1, 200_000] + torch.randint(1, 300, (400,), generator=g).tolist()
-    lv = [LONG + 1, 5, 70_000, 90_000, 7] + torch.randint(1, 300, (400,), generator=g).tolist()
+    # Two segments long enough for the all-threads path with 2 threads (equal sizes, and 300000
+    # against 7), a 1-vs-many one, mid-size and short ones.
+    lu = [200_000, 3, 70_000, 1, 300_000] + torch.randint(1, 300, (400,), generator=g).tolist()
+    lv = [200_000, 5, 70_000, 90_000, 7] + torch.randint(1, 300, (400,), generator=g).tolist()
     u, uo = ragged(lu, g, dtype=dtype, distinct=False)
     v, vo = ragged(lv, g, dtype=dtype)
     return u, v, uo, vo

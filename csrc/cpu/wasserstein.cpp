@@ -26,7 +26,7 @@ namespace cpu {
 namespace {
 
 constexpr const char* kOp = "wasserstein2_1d";
-constexpr int64_t kLongSegment = int64_t(1) << 16;  // values (u + v) that get every thread
+constexpr int64_t kLongSegment = int64_t(1) << 16;  // values (u + v) that may get every thread
 
 // One side of one segment after sorting. grad (if set) is the side's flat dW2/dx output.
 template <typename T>
@@ -263,10 +263,12 @@ template <typename T>
 void forward_impl(Job<T>& job, bool tidy) {
   const int64_t S = job.S;
   const int threads = at::get_num_threads();
+  // A segment gets every thread when it is long and would hold up one thread's share of the work.
   std::vector<int64_t> long_segments;
   if (tidy && threads > 1) {
+    const int64_t share = std::max(kLongSegment, (job.Nu + job.Nv) / (2 * threads));
     for (int64_t s = 0; s < S; ++s)
-      if ((job.uo[s + 1] - job.uo[s]) + (job.vo[s + 1] - job.vo[s]) >= kLongSegment) long_segments.push_back(s);
+      if ((job.uo[s + 1] - job.uo[s]) + (job.vo[s + 1] - job.vo[s]) >= share) long_segments.push_back(s);
   }
   // Malformed offsets may overlap: then one thread, in segment order (deterministic).
   const int64_t C = tidy ? std::min<int64_t>(S, int64_t(threads) * 8) : 1;

@@ -1,12 +1,17 @@
-// Stable CPU sort of one W2 segment on the order-preserving integer keys of csrc/wasserstein.h.
+// Stable CPU sorts of W2 segments on the order-preserving integer keys of csrc/wasserstein.h.
 //
 // Items hold the key (and, when the caller needs the sort permutation, the 32-bit local index
 // below it), so equal keys keep their input order and sorted values are decoded from the keys
-// (no gather). Short segments: insertion sort; otherwise an LSD radix sort (8-bit digits up to
-// kRadix8Max items, 11-bit digits above: fewer passes once the 2048-bucket histograms pay off),
-// skipping passes whose digit is the same for every item. One long segment: the same LSD sort with
-// 8-bit digits, each pass split over the threads by element count (histogram per chunk, then a
-// stable scatter); the result is the unique stable order, whatever the thread count.
+// (no gather). Three shapes of work:
+//  * one segment (sort_segment): insertion sort up to kInsertionMax values, else an LSD radix sort
+//    (11-bit digits between kRadix8Max and kRadix11Max values, where the fewer passes pay for
+//    the 2048-bucket histograms and the buffers stay in cache; 8-bit digits otherwise), skipping
+//    passes whose digit is the same for every item;
+//  * a batch of short float32 segments (sort_batch): one LSD radix sort of (segment, key,
+//    position) words, so the histogram cost is paid once per batch instead of once per segment;
+//  * one long segment over every thread (sort_long): LSD with 8-bit digits, each pass split into
+//    chunks by element count (histogram per chunk, then a stable scatter).
+// A stable order is unique, so every path gives the same result whatever the thread count.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -72,6 +77,7 @@ struct Item<double, false> {
 
 constexpr int64_t kInsertionMax = 32;
 constexpr int64_t kRadix8Max = 2048;
+constexpr int64_t kRadix11Max = int64_t(1) << 18;  // above: 8-bit digits again (2048 write streams thrash the caches)
 
 // Reusable buffers of one thread (grown to the longest segment it sorts).
 struct Scratch {
@@ -156,7 +162,8 @@ bool sort_segment_impl(const T* x, int64_t n, T* sorted, uint32_t* perm, Scratch
     insertion_sort<Tr>(a, n);
   } else {
     I* tmp = sc.items<I>(sc.b, n);
-    a = n <= kRadix8Max ? radix_sort<8, Tr>(a, tmp, n, sc.hist) : radix_sort<11, Tr>(a, tmp, n, sc.hist);
+    a = (n <= kRadix8Max || n > kRadix11Max) ? radix_sort<8, Tr>(a, tmp, n, sc.hist)
+                                             : radix_sort<11, Tr>(a, tmp, n, sc.hist);
   }
   return decode_sorted<T, Tr>(a, 0, n, n, sorted, perm);
 }
