@@ -94,20 +94,27 @@ ENTANGLE_HD double from_bits(uint64_t b) {
 #endif
 }
 
+// Both maps are branch-free (random signs would otherwise mispredict on every other value).
 template <typename T>
 ENTANGLE_HD typename KeyOf<T>::type sort_key(T x) {
   using K = KeyOf<T>;
-  auto b = to_bits(x);
-  const auto mag = b & ~K::kSign;
-  if (mag > K::kAbsInf) b = K::kNaN;  // any NaN -> canonical +NaN
-  if (mag == 0) b = 0;                // -0 -> +0
-  return (b & K::kSign) ? ~b : (b | K::kSign);
+  using U = typename K::type;
+  constexpr int kTop = sizeof(U) * 8 - 1;
+  U b = to_bits(x);
+  const U mag = b & ~K::kSign;
+  b = mag > K::kAbsInf ? K::kNaN : b;  // any NaN -> canonical +NaN
+  b = mag == 0 ? U(0) : b;             // -0 -> +0
+  const U neg = U(0) - (b >> kTop);    // all ones for negative values
+  return b ^ (neg | K::kSign);         // negative: ~b; otherwise: b | sign
 }
 
 template <typename T>
 ENTANGLE_HD T key_value(typename KeyOf<T>::type k) {
   using K = KeyOf<T>;
-  return from_bits((k & K::kSign) ? (k & ~K::kSign) : ~k);
+  using U = typename K::type;
+  constexpr int kTop = sizeof(U) * 8 - 1;
+  const U low = (k >> kTop) - U(1);     // all ones for keys of negative values
+  return from_bits(static_cast<U>(k ^ (low | K::kSign)));
 }
 
 template <typename T>

@@ -79,9 +79,13 @@ struct W2BackwardFunction : public torch::autograd::Function<W2BackwardFunction>
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> w2_autograd(
     const at::Tensor& u, const at::Tensor& v, const at::Tensor& uo, const at::Tensor& vo,
     int64_t max_seqlen, bool grad_u, bool grad_v, bool validate) {
-  const bool grad = at::GradMode::is_enabled();
-  auto out = W2Function::apply(u, v, uo, vo, max_seqlen, grad_u || (grad && u.requires_grad()),
-                               grad_v || (grad && v.requires_grad()), validate);
+  const bool need_u = at::GradMode::is_enabled() && u.requires_grad();
+  const bool need_v = at::GradMode::is_enabled() && v.requires_grad();
+  if (!need_u && !need_v) {  // nothing to record
+    at::AutoDispatchBelowADInplaceOrView below;
+    return call_forward(u, v, uo, vo, max_seqlen, grad_u, grad_v, validate);
+  }
+  auto out = W2Function::apply(u, v, uo, vo, max_seqlen, grad_u || need_u, grad_v || need_v, validate);
   return {out[0], out[1], out[2]};
 }
 
@@ -90,6 +94,10 @@ inline std::tuple<at::Tensor, at::Tensor> w2_backward_autograd(const at::Tensor&
                                                                const at::Tensor& dv,
                                                                const at::Tensor& uo,
                                                                const at::Tensor& vo) {
+  if (!at::GradMode::is_enabled()) {  // the usual backward (no create_graph): nothing to record
+    at::AutoDispatchBelowADInplaceOrView below;
+    return call_backward(grad, du, dv, uo, vo);
+  }
   auto out = W2BackwardFunction::apply(grad, du, dv, uo, vo);
   return {out[0], out[1]};
 }
