@@ -27,6 +27,7 @@ namespace {
 
 constexpr const char* kOp = "wasserstein2_1d";
 constexpr int64_t kLongSegment = int64_t(1) << 16;  // values (u + v) that may get every thread
+constexpr int64_t kChunkMin = int64_t(1) << 14;     // values (u + v) per chunk of whole segments
 
 // One side of one segment after sorting. grad (if set) is the side's flat dW2/dx output.
 template <typename T>
@@ -271,7 +272,8 @@ void forward_impl(Job<T>& job, bool tidy) {
       if ((job.uo[s + 1] - job.uo[s]) + (job.vo[s + 1] - job.vo[s]) >= share) long_segments.push_back(s);
   }
   // Malformed offsets may overlap: then one thread, in segment order (deterministic).
-  const int64_t C = tidy ? std::min<int64_t>(S, int64_t(threads) * 8) : 1;
+  // Chunks of at least kChunkMin values (forking threads costs more than sorting fewer values).
+  const int64_t C = tidy ? std::max<int64_t>(1, std::min({S, int64_t(threads) * 8, (job.Nu + job.Nv) / kChunkMin})) : 1;
   const std::vector<int64_t> starts = tidy ? chunk_starts(job.uo, job.vo, S, C) : std::vector<int64_t>{0, S};
   at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
     Buffers<T> buf;
