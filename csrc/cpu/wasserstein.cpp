@@ -1,10 +1,10 @@
 // CPU kernels of entangle_ext::wasserstein2_1d (closed-form 1-D W2^2 by segmented stable sort).
 //
-// Forward: per segment, stable-sort both sides (csrc/cpu/wasserstein_sort.h), walk the larger side
-// once with the shared terms of csrc/wasserstein.h, and write W2^2 and, for each side that needs a
-// gradient, dW2^2_s/dx at every input position (scattered through the sort permutation). The
-// backward is then elementwise: grad_x[p] = grad[s(p)] * dx[p].
-// Work is split over threads by element count: groups of whole segments, and one long segment at
+// Forward: stable-sort both sides of each segment (csrc/cpu/wasserstein_sort.h; short segments in
+// batches), walk the larger side once with the shared terms of csrc/wasserstein.h, and write W2^2
+// and, for each side that needs a gradient, dW2^2_s/dx at every input position (scattered through
+// the sort permutation). The backward is then elementwise: grad_x[p] = grad[s(p)] * dx[p].
+// Work is split over threads by element count: chunks of whole segments, and one long segment at
 // a time over all threads (parallel sort, then the fixed tiles of csrc/wasserstein.h). Every sum
 // follows the tile order of csrc/wasserstein.h, so results are bitwise the same for any thread count.
 #include <ATen/Dispatch.h>
@@ -32,9 +32,9 @@ constexpr int64_t kChunkMin = int64_t(1) << 14;     // values (u + v) per chunk 
 // One side of one segment after sorting. grad (if set) is the side's flat dW2/dx output.
 template <typename T>
 struct Side {
-  T* vals;          // sorted values [0, n)
-  uint32_t* perm;   // local source index of each sorted position (null if grad is null)
-  int64_t lo, n;          // flat start and length
+  T* vals;         // sorted values [0, n)
+  uint32_t* perm;  // local source index of each sorted position (null if grad is null)
+  int64_t lo, n;   // flat start and length
   T* grad;
 };
 
