@@ -150,14 +150,26 @@ struct Job {
   std::atomic<bool> bad_u{false}, bad_v{false};
 };
 
-// Reusable per-thread buffers: sort scratch, sorted values/permutations of a batch, bounds.
+// Reusable per-thread buffers: sort scratch, sorted values/permutations of a batch, bounds. Kept
+// across calls (thread_buffers) up to kKeepScratchBytes per buffer.
 template <typename T>
 struct Buffers {
-  Scratch sc;
+  Scratch& sc = thread_scratch();
   std::vector<T> vals;
   std::vector<uint32_t> perm;
   std::vector<int64_t> bounds;  // per batch segment: u lo, u n, v lo, v n (4 arrays of K)
+  void trim() {
+    sc.trim(kKeepScratchBytes);
+    if (vals.capacity() * sizeof(T) > kKeepScratchBytes) std::vector<T>().swap(vals);
+    if (perm.capacity() * sizeof(uint32_t) > kKeepScratchBytes) std::vector<uint32_t>().swap(perm);
+  }
 };
+
+template <typename T>
+Buffers<T>& thread_buffers() {
+  thread_local Buffers<T> buf;
+  return buf;
+}
 
 // Walks one segment whose two sides are sorted; writes its W2^2 (NaN if a side is empty).
 template <typename T>
@@ -276,11 +288,13 @@ void forward_impl(Job<T>& job, bool tidy) {
   const int64_t C = tidy ? std::max<int64_t>(1, std::min({S, int64_t(threads) * 8, (job.Nu + job.Nv) / kChunkMin})) : 1;
   const std::vector<int64_t> starts = tidy ? chunk_starts(job.uo, job.vo, S, C) : std::vector<int64_t>{0, S};
   at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
-    Buffers<T> buf;
+    Buffers<T>& buf = thread_buffers<T>();
     for (int64_t c = cb; c < ce; ++c) run_chunk(job, starts[c], starts[c + 1], long_segments, buf);
+    buf.trim();
   });
-  Buffers<T> buf;
+  Buffers<T>& buf = thread_buffers<T>();
   for (int64_t s : long_segments) run_long(job, s, buf);
+  buf.trim();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> w2_forward_cpu(

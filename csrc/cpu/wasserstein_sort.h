@@ -4,13 +4,13 @@
 // below it), so equal keys keep their input order and sorted values are decoded from the keys
 // (no gather). Three shapes of work:
 //  * one segment (sort_segment): insertion sort up to kInsertionMax values, else an LSD radix sort
-//    (11-bit digits between kRadix8Max and kRadix11Max values, where the fewer passes pay for
-//    the 2048-bucket histograms and the buffers stay in cache; 8-bit digits otherwise), skipping
+//    (11-bit digits between kRadix8Max and kRadix11Max values, where the fewer passes pay for the
+//    2048-bucket histograms and the buffers stay in cache; 8-bit digits otherwise), skipping
 //    passes whose digit is the same for every item;
 //  * a batch of short float32 segments (sort_batch): one LSD radix sort of (segment, key,
 //    position) words, so the histogram cost is paid once per batch instead of once per segment;
-//  * one long segment over every thread (sort_long): LSD with 8-bit digits, each pass split into
-//    chunks by element count (histogram per chunk, then a stable scatter).
+//  * one long segment over every thread (sort_long): one stable MSD pass, then whole buckets per
+//    thread (see below).
 // A stable order is unique, so every path gives the same result whatever the thread count.
 #pragma once
 
@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -77,9 +76,10 @@ struct Item<double, false> {
 
 constexpr int64_t kInsertionMax = 32;
 constexpr int64_t kRadix8Max = 2048;
-constexpr int64_t kRadix11Max = int64_t(1) << 18;  // above: 8-bit digits again (2048 write streams thrash the caches)
+constexpr int64_t kRadix11Max = int64_t(1) << 18;  // above: 8-bit digits (2048 write streams miss the caches)
 
-// Reusable buffers of one thread (grown to the longest segment it sorts).
+// Reusable buffers of one thread (grown to the longest segment it sorts). Kept across calls
+// (thread_scratch): fresh multi-megabyte buffers cost a page fault per 4 KiB on every call.
 struct Scratch {
   std::vector<uint64_t> a, b;  // item buffers (uint64_t words: aligned for every item type)
   std::vector<uint32_t> hist;
@@ -89,7 +89,19 @@ struct Scratch {
     if (buf.size() < words) buf.resize(words);
     return reinterpret_cast<I*>(buf.data());
   }
+  // Releases buffers above `keep_bytes` each (called when a call is done).
+  void trim(size_t keep_bytes) {
+    for (auto* v : {&a, &b})
+      if (v->capacity() * 8 > keep_bytes) std::vector<uint64_t>().swap(*v);
+  }
 };
+
+constexpr size_t kKeepScratchBytes = size_t(16) << 20;  // per buffer and thread, across calls
+
+inline Scratch& thread_scratch() {
+  thread_local Scratch sc;
+  return sc;
+}
 
 template <typename Tr>
 void insertion_sort(typename Tr::type* a, int64_t n) {
@@ -258,71 +270,106 @@ inline bool sort_batch(const double* x, const int64_t* lo, const int64_t* n, int
 }
 
 // ---------------------------------------------------------------------------------------------
-// One long segment, every thread: LSD radix sort with 8-bit digits, each pass split into chunks.
+// One long segment, every thread: one stable MSD pass on the 11 key bits below the highest bit
+// where the smallest and largest keys differ (so the 2048 buckets split the actual key range),
+// then each thread sorts whole buckets (cache-sized on average) by LSD on the bits below. Four
+// parallel regions in all, so few synchronisation points.
 // ---------------------------------------------------------------------------------------------
+// LSD radix sort of a[0:n) on the key bits [0, bits) (the bits above are equal).
+template <typename Tr>
+typename Tr::type* radix_sort_low(typename Tr::type* a, typename Tr::type* tmp, int64_t n, int bits,
+                                  std::vector<uint32_t>& hist_buf) {
+  if (bits == 0) return a;  // equal keys: the stable order is the input order
+  if (n <= kInsertionMax) {
+    insertion_sort<Tr>(a, n);
+    return a;
+  }
+  int dmax = 4;  // digits of about log2(n) - 1 bits (at most 11): histograms no larger than the data
+  while (dmax < 11 && (int64_t(4) << dmax) <= n) ++dmax;
+  const int passes = (bits + dmax - 1) / dmax, d = (bits + passes - 1) / passes, radix = 1 << d;
+  if (hist_buf.size() < static_cast<size_t>(radix)) hist_buf.resize(radix);
+  for (int p = 0; p < passes; ++p) {
+    uint32_t* h = hist_buf.data();
+    std::fill(h, h + radix, 0u);
+    const int sh = p * d;
+    for (int64_t i = 0; i < n; ++i) ++h[(Tr::key(a[i]) >> sh) & (radix - 1)];
+    if (!digit_offsets(h, radix, n)) continue;
+    for (int64_t i = 0; i < n; ++i) tmp[h[(Tr::key(a[i]) >> sh) & (radix - 1)]++] = a[i];
+    std::swap(a, tmp);
+  }
+  return a;
+}
+
 template <typename T, bool kIndex>
 bool sort_long_impl(const T* x, int64_t n, T* sorted, uint32_t* perm) {
   using Tr = Item<T, kIndex>;
   using I = typename Tr::type;
-  constexpr int kBits = 8, kRadix = 256, kPasses = Tr::kKeyBits / kBits;
+  using K = decltype(Tr::key(std::declval<I>()));
+  if (n == 0) return true;
   const int64_t C = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / 4096));
-  std::unique_ptr<I[]> buf_a(new I[n]), buf_b(new I[n]);
-  I* a = buf_a.get();
-  I* b = buf_b.get();
-  // hist[(c * kPasses + p) * kRadix + r]: chunk c, digit p, bucket r.
-  std::vector<uint32_t> hist(static_cast<size_t>(C * kPasses * kRadix), 0u);
+  Scratch& own = thread_scratch();  // the calling thread's buffers (kept across calls)
+  I* a = own.items<I>(own.a, n);
+  I* b = own.items<I>(own.b, n);
   auto chunk = [&](int64_t c, int64_t* lo, int64_t* hi) { *lo = n * c / C; *hi = n * (c + 1) / C; };
-  auto digit = [](const I& it, int p) { return (Tr::key(it) >> (p * kBits)) & (kRadix - 1); };
-  at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      int64_t lo, hi;
+  std::vector<K> kmin(C, ~K(0)), kmax(C, K(0));
+  at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {  // 1: items, key range per chunk
+    for (int64_t c = cb, lo, hi; c < ce; ++c) {
       chunk(c, &lo, &hi);
-      uint32_t* h = hist.data() + c * kPasses * kRadix;
+      K mn = ~K(0), mx = K(0);  // in registers: kmin/kmax of neighbouring chunks share a cache line
       for (int64_t i = lo; i < hi; ++i) {
-        a[i] = Tr::make(sort_key(x[i]), static_cast<uint32_t>(i));
-        for (int p = 0; p < kPasses; ++p) ++h[p * kRadix + digit(a[i], p)];
+        const auto k = sort_key(x[i]);
+        a[i] = Tr::make(k, static_cast<uint32_t>(i));
+        mn = std::min<K>(mn, k);
+        mx = std::max<K>(mx, k);
       }
+      kmin[c] = mn;
+      kmax[c] = mx;
     }
   });
-  std::vector<int64_t> offs(static_cast<size_t>(C * kRadix));
-  bool fresh = true;  // the per-chunk histograms describe the current order of a
-  for (int p = 0; p < kPasses; ++p) {
-    int64_t total[kRadix] = {0};
-    for (int64_t c = 0; c < C; ++c)
-      for (int r = 0; r < kRadix; ++r) total[r] += hist[(c * kPasses + p) * kRadix + r];
-    if (std::any_of(total, total + kRadix, [&](int64_t t) { return t == n; })) continue;
-    if (!fresh) {  // recount this digit per chunk on the current order
-      at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
-        for (int64_t c = cb; c < ce; ++c) {
-          int64_t lo, hi;
-          chunk(c, &lo, &hi);
-          uint32_t* h = hist.data() + (c * kPasses + p) * kRadix;
-          std::fill(h, h + kRadix, 0u);
-          for (int64_t i = lo; i < hi; ++i) ++h[digit(a[i], p)];
-        }
-      });
+  const K lo_key = *std::min_element(kmin.begin(), kmin.end());
+  const K hi_key = *std::max_element(kmax.begin(), kmax.end());
+  int top = 0;  // bits below (and including) the highest differing bit
+  for (K diff = lo_key ^ hi_key; diff; diff >>= 1) ++top;
+  const int shift = std::max(0, top - 11);
+  const int64_t R = int64_t(1) << (top - shift);
+  auto digit = [&](const I& it) { return static_cast<int64_t>((Tr::key(it) >> shift) & static_cast<K>(R - 1)); };
+  std::vector<int64_t> offs(C * R, 0);  // offs[c * R + r]
+  at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {  // 2: digit histogram per chunk
+    for (int64_t c = cb, lo, hi; c < ce; ++c) {
+      chunk(c, &lo, &hi);
+      for (int64_t i = lo; i < hi; ++i) ++offs[c * R + digit(a[i])];
     }
-    int64_t run = 0;  // bucket-major, chunk-minor exclusive prefix: a stable scatter
-    for (int r = 0; r < kRadix; ++r)
-      for (int64_t c = 0; c < C; ++c) {
-        offs[c * kRadix + r] = run;
-        run += hist[(c * kPasses + p) * kRadix + r];
-      }
-    at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c) {
-        int64_t lo, hi;
-        chunk(c, &lo, &hi);
-        int64_t* o = offs.data() + c * kRadix;
-        for (int64_t i = lo; i < hi; ++i) b[o[digit(a[i], p)]++] = a[i];
-      }
-    });
-    std::swap(a, b);
-    fresh = false;
+  });
+  std::vector<int64_t> bucket(R + 1, 0);  // bucket r = [bucket[r], bucket[r+1]) after the scatter
+  for (int64_t r = 0, run = 0; r < R; ++r) {  // bucket-major, chunk-minor: a stable scatter
+    bucket[r] = run;
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t cnt = offs[c * R + r];
+      offs[c * R + r] = run;
+      run += cnt;
+    }
   }
-  at::parallel_for(0, n, 4096, [&](int64_t lo, int64_t hi) {
-    decode_sorted<T, Tr>(a, lo, hi, n, sorted, perm);
+  bucket[R] = n;
+  at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {  // 3: scatter
+    for (int64_t c = cb, lo, hi; c < ce; ++c) {
+      chunk(c, &lo, &hi);
+      int64_t* o = offs.data() + c * R;
+      for (int64_t i = lo; i < hi; ++i) b[o[digit(a[i])]++] = a[i];
+    }
   });
-  return decode_sorted<T, Tr>(a, 0, 0, n, sorted, perm);
+  // 4: each thread sorts the buckets that start in its chunks (LSD below the MSD digit), decodes.
+  at::parallel_for(0, C, 1, [&](int64_t cb, int64_t ce) {
+    std::vector<uint32_t> hist;
+    const int64_t r0 = std::lower_bound(bucket.begin(), bucket.end() - 1, n * cb / C) - bucket.begin();
+    const int64_t r1 = std::lower_bound(bucket.begin(), bucket.end() - 1, n * ce / C) - bucket.begin();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t lo = bucket[r], len = bucket[r + 1] - bucket[r];
+      if (len == 0) continue;
+      const I* res = radix_sort_low<Tr>(b + lo, a + lo, len, shift, hist);
+      decode_sorted<T, Tr>(res - lo, lo, lo + len, 0, sorted, perm);
+    }
+  });
+  return key_is_finite<T>(lo_key) && key_is_finite<T>(hi_key);
 }
 
 template <typename T>
