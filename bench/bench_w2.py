@@ -15,6 +15,7 @@ cases, >= 3 at 1x2^20). The JSON file is rewritten after every case, so a run st
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -112,7 +113,8 @@ def main(argv=None):
         sys.exit(f"entangle_ext not loaded: {ee.load_error()}")
     dev = torch.device(args.device)
     env = environment(dev)
-    payload = {"benchmark": "w2_forward_backward", "dtype": args.dtype, **env, "rows": []}
+    payload = {"benchmark": "w2_forward_backward", "dtype": args.dtype, **env,
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "rows": []}
     print(f"W2^2 forward+backward, {args.dtype}, {env['device_name']}, torch {torch.__version__}, "
           f"{env['threads']} threads; median ms (spread = IQR/median)")
     print(f"{'case':>12} {'composite':>16} {'entangle':>16} {'ratio':>7} {'target':>7}"

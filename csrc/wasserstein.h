@@ -16,7 +16,8 @@
 // every sum over larger-side positions (a segment's cost, a run R_j) is split at the fixed tiles
 // [t kTile, (t+1) kTile) of that side's flat array; each piece is summed on its own (sequentially
 // on the CPU, by a block-wide scan on CUDA), and the pieces are added left to right starting from
-// 0.0 (combine_pieces). Accumulation is float64 for float32 and float64 inputs alike.
+// 0.0 (combine_pieces). Accumulation is float64 for float32 and float64 inputs alike. (The CUDA
+// block path, for segments of at most 2048 values, sums a whole segment in one block instead.)
 #pragma once
 
 #include "common.h"
@@ -221,10 +222,11 @@ ENTANGLE_HD acc_t w2_of_cost(acc_t cost, int64_t na, int64_t nb) {
 
 // ---------------------------------------------------------------------------------------------
 // Fixed-order tiled sums. A run [lo, hi) of flat positions meets the tiles ts = lo / kTile ..
-// te = (hi-1) / kTile. Level 1 sums each piece run ∩ tile; the piece that ends a run inside one
-// tile is FINAL; otherwise the run's piece in its first tile goes to tail[ts], and its piece in
-// every later tile to head[t] (the run holds the first position of those tiles). Level 2: the
-// owner of tile ts (the run holding ts's last position and starting in ts) combines
+// te = (hi-1) / kTile. Level 1 sums each piece (the run's part in one tile); the piece that ends
+// a run inside one tile is FINAL; otherwise the run's piece in its first tile goes to tail[ts],
+// and its piece in every later tile to head[t] (the run holds the first position of those
+// tiles). Level 2: the owner of tile ts (the run holding ts's last position and starting in ts)
+// combines
 //   total = ((0 + tail[ts]) + head[ts+1]) + ... + head[te].
 // ---------------------------------------------------------------------------------------------
 enum PieceKind : int { kPieceFinal = 0, kPieceTail = 1, kPieceHead = 2 };
