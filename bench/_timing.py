@@ -44,40 +44,55 @@ def environment(device: torch.device) -> dict:
     }
 
 
-def save_json(path: str | None, payload: dict) -> None:
+def save_json(path: str | None, payload: dict, quiet: bool = False) -> None:
     if not path:
         return
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(payload, indent=2))
-    print(f"saved {p}")
+    if not quiet:
+        print(f"saved {p}")
 
 
-def time_interleaved(fns: dict, device: torch.device, *, reps: int = 7, warmup: int = 1,
+def time_interleaved(fns: dict, device: torch.device, *, warmup: int = 2, reps: int = 15,
+                     min_time: float = 0.0, max_reps: int = 200,
                      budget_s: float | None = None) -> dict:
-    """Per-call times in ms of several functions, one call of each per round, round after round, so
-    that the drifts of a shared machine hit all of them alike. Stops early (after at least 3 rounds)
-    once budget_s seconds have passed. Returns {name: [ms, ...]}."""
+    """Times several callables in alternation (A B A B ...), one call of each per round, so that a
+    change of machine load hits them alike. Runs at least ``reps`` rounds and until ``min_time``
+    seconds have passed (at most ``max_reps``); with ``budget_s``, stops early once that many
+    seconds have passed (after at least 3 rounds). Returns {name: [ms per call, ...]} (CUDA:
+    events on the current stream)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    if device.type == "cuda":
+    times = {k: [] for k in fns}
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize(device)
-    times = {name: [] for name in fns}
     start = time.perf_counter()
-    for r in range(reps):
-        for name, fn in fns.items():
-            if device.type == "cuda":
+    while True:
+        for k, fn in fns.items():
+            if cuda:
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
                 fn()
                 e.record()
                 e.synchronize()
-                times[name].append(s.elapsed_time(e))
+                times[k].append(s.elapsed_time(e))
             else:
                 t0 = time.perf_counter()
                 fn()
-                times[name].append((time.perf_counter() - t0) * 1e3)
-        if budget_s is not None and r >= 2 and time.perf_counter() - start > budget_s:
-            break
-    return times
+                times[k].append((time.perf_counter() - t0) * 1e3)
+        n = len(next(iter(times.values())))
+        elapsed = time.perf_counter() - start
+        if budget_s is not None and n >= 3 and elapsed > budget_s:
+            return times
+        if n >= max_reps or (n >= reps and elapsed >= min_time):
+            return times
+
+
+def summarize(ms: list) -> dict:
+    """Median and spread (interquartile range as a fraction of the median) of repeated timings."""
+    q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0]] * 3
+    med = statistics.median(ms)
+    return {"median_ms": med, "iqr_frac": (q[2] - q[0]) / med if med > 0 else 0.0, "reps": len(ms)}

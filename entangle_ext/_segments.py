@@ -65,7 +65,26 @@ def _as_offsets(off: OffsetsLike, name: str, device: torch.device) -> torch.Tens
         raise TypeError(f"{name} must be int32 or int64 (cu_seqlens), got {off.dtype}")
     if off.dim() != 1 or off.numel() < 1:
         raise ValueError(f"{name} must be 1-D with S+1 entries, got shape {tuple(off.shape)}")
-    return off.to(device=device, dtype=torch.int64).contiguous()
+    if off.dtype != torch.int64 or off.device != device:
+        off = off.to(device=device, dtype=torch.int64)
+    return off if off.is_contiguous() else off.contiguous()
+
+
+def _host_longest(*offsets) -> Optional[int]:
+    """Longest segment of offsets given as host lists / CPU tensors (None if any is on a GPU)."""
+    longest = 0
+    for off in offsets:
+        if isinstance(off, torch.Tensor):
+            if off.device.type != "cpu" or off.dtype not in (torch.int32, torch.int64) or off.dim() != 1:
+                return None
+            if off.numel() > 1:
+                longest = max(longest, int((off[1:] - off[:-1]).max()))
+        else:
+            vals = list(off)
+            if not all(isinstance(x, int) for x in vals):
+                return None
+            longest = max([longest] + [b - a for a, b in zip(vals[:-1], vals[1:])])
+    return longest
 
 
 def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[OffsetsLike],
@@ -107,61 +126,34 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
                              f"per segment, v has {m})")
         uo = dense_offsets(S, n, device)
         vo = dense_offsets(S, m, device)
-        return Segments(u.reshape(-1).to(compute).contiguous(), v.reshape(-1).to(compute).contiguous(),
-                        uo, vo, S, () if u.dim() == 1 else (S,), max(n, m), u.dtype, False)
+        return Segments(_flat(u, compute), _flat(v, compute), uo, vo, S, () if u.dim() == 1 else (S,),
+                        max(n, m), u.dtype, False)
 
     if u.dim() != 1 or v.dim() != 1:
         raise ValueError(f"{op}: with offsets, u and v must be flat 1-D tensors; got shapes "
                          f"{tuple(u.shape)} and {tuple(v.shape)}")
+    if device.type == "cuda":  # host-resident offsets give the longest segment without a sync
+        longest = _host_longest(u_offsets, v_offsets)
+        if longest is not None and max_seqlen is not None and int(max_seqlen) < longest:
+            raise ValueError(f"{op}: max_seqlen={max_seqlen} but the longest segment has {longest} values")
+        max_seqlen = longest if max_seqlen is None else max_seqlen
     uo = _as_offsets(u_offsets, "u_offsets", device)
     vo = _as_offsets(v_offsets, "v_offsets", device)
     if uo.numel() != vo.numel():
         raise ValueError(f"{op}: u_offsets and v_offsets must both have S+1 entries, got "
                          f"{uo.numel()} and {vo.numel()}")
     S = uo.numel() - 1
-    return Segments(u.to(compute).contiguous(), v.to(compute).contiguous(), uo, vo, S, (S,),
+    return Segments(_flat(u, compute), _flat(v, compute), uo, vo, S, (S,),
                     None if max_seqlen is None else int(max_seqlen), u.dtype, True)
 
 
-def validate_values(op: str, seg: Segments) -> Segments:
-    """Data-dependent checks (finite values; offsets start at 0, end at N, no empty segment).
-
-    Reads device values back to the host (one synchronisation on CUDA). Fills in
-    ``seg.max_seqlen`` from the offsets when it was unknown.
-
-    Raises:
-        ValueError: NaN/Inf values, malformed offsets, empty segments, or a max_seqlen hint
-            smaller than the longest segment.
-    """
-    bad_u = ~torch.isfinite(seg.u).all()
-    bad_v = ~torch.isfinite(seg.v).all()
-    flags = torch.stack([bad_u, bad_v]).cpu()
-    if bool(flags[0]) or bool(flags[1]):
-        which = "u" if bool(flags[0]) else "v"
-        raise ValueError(f"{op}: {which} contains NaN or Inf. Remove them, or pass validate=False "
-                         "to get NaN for the affected segments instead of an error.")
-    if not seg.ragged:
-        return seg
-    longest = 0
-    for name, off, total in (("u_offsets", seg.u_offsets, seg.u.numel()),
-                             ("v_offsets", seg.v_offsets, seg.v.numel())):
-        o = off.cpu()
-        if int(o[0]) != 0 or int(o[-1]) != total:
-            raise ValueError(f"{op}: {name} must start at 0 and end at the number of values "
-                             f"({total}); got {int(o[0])} ... {int(o[-1])}")
-        if seg.num_segments > 0:
-            lengths = o[1:] - o[:-1]
-            if bool((lengths < 0).any()):
-                raise ValueError(f"{op}: {name} must be non-decreasing")
-            if bool((lengths == 0).any()):
-                s = int(torch.nonzero(lengths == 0)[0])
-                raise ValueError(f"{op}: segment {s} of {name[0]} is empty; W2 to an empty "
-                                 "distribution is undefined (validate=False gives NaN for it)")
-            longest = max(longest, int(lengths.max()))
-    if seg.max_seqlen is not None and seg.max_seqlen < longest:
-        raise ValueError(f"{op}: max_seqlen={seg.max_seqlen} but the longest segment has {longest} values")
-    seg.max_seqlen = longest if seg.max_seqlen is None else seg.max_seqlen
-    return seg
+def _flat(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t as a contiguous 1-D tensor of `dtype` (no call, and so no overhead, when it already is)."""
+    if t.dim() != 1:
+        t = t.reshape(-1)
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def reduce(op: str, w2: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -10,7 +10,10 @@ w_ij in integer units of 1/(n_a n_b),
 
 which for n_a = n_b = n is (1/n) sum_i (a_(i) - b_(i))^2. The gradient, d/da_(i) = 2 sum_j w_ij
 (a_(i) - b_(j)) / (n_a n_b), is scattered back through the stable sort permutation (ties keep their
-input order, so the subgradient chosen at ties is deterministic).
+input order, so the subgradient chosen at ties is deterministic). See docs/algorithm.md §4.
+
+The forward kernel returns this local gradient dW2^2_s/dx for every input that requires grad, so
+the backward is one elementwise product with the incoming gradient (no second sort, no gather).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Optional
 import torch
 
 from . import _ext
-from ._segments import OffsetsLike, normalize, reduce, validate_values
+from ._segments import OffsetsLike, normalize, reduce
 
 __all__ = ["wasserstein2_1d"]
 
@@ -30,6 +33,8 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
                     v_offsets: Optional[OffsetsLike] = None, *, reduction: str = "none",
                     max_seqlen: Optional[int] = None, validate: bool = True) -> torch.Tensor:
     """Squared 1-D Wasserstein-2 distance W2^2 per segment, exact for unequal sizes.
+
+    Implements the W2 term of Stage 2 (docs/algorithm.md §4, Exact 1-D Wasserstein-2).
 
     Args:
         u, v: values of the two distributions, on the same device (CPU or CUDA), same dtype
@@ -43,19 +48,25 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         reduction: ``"none"`` (per segment), ``"mean"`` or ``"sum"`` over segments.
         max_seqlen: optional upper bound on every segment length (ragged form), as in
             variable-length attention APIs; on CUDA it selects the shared-memory kernel without a
-            host read of the offsets. Known automatically in the dense form and when validating.
+            host read of the offsets. Known automatically in the dense form, from offsets given
+            as a list or CPU tensor, and when validating. A bound below the longest segment
+            raises ValueError whenever it can be checked without a device sync (host offsets,
+            or ``validate=True``); with CUDA offsets and ``validate=False`` such a segment gets
+            NaN and a zero gradient (never an out-of-range access). The CPU kernels ignore it.
         validate: check the data (finite values, offsets start at 0 / end at N / no empty
-            segment). This reads values back to the host (one sync on CUDA), so pass False inside
-            CUDA-graph capture, ``torch.compile(fullgraph=True)``, meta/fake tensors or hot loops.
-            Without validation, a segment with NaN gives NaN (NaN sorts last), Inf gives Inf/NaN,
-            an empty ragged segment gives NaN with zero gradient, and malformed offsets are clamped
-            to [0, N] (memory-safe, result unspecified). Dense inputs with zero values per row
-            always raise (the shape is known without reading data).
+            segment). On CPU this is folded into the kernel (nearly free); on CUDA it reads values
+            back to the host (one sync), so pass False inside CUDA-graph capture,
+            ``torch.compile(fullgraph=True)`` or hot loops. Without validation, a segment with NaN
+            gives NaN (NaN sorts last), Inf gives Inf/NaN, an empty ragged segment gives NaN with
+            zero gradient, and malformed offsets are clamped to [0, N] (memory-safe, result
+            unspecified). Dense inputs with zero values per row always raise (the shape is known
+            without reading data).
 
     Returns:
         W2^2 in squared units of the inputs: shape ``()`` for 1-D dense input, ``(S,)`` otherwise
         (or ``()`` with reduction mean/sum), dtype of the inputs, on their device. Differentiable
-        with respect to ``u`` and ``v`` (double backward raises NotImplementedError).
+        with respect to ``u`` and ``v`` (double backward raises NotImplementedError); zero segments
+        give an empty (or reduced) result that stays connected to the autograd graph.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets.
@@ -65,63 +76,36 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
             build, or ``validate=True`` during CUDA-graph capture.
     """
     seg = normalize(_OP, u, v, u_offsets, v_offsets, max_seqlen)
-    _ext.require(_OP, seg.u)
-    if validate:
-        if seg.u.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"{_OP}: validate=True reads values back to the host, which is not "
-                               "allowed during CUDA-graph capture; pass validate=False")
-        seg = validate_values(_OP, seg)
-    if seg.num_segments == 0:
-        w2 = seg.u.new_zeros((0,))
-    else:
-        ml = -1 if seg.max_seqlen is None else seg.max_seqlen
-        w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(seg.u, seg.v, seg.u_offsets,
-                                                          seg.v_offsets, ml)
-    w2 = w2.reshape(seg.out_shape).to(seg.input_dtype)
-    return reduce(_OP, w2, reduction)
+    cu, cv = seg.u, seg.v
+    _ext.require(_OP, cu)
+    if validate and cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{_OP}: validate=True reads values back to the host, which is not "
+                           "allowed during CUDA-graph capture; pass validate=False")
+    w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(  # autograd sets grad_u/grad_v as needed
+        cu, cv, seg.u_offsets, seg.v_offsets, -1 if seg.max_seqlen is None else seg.max_seqlen,
+        False, False, validate)
+    if seg.out_shape != (seg.num_segments,):
+        w2 = w2.reshape(seg.out_shape)
+    if w2.dtype != seg.input_dtype:
+        w2 = w2.to(seg.input_dtype)
+    return w2 if reduction == "none" else reduce(_OP, w2, reduction)
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.library registrations: fake (meta) kernels and autograd.
+# Fake (meta) kernels for torch.compile / FakeTensor. The autograd of both operators is registered
+# in C++ (csrc/wasserstein_autograd.h): it raises grad_u/grad_v for inputs that require grad, and
+# the double backward raises NotImplementedError.
 # ---------------------------------------------------------------------------------------------
-def _fake_forward(u, v, u_offsets, v_offsets, max_seqlen):
+def _fake_forward(u, v, u_offsets, v_offsets, max_seqlen, grad_u=False, grad_v=False, validate=False):
     S = u_offsets.shape[0] - 1
-    return (u.new_empty((S,)), u.new_empty((u.shape[0],), dtype=torch.long),
-            v.new_empty((v.shape[0],), dtype=torch.long))
+    return (u.new_empty((S,)), u.new_empty((u.shape[0] if grad_u else 0,)),
+            v.new_empty((v.shape[0] if grad_v else 0,)))
 
 
-def _fake_backward(grad, u, v, u_offsets, v_offsets, u_perm, v_perm):
-    return torch.empty_like(u), torch.empty_like(v)
-
-
-def _setup_context(ctx, inputs, output):
-    u, v, u_offsets, v_offsets, _ = inputs
-    _, u_perm, v_perm = output
-    ctx.save_for_backward(u, v, u_offsets, v_offsets, u_perm, v_perm)
-    ctx.mark_non_differentiable(u_perm, v_perm)
-
-
-def _backward(ctx, grad_w2, _grad_up, _grad_vp):
-    u, v, u_offsets, v_offsets, u_perm, v_perm = ctx.saved_tensors
-    gu, gv = torch.ops.entangle_ext.wasserstein2_1d_backward(
-        grad_w2.contiguous(), u, v, u_offsets, v_offsets, u_perm, v_perm)
-    return (gu if ctx.needs_input_grad[0] else None, gv if ctx.needs_input_grad[1] else None,
-            None, None, None)
-
-
-def _double_backward(ctx, *grads):
-    raise NotImplementedError("entangle_ext.wasserstein2_1d: double backward (second derivatives "
-                              "of W2^2) is not implemented")
-
-
-def _double_backward_setup(ctx, inputs, output):
-    pass
+def _fake_backward(grad, du, dv, u_offsets, v_offsets):
+    return torch.empty_like(du), torch.empty_like(dv)
 
 
 if _ext.available():
     torch.library.register_fake("entangle_ext::wasserstein2_1d")(_fake_forward)
     torch.library.register_fake("entangle_ext::wasserstein2_1d_backward")(_fake_backward)
-    torch.library.register_autograd("entangle_ext::wasserstein2_1d", _backward,
-                                    setup_context=_setup_context)
-    torch.library.register_autograd("entangle_ext::wasserstein2_1d_backward", _double_backward,
-                                    setup_context=_double_backward_setup)

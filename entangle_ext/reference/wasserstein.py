@@ -1,5 +1,7 @@
 """Pure-PyTorch reference of `entangle_ext.wasserstein2_1d` (test oracle and documented fallback).
 
+Exact 1-D Wasserstein-2 for uniform weights and unequal sizes, docs/algorithm.md §4.
+
 Differentiable through `torch.sort` (autograd), any device, no compiled code. Same argument forms
 and result as the operator (see `entangle_ext.wasserstein2_1d`); it does not validate values.
 """
