@@ -11,8 +11,11 @@ Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with
 
 `AugmentedLagrangian` (entangle_ext.lagrangian) holds the Stage-1 multiplier state and schedule.
 
-Driver (method.md, two stages): `unlearn(model, splits, config)`, `stage1`, `stage2`, `evaluate`,
-configured by `UnlearnConfig.preset(...)`; CLI `python -m entangle_ext` / `entangle-unlearn`.
+Driver (docs/algorithm.md §2-§3, §11 for torch.distributed): `unlearn(model, splits, config)`,
+`stage1`, `stage2`, `evaluate`, configured by `UnlearnConfig.preset(...)`; the baselines and
+ablations of `entangle_ext.methods` through ``unlearn(..., method=name)`` and `compare` (several
+methods and seeds from one original model, §10); the paper settings in `entangle_ext.settings`;
+CLI `python -m entangle_ext` / `entangle-unlearn` (also under ``torchrun``).
 
 Pure-PyTorch references of every operator are in `entangle_ext.reference`.
 Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.

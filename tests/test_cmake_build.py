@@ -33,10 +33,13 @@ def test_cmake_cpu_library_registers_operators(tmp_path):
         torch.ops.load_library({str(libs[0])!r})
         u = torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64)
         v = torch.tensor([3.0, 0.0], dtype=torch.float64)
-        w, up, vp = torch.ops.entangle_ext.wasserstein2_1d(u, v, torch.tensor([0, 3]), torch.tensor([0, 2]), -1)
+        # (w2 (S,), dW2/du, dW2/dv) at the input positions; the two flags ask for both gradients
+        w, du, dv = torch.ops.entangle_ext.wasserstein2_1d(u, v, torch.tensor([0, 3]), torch.tensor([0, 2]),
+                                                           -1, True, True)
         want = 1 / 6 + 4 / 6 + 1 / 3
         assert abs(float(w[0]) - want) < 1e-12, float(w[0])
-        assert up.tolist() == [1, 2, 0] and vp.tolist() == [1, 0]
+        assert torch.allclose(du, torch.tensor([-2 / 3, 0.0, -1 / 3], dtype=torch.float64), atol=1e-12), du
+        assert torch.allclose(dv, torch.tensor([4 / 3, -1 / 3], dtype=torch.float64), atol=1e-12), dv
         print("ok")
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
