@@ -1,6 +1,9 @@
-"""Command line: run a registered setting end to end (original model → Stage 1 → Stage 2 → report).
+"""Command line: run a registered setting end to end (original model → unlearning method → report).
 
-    entangle-unlearn --setting digits --out runs/digits
+    entangle-unlearn --setting digits --out runs/digits                  # the two-stage method
+    entangle-unlearn --setting digits --method salun --out runs/salun    # a baseline, its paper_code preset
+    entangle-unlearn --setting digits --method scrub --hparams original --set epochs=3 --out runs/scrub
+    entangle-unlearn --setting digits --method no_w2 --out runs/no_w2    # an ablation of the method
     entangle-unlearn --setting digits --forget 5 --set stage2.lr=1e-3 --out runs/digits5
     python -m entangle_ext --setting cifar100 --variant reduced --out runs/cifar
     python -m entangle_ext --setting cifar100 --data-root path/to/cifar100.npz --out runs/cifar \\
@@ -9,22 +12,24 @@
     torchrun --nproc_per_node 4 -m entangle_ext --setting cifar100 --out runs/cifar   # 4 ranks, global batches
 
 The settings, their variants and options come from the registry `entangle_ext.settings`; the flags
-below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS`, and ``--set KEY=VALUE``
-reaches any other field. The whole configuration (flag values, options, device, resume and
-original-model files) is checked before any data is loaded or model trained: bad input prints one
-``entangle-unlearn: error: ...`` line and exits with code 2.
+below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS` (entangle_ext.cli_config),
+and ``--set KEY=VALUE`` reaches any other field of the chosen method's config. ``--method`` is any
+name of `entangle_ext.methods.available_methods()` and runs through ``entangle_ext.unlearn(...,
+method=NAME)`` with the config `entangle_ext.compare.method_config` gives it (docs/algorithm.md §10);
+the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage family only. The whole
+configuration (method, flag values, options, device, resume and original-model files) is checked
+before any data is loaded or model trained: bad input prints one ``entangle-unlearn: error: ...``
+line and exits with code 2.
 
-Writes ``report.json`` (with a "run" section: setting, variant, options, original-model file and
-the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
+Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
+original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
 original model ``original_*.pt`` (its name hashes everything that produced it, see
 `entangle_ext.settings.prepare`; ``--original PATH`` uses a given file instead) under ``--out``.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
-import dataclasses
 import json
 import shlex
 import signal
@@ -35,17 +40,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .cli_config import OPTION_FLAGS, STAGE_FLAGS, build_config, flag_tables, parse_overrides
+
 __all__ = ["main", "build_parser", "OPTION_FLAGS", "STAGE_FLAGS"]
-
-OPTION_FLAGS = {"max_train_per_class": "data", "max_test_per_class": "data", "superclasses": "data",
-                "forget": "data", "model_path": "data", "weights": "model"}
-"""Flag destination → where `entangle_ext.settings.prepare` takes it (``data=`` or ``model=``)."""
-
-STAGE_FLAGS = {"stage1_lr": ("stage1", ("lr",)), "stage1_epochs": ("stage1", ("epochs",)),
-               "stage2_lr": ("stage2", ("lr",)), "epochs": ("stage2", ("epochs",)),
-               "alpha": ("stage2", ("alpha",)), "micro_batch": ("stage2", ("micro_batch",)),
-               "batch_limit": ("stage2", ("forget_batch_limit", "remote_batch_limit"))}
-"""Flag destination → (stage, config fields it sets)."""
 
 _PROG = "entangle-unlearn"
 
@@ -58,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
-    ap = argparse.ArgumentParser(prog=_PROG, description="Two-stage unlearning (Cheng et al., ICLR 2026) on "
-                                 "a registered setting (entangle_ext.settings).")
+    from .methods import HPARAMS, available_methods
+
+    ap = argparse.ArgumentParser(prog=_PROG, description="Two-stage unlearning (Cheng et al., ICLR 2026), its "
+                                 "ablations or a baseline on a registered setting (entangle_ext.settings).")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
                     "scratch for tinyimagenet/celeba without --weights; reduced = a CPU run)")
@@ -73,8 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--original", default=None, metavar="PATH", help="use this model file as the original model "
                     "(a state dict or an unlearn checkpoint) instead of training or the cache; it must fit the "
                     "setting's model")
-    ap.add_argument("--recipe", choices=["reference", "paper"], default="reference",
-                    help="reference code's loops or the paper's text (docs/algorithm.md §7)")
+    ap.add_argument("--method", default="two_stage", metavar="NAME", help="the unlearning method, one of: "
+                    + ", ".join(available_methods()) + " (docs/algorithm.md §10; default two_stage)")
+    ap.add_argument("--hparams", choices=HPARAMS, default=None, help="preset family: paper_code (the paper's "
+                    "released code; default) or original (the baseline authors' defaults; the paper's text for the "
+                    "two-stage family, i.e. --recipe paper)")
+    ap.add_argument("--recipe", choices=["reference", "paper"], default=None,
+                    help="two-stage family: the reference code's loops (default) or the paper's text "
+                    "(docs/algorithm.md §7); the same choice as --hparams paper_code / original")
     ap.add_argument("--seed", type=int, default=0, help="seeds the data selection, the original model and the run")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
@@ -90,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "of coarse classes to keep (must include the forget class's)")
     g.add_argument("--original-epochs", type=int, default=None, help="epochs of the original model "
                    "(default: the variant's recipe, docs/algorithm.md §8)")
-    g.add_argument("--epochs", type=int, default=None, help="Stage 2 epochs over the adjacent set")
+    g.add_argument("--epochs", type=int, default=None, help="Stage 2 epochs over the adjacent set (a baseline's "
+                   "epochs: --set epochs=N)")
     g.add_argument("--stage1-epochs", type=int, default=None, help="Stage 1 passes over the remote set")
     g.add_argument("--batch-limit", type=int, default=None, help="Stage 2 forget and remote batch limit")
     g.add_argument("--micro-batch", type=int, default=None, help="Stage 2 max samples per forward/backward pass")
@@ -101,66 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--stage2-lr", type=float, default=None, help="Stage 2 SGD learning rate")
     h.add_argument("--alpha", type=float, default=None, help="Stage 2 weight of the W2 term, in [0, 1]")
     h.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="any other field: stage1.F / stage2.F (Stage1Config / Stage2Config), train.F "
-                   "(the original model's TrainRecipe) or a top-level UnlearnConfig field; repeatable; "
+                   help="any other field of the method's config: stage1.F / stage2.F (Stage1Config / "
+                   "Stage2Config) or a top-level UnlearnConfig field; a baseline's own Config field (e.g. "
+                   "epochs, lr; retrain: recipe.F); train.F (the original model's TrainRecipe); repeatable; "
                    "VALUE is a Python literal (1e-4, 3, true, none, (0.9, 0.99)) or a word")
     ap.add_argument("--checkpoint-every", type=int, default=0, help="steps between mid-stage checkpoints "
-                    "(0 = only after each stage)")
+                    "(0 = only after each stage / at the end)")
     ap.add_argument("--log-every", type=int, default=10, help="steps between logged values")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars (the table is still printed)")
     return ap
-
-
-def _flag_tables(args):
-    """(data options, model options, stage1 overrides, stage2 overrides) from the parsed flags."""
-    opts = {"data": {}, "model": {}}
-    for dest, kind in OPTION_FLAGS.items():
-        if getattr(args, dest) is not None:
-            opts[kind][dest] = getattr(args, dest)
-    stages = {"stage1": {}, "stage2": {}}
-    for dest, (stage, fields) in STAGE_FLAGS.items():
-        if getattr(args, dest) is not None:
-            stages[stage].update({f: getattr(args, dest) for f in fields})
-    return opts["data"], opts["model"], stages["stage1"], stages["stage2"]
-
-
-def _literal(text: str) -> Any:
-    words = {"true": True, "false": False, "none": None, "null": None}
-    if text.strip().lower() in words:
-        return words[text.strip().lower()]
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def parse_overrides(items: List[str]) -> Dict[str, Dict[str, Any]]:
-    """``--set`` items → {"stage1": {...}, "stage2": {...}, "train": {...}, "top": {...}}.
-    Raises ValueError for a malformed item or an unknown field (the message lists the known ones)."""
-    from .train import TrainRecipe
-    from .unlearn import Stage1Config, Stage2Config, UnlearnConfig
-
-    known = {"stage1": Stage1Config, "stage2": Stage2Config, "train": TrainRecipe}
-    top = [f.name for f in dataclasses.fields(UnlearnConfig) if f.name not in ("stage1", "stage2", "recipe")]
-    out: Dict[str, Dict[str, Any]] = {"stage1": {}, "stage2": {}, "train": {}, "top": {}}
-    for item in items:
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. stage2.lr=1e-4")
-        if key == "recipe":
-            raise ValueError(f"--set {item!r}: use --recipe (it switches four fields together)")
-        section, dot, name = key.partition(".")
-        if not dot:
-            section, name = "top", key
-        fields = top if section == "top" else \
-            [f.name for f in dataclasses.fields(known[section])] if section in known else None
-        if fields is None or name not in fields:
-            where = f"{known[section].__name__} field {name!r}" if section in known else f"key {key!r}"
-            raise ValueError(f"--set {item!r}: unknown {where}; choose from "
-                             + (f"{fields}" if section in known else f"stage1.*, stage2.*, train.* or {top}"))
-        out[section][name] = _literal(value)
-    return out
 
 
 def _device(spec: Optional[str]) -> torch.device:
@@ -195,6 +150,7 @@ class _Plan:
     model: Dict[str, Any]
     train: Dict[str, Any]
     config: Any
+    hparams: str
     threads: int
     resume: Optional[dict]
 
@@ -206,19 +162,13 @@ def _plan(args) -> _Plan:
 
     device = _device(args.device)
     setting = get_setting(args.setting)
-    data, model, s1, s2 = _flag_tables(args)
-    sets = parse_overrides(args.overrides)
+    data, model, s1, s2 = flag_tables(args)
+    sets = parse_overrides(args.overrides, args.method)   # also: ValueError for an unknown method
     setting.check_options(data, model)
     variant = setting.variant(args.variant, given=set(data) | set(model))
-    top = dict(seed=args.seed, deterministic=args.deterministic, log_every=args.log_every,
-               checkpoint_every=args.checkpoint_every, **sets["top"])
-    cfg = setting.config(variant, recipe=args.recipe, stage1=s1, stage2=s2, **top)
-    for stage in ("stage1", "stage2"):   # --set may also set None (e.g. stage2.micro_batch=none)
-        if sets[stage]:
-            setattr(cfg, stage, dataclasses.replace(getattr(cfg, stage), **sets[stage]))
-    cfg.validate()
     train = {"epochs": args.original_epochs, **sets["train"]}
     variant.recipe.replace(**train)   # validates the original model's recipe
+    cfg, hparams = build_config(args, setting, variant, {"stage1": s1, "stage2": s2}, sets, train)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.original is not None and not Path(args.original).is_file():
@@ -226,8 +176,17 @@ def _plan(args) -> _Plan:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
     resume = None if args.resume is None else load_checkpoint(args.resume)
+    if resume is not None and not _same_method(resume, args.method):
+        raise ValueError(f"--resume {args.resume}: the checkpoint was written by method "
+                         f"{resume.get('method', 'two_stage')!r}, not {args.method!r}")
     threads = args.threads or default_threads(setting.threads)
-    return _Plan(device, setting, variant, data, model, train, cfg, threads, resume)
+    return _Plan(device, setting, variant, data, model, train, cfg, hparams, threads, resume)
+
+
+def _same_method(ckpt: dict, method: str) -> bool:
+    """A baseline's checkpoint names its method; the two-stage driver's (any of its family) does not."""
+    from .methods import get_method
+    return ckpt["method"] == method if "method" in ckpt else get_method(method).two_stage
 
 
 def _jsonable(info: dict) -> dict:
@@ -267,7 +226,7 @@ def _interrupted(argv: List[str], out: str) -> int:
 
 def _run(args, plan: _Plan) -> int:
     from .settings import prepare
-    from .unlearn import unlearn
+    from .unlearn import UnlearnConfig, unlearn
     from .unlearn.distributed import init_from_env
     from .unlearn.report import save_report_json
 
@@ -280,13 +239,17 @@ def _run(args, plan: _Plan) -> int:
         procs.barrier()
     if procs.is_main:
         print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))
-    res = unlearn(run.model, run.splits, plan.config, device=device, out_dir=args.out,
-                  resume=plan.resume, progress=not args.no_progress)
+    baseline = not isinstance(plan.config, UnlearnConfig)
+    with _deterministic(args.deterministic and baseline):
+        res = unlearn(run.model, run.splits, plan.config, method=args.method, setting=args.setting,
+                      hparams=plan.hparams, model_fn=run.fresh_model if args.method == "retrain" else None,
+                      device=device, out_dir=args.out, resume=plan.resume, progress=not args.no_progress)
     if not procs.is_main:
         return 0
     rep = res.report
     rep.setdefault("splits_fingerprint", run.key["splits"])
-    rep["run"] = {"setting": args.setting, "variant": plan.variant.name, "data": _jsonable(plan.data),
+    rep["run"] = {"method": args.method, "hparams": plan.hparams, "setting": args.setting,
+                  "variant": plan.variant.name, "data": _jsonable(plan.data),
                   "model": _jsonable(plan.model), "original_recipe": run.recipe.to_dict(),
                   "original_model": str(run.cache) if run.cache else None, "device": str(device),
                   "threads": plan.threads, "resumed_from": args.resume}
@@ -319,6 +282,20 @@ def main(argv=None) -> int:
             return _fail(e)
         except KeyboardInterrupt:
             return _interrupted(argv, args.out)
+
+
+@contextlib.contextmanager
+def _deterministic(on: bool):
+    """``--deterministic`` for a baseline (its config has no such field; the two-stage config's
+    ``deterministic`` does this in the driver): deterministic algorithms inside, every global
+    setting restored after."""
+    if not on:
+        yield
+        return
+    from .unlearn.checkpoint import preserved_global_state, seed_everything
+    with preserved_global_state():
+        seed_everything(0, deterministic=True)   # the run seeds again from its own seed
+        yield
 
 
 @contextlib.contextmanager

@@ -84,13 +84,10 @@ def main(argv=None) -> int:
         run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=args.device,
                       cache_dir=out, progress=not args.no_progress, data=data, model=model)
 
-        def model_fn():   # a fresh model of the setting for retrain; its weights come from the run's seed
-            return setting.build_model(run.info, **{**variant.model, **model})
-
         relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
         res = compare(run.model, run.splits, methods, list(range(args.first_seed, args.first_seed + args.seeds)),
                       setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out,
-                      device=args.device, model_fn=model_fn, relearn=relearn,
+                      device=args.device, model_fn=run.fresh_model, relearn=relearn,
                       mia_max_samples=args.mia_max_samples, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)

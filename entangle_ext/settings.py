@@ -159,6 +159,12 @@ class Prepared:
         """``self.setting.config(self.variant, **kw)`` (see `Setting.config`)."""
         return self.setting.config(self.variant, **kw)
 
+    def fresh_model(self) -> torch.nn.Module:
+        """A new, untrained model of the setting, built like the original model (the same builder,
+        data info and model options; weights from the global torch generator): the ``model_fn``
+        of Retrain (`entangle_ext.unlearn(..., method="retrain", model_fn=prepared.fresh_model)`)."""
+        return self.setting.build_model(self.info, **self.key["model"])
+
 
 def _given(d: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     return {k: v for k, v in (d or {}).items() if v is not None}

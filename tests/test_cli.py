@@ -13,8 +13,8 @@ from entangle_ext import settings as settings_mod
 from entangle_ext import cli
 
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
-TINY = ["--max-train-per-class", "10", "--original-epochs", "2", "--epochs", "1", "--stage1-epochs", "1",
-        "--batch-limit", "1", "--no-progress"]
+BASE = ["--max-train-per-class", "10", "--original-epochs", "2", "--no-progress"]
+TINY = BASE + ["--epochs", "1", "--stage1-epochs", "1", "--batch-limit", "1"]   # the two-stage family's caps
 
 
 @pytest.fixture(autouse=True)
@@ -24,8 +24,8 @@ def _threads_restored():
     torch.set_num_threads(n)
 
 
-def _argv(out, *extra):
-    return ["--setting", "digits", "--out", str(out), "--device", "cpu", *TINY, *extra]
+def _argv(out, *extra, caps=TINY):
+    return ["--setting", "digits", "--out", str(out), "--device", "cpu", *caps, *extra]
 
 
 def _no_prepare(monkeypatch):
@@ -71,7 +71,9 @@ def test_parse_overrides_literals_and_sections():
                                                                   "w2_scope": "forget_set"},
                  "train": {"epochs": 3}, "top": {"run_stage2": False}}
     with pytest.raises(ValueError, match="--recipe"):
-        cli.parse_overrides(["recipe=paper"])   # the recipe switch is --recipe (it sets four fields)
+        cli.parse_overrides(["recipe=paper"])   # the recipe switch is --recipe (it sets several fields)
+    assert cli.parse_overrides(["seed=2", "recipe.lr=0.1", "train.epochs=3"], "retrain") == \
+        {"top": {"seed": 2}, "recipe": {"lr": 0.1}, "train": {"epochs": 3}}
 
 
 @needs_ext
@@ -82,6 +84,81 @@ def test_set_overrides_reach_the_run(tmp_path, capsys):
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["config"]["stage2"]["lr"] == 1e-3 and rep["config"]["stage1"]["mu"] == 5
     assert rep["config"]["eval_batch_size"] == 64 and rep["run"]["original_recipe"]["lr"] == 2e-3
+
+
+# ------------------------------------------------------------------------------- --method, --hparams
+def _report(out):
+    return json.loads((out / "report.json").read_text())
+
+
+@needs_ext
+def test_baseline_method_runs_its_preset_with_set_fields(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    from entangle_ext.methods import get_method
+    assert cli.main(_argv(tmp_path, "--method", "salun", "--set", "epochs=1", "--seed", "2", caps=BASE)) == 0
+    rep = _report(tmp_path)
+    assert rep["method"] == "salun" and rep["run"]["method"] == "salun" and rep["run"]["hparams"] == "paper_code"
+    assert rep["config"] == get_method("salun").config_for("digits", "paper_code", epochs=1, seed=2).to_dict()
+    ev = rep["evals"]
+    assert ev["final"]["forget"]["acc"] < ev["original"]["forget"]["acc"]   # random labels on the forget set
+
+
+@needs_ext
+def test_retrain_gets_the_original_recipe_and_a_fresh_model_of_the_setting(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("sklearn")
+    built, fresh = [], settings_mod.Prepared.fresh_model
+    monkeypatch.setattr(settings_mod.Prepared, "fresh_model", lambda self: built.append(1) or fresh(self))
+    assert cli.main(_argv(tmp_path, "--method", "retrain", "--set", "recipe.epochs=1", caps=BASE)) == 0
+    rep = _report(tmp_path)
+    assert built == [1] and rep["run"]["method"] == "retrain"
+    assert rep["config"]["recipe"] == {**rep["run"]["original_recipe"], "epochs": 1}
+    assert rep["run"]["original_recipe"]["epochs"] == 2                    # --original-epochs
+
+
+@needs_ext
+def test_ablation_method_rewrites_the_config_in_the_hparams_recipe(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    assert cli.main(_argv(tmp_path, "--method", "no_w2", "--hparams", "original")) == 0
+    rep = _report(tmp_path)
+    assert rep["method"] == "no_w2" and rep["run"]["method"] == "no_w2" and rep["run"]["hparams"] == "original"
+    cfg = rep["config"]
+    assert cfg["stage2"]["alpha"] == 0.0 and cfg["recipe"] == "paper" and cfg["stage2"]["w2_scope"] == "forget_set"
+    assert cfg["stage2"]["epochs"] == 1 and cfg["stage1"]["epochs"] == 1   # the stage flags still apply
+    assert set(rep["evals"]) >= {"original", "stage1", "stage2"}
+
+
+@pytest.mark.parametrize("flags, msg", [
+    (["--method", "salun", "--stage1-lr", "1e-3"], "--stage1-lr does not apply to method 'salun'"),
+    (["--method", "ga", "--alpha", "0.5"], "--alpha does not apply to method 'ga'"),
+    (["--method", "ft", "--epochs", "2"], "--set FIELD=VALUE"),
+    (["--method", "salun", "--recipe", "paper"], "--recipe does not apply"),
+    (["--method", "salun", "--set", "stage2.lr=1"], "unknown key 'stage2.lr' for method 'salun'"),
+    (["--method", "ft", "--set", "mask_fraction=0.5"], "unknown key 'mask_fraction' for method 'ft'"),
+    (["--method", "salun", "--set", "mask_fraction=2"], "mask_fraction"),
+    (["--method", "retrain", "--set", "recipe.lr=0"], "TrainRecipe.lr"),
+    (["--method", "no_w2", "--alpha", "0.3"], "--alpha does not apply to method 'no_w2': it sets stage2.alpha = 0.0"),
+    (["--method", "pgd_mean", "--stage1-lr", "1e-3"], "it runs no Stage 1"),
+    (["--method", "stage1_only", "--epochs", "2"], "it runs no Stage 2"),
+    (["--method", "pgd_mean", "--set", "run_stage1=true"], "it sets run_stage1 = False"),
+    (["--recipe", "paper", "--hparams", "paper_code"], "disagree")])
+def test_flag_that_does_not_apply_to_the_method_is_one_line(tmp_path, capsys, monkeypatch, flags, msg):
+    _no_prepare(monkeypatch)
+    rc = cli.main(_argv(tmp_path, *flags, caps=BASE))
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and err.startswith("entangle-unlearn: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_method_names_every_method_before_any_training(tmp_path, capsys, monkeypatch):
+    from entangle_ext.methods import available_methods
+    _no_prepare(monkeypatch)
+    assert cli.main(_argv(tmp_path, "--method", "salun2")) == 2
+    err = capsys.readouterr().err
+    assert "unknown unlearning method 'salun2'" in err and len(err.strip().splitlines()) == 1
+    assert all(repr(name) in err for name in available_methods())
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert all(name in usage for name in available_methods()) and "paper_code" in usage
 
 
 # ---------------------------------------------------------------- the original model and its cache
@@ -256,74 +333,6 @@ def test_interrupt_prints_the_resume_command(tmp_path, capsys, monkeypatch):
     assert rc == 130 and "Traceback" not in err
     cmd = err.strip().splitlines()[-1].split()
     assert cmd[0] == "entangle-unlearn" and cmd[-2:] == ["--resume", str(tmp_path)] and "3" in cmd
-
-
-# --------------------------------------------------------------------------------- report pieces
-_EVALS = {t: {n: {"acc": a, "loss": l, "n": 4} for n, (a, l) in row.items()} for t, row in {
-    "original": {"forget": (1.0, 0.01), "adjacent": (1.0, 0.02), "remote": (0.75, 0.3),
-                 "forget_test": (0.5, 0.7), "adjacent_test": (1.0, 0.1), "remote_test": (1.0, 0.05)},
-    "stage1": {"forget": (0.0, 25.35), "adjacent": (0.25, 9.5), "remote": (1.0, 0.0),
-               "forget_test": (0.0, 20.0), "adjacent_test": (0.0, 9.0), "remote_test": (1.0, 0.01)},
-    "stage2": {"forget": (0.0, 24.5), "adjacent": (1.0, 0.01), "remote": (1.0, 0.0),
-               "forget_test": (0.25, 19.0), "adjacent_test": (0.75, 0.2), "remote_test": (0.75, 0.02)}}.items()}
-
-
-def test_format_table_blocks_directions_and_change():
-    from entangle_ext.unlearn.report import format_table
-    t = format_table(_EVALS)
-    lines = t.splitlines()
-    assert max(map(len, lines)) <= 100
-    train, held = lines.index(next(l for l in lines if l.startswith("train "))), \
-        lines.index(next(l for l in lines if l.startswith("held-out ")))
-    assert "forget ↓" in lines[train] and "adjacent ↑" in lines[train] and "remote ↑" in lines[train]
-    row = lambda block, tag: next(l for l in lines[block:] if l.startswith(tag)).split()
-    assert row(train, "original") == ["original", "100.00", "0.01", "100.00", "0.02", "75.00", "0.30"]
-    assert row(train, "stage1") == ["stage1", "0.00", "-100.00", "25.35", "25.00", "-75.00", "9.50",
-                                    "100.00", "+25.00", "0.00"]
-    assert row(held, "stage2") == ["stage2", "25.00", "-25.00", "19.00", "75.00", "-25.00", "0.20",
-                                   "75.00", "-25.00", "0.02"]
-    only_train = {t: {n: r for n, r in e.items() if not n.endswith("_test")} for t, e in _EVALS.items()}
-    assert "held-out" not in format_table(only_train)
-
-
-def test_histogram_overlays_the_stages_and_labels_log_c(tmp_path):
-    from entangle_ext.unlearn.report import forget_histogram_figure, plot_forget_histograms
-    ev = {t: {n: dict(r) for n, r in e.items()} for t, e in _EVALS.items()}
-    for t, shift in (("original", 0.0), ("stage1", 20.0), ("stage2", 18.0)):
-        ev[t]["forget"]["losses"] = [shift + 0.1 * i for i in range(4)]
-    fig = forget_histogram_figure(ev, bins=10, num_classes=4)
-    stages = fig.axes[-1]
-    labels = stages.get_legend_handles_labels()[1]
-    assert any(l.startswith("after Stage 1") for l in labels) and any(l.startswith("after Stage 2") for l in labels)
-    assert any(l.startswith(f"log C = {math.log(4):.2f} nats") for l in labels)
-    assert len(stages.patches) == 2                      # the two stage distributions, on one axes
-    assert "nats" in stages.get_xlabel()
-    assert plot_forget_histograms(ev, str(tmp_path / "h.png"), bins=10, num_classes=4) == str(tmp_path / "h.png")
-    assert (tmp_path / "h.png").stat().st_size > 0
-
-
-def test_split_fingerprint_sees_labels_sizes_and_inputs():
-    from entangle_ext.unlearn import Splits
-    from entangle_ext.unlearn.report import split_fingerprint
-    x, y = torch.rand(6, 3), torch.tensor([0, 1, 0, 1, 0, 1])
-    td = torch.utils.data.TensorDataset
-    mk = lambda x, y: Splits(forget=td(x[:2], y[:2]), adjacent=td(x[2:4], y[2:4]), remote=td(x[4:], y[4:]))
-    a = split_fingerprint(mk(x, y))
-    assert a == split_fingerprint(mk(x.clone(), y.clone().int()))      # label dtype does not matter
-    assert a["sizes"] == {"forget": 2, "adjacent": 2, "remote": 2}
-    assert split_fingerprint(mk(x, 1 - y)) != a and split_fingerprint(mk(x + 1, y)) != a
-
-    class Dicts(torch.utils.data.Dataset):                                 # HF-style dict items
-        def __init__(self, y):
-            self.y = y
-
-        def __len__(self):
-            return len(self.y)
-
-        def __getitem__(self, i):
-            return {"input_ids": torch.zeros(3, dtype=torch.long), "labels": self.y[i]}
-    d = lambda y: Splits(forget=Dicts(y[:2]), adjacent=Dicts(y[2:4]), remote=Dicts(y[4:]))
-    assert split_fingerprint(d(y)) == split_fingerprint(d(y)) != split_fingerprint(d(1 - y))
 
 
 # ---------------------------------------------------------------------------- packaging, example

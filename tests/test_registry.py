@@ -309,11 +309,12 @@ def test_cli_keeps_every_flag(tmp_path):
         "--original-epochs", "4", "--epochs", "6", "--stage1-epochs", "7", "--batch-limit", "8", "--micro-batch", "9",
         "--threads", "1", "--stage1-lr", "0.1", "--stage2-lr", "0.2", "--alpha", "0.3", "--checkpoint-every", "10",
         "--log-every", "11", "--no-progress", "--forget", "otter", "--original", "o.pt", "--set", "stage2.lr=1",
-        "--set", "train.epochs=2"])
+        "--set", "train.epochs=2", "--method", "no_w2", "--hparams", "original"])
+    assert a.method == "no_w2" and a.hparams == "original" and a.recipe == "paper"
     assert a.superclasses == ["fish", "flowers"] and a.original_epochs == 4 and a.batch_limit == 8
     assert a.original == "o.pt" and a.overrides == ["stage2.lr=1", "train.epochs=2"]
-    from entangle_ext.cli import _flag_tables
-    data, model, s1, s2 = _flag_tables(a)
+    from entangle_ext.cli_config import flag_tables
+    data, model, s1, s2 = flag_tables(a)
     assert data == {"max_train_per_class": 5, "max_test_per_class": 3, "superclasses": ["fish", "flowers"],
                     "forget": "otter", "model_path": "m"} and model == {"weights": "w"}
     assert s1 == {"lr": 0.1, "epochs": 7}

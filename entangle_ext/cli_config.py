@@ -1,0 +1,177 @@
+"""How the flags of ``entangle-unlearn`` become the configuration of the chosen ``--method``
+(entangle_ext.cli): the flag tables, ``--set KEY=VALUE``, the ``--hparams`` / ``--recipe`` pair and
+the check that every flag given applies to the method. Everything here runs before any data is
+loaded; bad input is a ValueError / TypeError whose message is the CLI's one error line."""
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import typing
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "flag_tables", "parse_overrides", "hparams_and_recipe",
+           "build_config"]
+
+OPTION_FLAGS = {"max_train_per_class": "data", "max_test_per_class": "data", "superclasses": "data",
+                "forget": "data", "model_path": "data", "weights": "model"}
+"""Flag destination → where `entangle_ext.settings.prepare` takes it (``data=`` or ``model=``)."""
+
+STAGE_FLAGS = {"stage1_lr": ("stage1", ("lr",)), "stage1_epochs": ("stage1", ("epochs",)),
+               "stage2_lr": ("stage2", ("lr",)), "epochs": ("stage2", ("epochs",)),
+               "alpha": ("stage2", ("alpha",)), "micro_batch": ("stage2", ("micro_batch",)),
+               "batch_limit": ("stage2", ("forget_batch_limit", "remote_batch_limit"))}
+"""Flag destination → (stage, config fields it sets); two-stage family only."""
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def flag_tables(args):
+    """(data options, model options, stage1 overrides, stage2 overrides) from the parsed flags."""
+    opts = {"data": {}, "model": {}}
+    for dest, kind in OPTION_FLAGS.items():
+        if getattr(args, dest) is not None:
+            opts[kind][dest] = getattr(args, dest)
+    stages = {"stage1": {}, "stage2": {}}
+    for dest, (stage, fields) in STAGE_FLAGS.items():
+        if getattr(args, dest) is not None:
+            stages[stage].update({f: getattr(args, dest) for f in fields})
+    return opts["data"], opts["model"], stages["stage1"], stages["stage2"]
+
+
+def _literal(text: str) -> Any:
+    words = {"true": True, "false": False, "none": None, "null": None}
+    if text.strip().lower() in words:
+        return words[text.strip().lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _sections(method: str) -> Tuple[type, Dict[str, type], List[str]]:
+    """(the method's config class, {section: dataclass it sets} — ``train`` (the original model's
+    `TrainRecipe`) and every dataclass-valued field of the config (stage1 / stage2, Retrain's
+    recipe) — and the top-level field names)."""
+    from .methods import get_method
+    from .train import TrainRecipe
+
+    cls = get_method(method)
+    hints = typing.get_type_hints(cls.Config)
+    nested = {f.name: hints[f.name] for f in dataclasses.fields(cls.Config) if dataclasses.is_dataclass(hints[f.name])}
+    top = [f.name for f in dataclasses.fields(cls.Config)
+           if f.name not in nested and not (cls.two_stage and f.name == "recipe")]
+    return cls, {**nested, "train": TrainRecipe}, top
+
+
+def parse_overrides(items: List[str], method: str = "two_stage") -> Dict[str, Dict[str, Any]]:
+    """``--set`` items → {section: {field: value}}: "top" (fields of the method's config: a
+    top-level `UnlearnConfig` field, or a baseline's own ``Config`` field), "train" (the original
+    model's `TrainRecipe`) and one section per dataclass-valued config field ("stage1" / "stage2"
+    of the two-stage family, "recipe" of Retrain). Raises ValueError for an unknown method, a
+    malformed item or a field the method's config does not have (the message lists the known ones)."""
+    cls, known, top = _sections(method)
+    out: Dict[str, Dict[str, Any]] = {"top": {}, **{s: {} for s in known}}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. stage2.lr=1e-4")
+        if cls.two_stage and key == "recipe":
+            raise ValueError(f"--set {item!r}: use --recipe or --hparams (they switch the recipe's fields together)")
+        section, dot, name = key.partition(".")
+        if not dot:
+            section, name = "top", key
+        fields = top if section == "top" else \
+            [f.name for f in dataclasses.fields(known[section])] if section in known else None
+        if fields is None or name not in fields:
+            where = f"{known[section].__name__} field {name!r}" if section in known else f"key {key!r}"
+            choices = f"{fields}" if section in known else \
+                ", ".join(f"{s}.*" for s in known) + f" or {cls.Config.__name__} fields {top}"
+            raise ValueError(f"--set {item!r}: unknown {where} for method {method!r}; choose from {choices}")
+        out[section][name] = _literal(value)
+    return out
+
+
+def hparams_and_recipe(method: str, hparams: Optional[str], recipe: Optional[str]) -> Tuple[str, Optional[str]]:
+    """(hparams family, two-stage recipe or None for a baseline) from ``--hparams`` / ``--recipe``
+    (None = not given). For the two-stage family the two name one choice (paper_code = reference,
+    original = paper, docs/algorithm.md §7); a baseline takes ``--hparams`` only. ValueError when
+    ``--recipe`` is given to a baseline or disagrees with ``--hparams``."""
+    from .methods import get_method
+    from .methods.ablations import RECIPE_OF_HPARAMS
+
+    if recipe is None:
+        h = hparams or "paper_code"
+        return h, RECIPE_OF_HPARAMS[h] if get_method(method).two_stage else None
+    if not get_method(method).two_stage:
+        raise ValueError(f"--recipe does not apply to method {method!r} (a baseline); choose its preset with "
+                         "--hparams paper_code|original")
+    implied = {r: h for h, r in RECIPE_OF_HPARAMS.items()}[recipe]
+    if hparams is not None and hparams != implied:
+        raise ValueError(f"--recipe {recipe} and --hparams {hparams} disagree: for the two-stage family --hparams "
+                         f"paper_code runs --recipe reference and original runs --recipe paper; give one of them")
+    return implied, recipe
+
+
+def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]], sets: Dict[str, Dict[str, Any]],
+                 train: Dict[str, Any]) -> Tuple[Any, str]:
+    """(the validated config that ``entangle_ext.unlearn(..., method=args.method)`` gets, the
+    hparams family it comes from).
+
+    Two-stage family: `Setting.config` of ``variant`` in the recipe of ``--hparams`` / ``--recipe``
+    with the stage flags, ``--set`` and the run flags; a flag or ``--set`` field that the method
+    itself rewrites or whose stage it skips (e.g. ``--alpha`` with no_w2) is a ValueError.
+    Baseline: `entangle_ext.compare.method_config` / `effective_config` (its ``--hparams`` preset
+    for the setting; Retrain's paper_code recipe is the one the original model is trained with,
+    ``--original-epochs`` and ``--set train.*`` included) with ``--set`` and the run flags; any
+    stage flag is a ValueError."""
+    cls, (hparams, recipe) = _sections(args.method)[0], hparams_and_recipe(args.method, args.hparams, args.recipe)
+    run = dict(seed=args.seed, log_every=args.log_every, checkpoint_every=args.checkpoint_every)
+    if cls.two_stage:
+        top = {**run, "deterministic": args.deterministic, **sets["top"]}
+        cfg = setting.config(variant, recipe=recipe, stage1=stage_flags["stage1"],
+                             stage2=stage_flags["stage2"], **top)
+        for stage in ("stage1", "stage2"):   # --set may also set None (e.g. stage2.micro_batch=none)
+            if sets[stage]:
+                setattr(cfg, stage, dataclasses.replace(getattr(cfg, stage), **sets[stage]))
+        _check_rewrites(cls, cfg.validate(), _given(args, sets))
+        return cfg, hparams
+    given = [flag_name(d) for d in STAGE_FLAGS if getattr(args, d) is not None]
+    if given:
+        raise ValueError(f"{given[0]} does not apply to method {args.method!r} (a baseline: the stage flags "
+                         f"configure the two-stage family); set its fields with --set FIELD=VALUE, one of "
+                         f"{_sections(args.method)[2]}")
+    from .compare import effective_config, method_config
+    retrain = variant.recipe.replace(**train) if args.method == "retrain" and hparams == "paper_code" else None
+    cfg = method_config(args.method, setting=setting.name, variant=variant.name, hparams=hparams,
+                        retrain_recipe=retrain)
+    cfg = effective_config(args.method, cfg, setting=setting.name, hparams=hparams)
+    nested = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in sets.items() if s not in ("top", "train") and v}
+    return cfg.replace(**{**run, **sets["top"], **nested}).validate(), hparams
+
+
+def _given(args, sets) -> Dict[Tuple[str, str], str]:
+    """{(section, field): how the user set it} for the stage flags and ``--set`` of the config."""
+    out = {(stage, f): flag_name(dest) for dest, (stage, fields) in STAGE_FLAGS.items()
+           if getattr(args, dest) is not None for f in fields}
+    for section in ("top", "stage1", "stage2"):
+        for name, value in sets[section].items():
+            out[(section, name)] = f"--set {name if section == 'top' else f'{section}.{name}'}={value!r}"
+    return out
+
+
+def _check_rewrites(cls, cfg, given: Dict[Tuple[str, str], str]) -> None:
+    """ValueError for a user-set field that ``cls.transform`` changes, or that belongs to a stage
+    the method skips (e.g. Stage 1 fields for pgd_mean)."""
+    after = cls.transform(copy.deepcopy(cfg))
+    for (section, name), label in given.items():
+        stage = {"stage1": 1, "stage2": 2}.get(section)
+        if stage and getattr(cfg, f"run_stage{stage}") and not getattr(after, f"run_stage{stage}"):
+            raise ValueError(f"{label} does not apply to method {cls.name!r}: it runs no Stage {stage}")
+        was, now = (getattr(getattr(c, section) if stage else c, name) for c in (cfg, after))
+        if was != now:
+            where = f"{section}.{name}" if stage else name
+            raise ValueError(f"{label} does not apply to method {cls.name!r}: it sets {where} = {now!r}")
