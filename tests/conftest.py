@@ -50,6 +50,25 @@ def device(request):
     return torch.device(request.param)
 
 
+@pytest.fixture
+def one_thread():
+    """torch runs on one CPU thread during the test (the count before is restored); use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def small():
+    """The digits miniature (needs scikit-learn): forget 20, adjacent 80, remote 100 train samples
+    and the held-out parts; float32 inputs, parity labels. One per test module."""
+    pytest.importorskip("sklearn")
+    from entangle_ext.data.digits import digits_splits
+    return digits_splits(max_train_per_digit=20)[0]
+
+
 class PhaseTimeout(Exception):
     """A test phase ran past --test-timeout."""
 
@@ -90,28 +109,18 @@ def _end_phase(state):
     signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    state = _timed_phase(item, "setup")
-    try:
-        yield
-    finally:
-        _end_phase(state)
+def _timed_hook(phase):
+    """A hook wrapper that runs one test phase under the --test-timeout alarm."""
+    @pytest.hookimpl(hookwrapper=True)
+    def hook(item):
+        state = _timed_phase(item, phase)
+        try:
+            yield
+        finally:
+            _end_phase(state)
+    return hook
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    state = _timed_phase(item, "call")
-    try:
-        yield
-    finally:
-        _end_phase(state)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item):
-    state = _timed_phase(item, "teardown")
-    try:
-        yield
-    finally:
-        _end_phase(state)
+pytest_runtest_setup = _timed_hook("setup")
+pytest_runtest_call = _timed_hook("call")
+pytest_runtest_teardown = _timed_hook("teardown")

@@ -12,6 +12,8 @@ import entangle_ext as ee
 from entangle_ext import settings as settings_mod
 from entangle_ext import cli
 
+from _tiny import tiny_config
+
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 BASE = ["--max-train-per-class", "10", "--original-epochs", "2", "--no-progress"]
 TINY = BASE + ["--epochs", "1", "--stage1-epochs", "1", "--batch-limit", "1"]   # the two-stage family's caps
@@ -364,14 +366,7 @@ def test_toxigen_example_prints_its_table_once(tmp_path, capsys, monkeypatch):
     tiny = settings_mod.prepare("digits", data={"max_train_per_class": 10}, train={"epochs": 1}, progress=False)
     tiny.info["label_rule"] = "stand-in"
     monkeypatch.setattr(ex, "prepare", lambda *a, **k: tiny)
-    monkeypatch.setattr(tiny, "config", lambda **k: _tiny_config())
+    monkeypatch.setattr(tiny, "config", lambda **k: tiny_config())
     res = ex.main(["--reduced", "--out", str(tmp_path), "--device", "cpu"])
     assert capsys.readouterr().out.count(res.table) == 1
 
-
-def _tiny_config():
-    import dataclasses
-    cfg = ee.UnlearnConfig.preset("digits")
-    cfg.stage1 = dataclasses.replace(cfg.stage1, epochs=1)
-    cfg.stage2 = dataclasses.replace(cfg.stage2, epochs=1, forget_batch_limit=1, remote_batch_limit=1)
-    return cfg

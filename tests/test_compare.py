@@ -18,27 +18,20 @@ from entangle_ext.settings import get_setting
 from entangle_ext.train import TrainRecipe, train_original
 from entangle_ext.unlearn import metrics as M
 
+from _tiny import mlp, tiny_config
+
 C = importlib.import_module("entangle_ext.compare")   # the module (the package attribute is the function)
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 
 
 @pytest.fixture(autouse=True)
-def _needs_metrics_packages():
+def _needs_metrics_packages(one_thread):
     pytest.importorskip("sklearn")
     pytest.importorskip("scipy")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 RECIPE = TrainRecipe("adam", lr=1e-2, epochs=30, batch_size=64, schedule="constant")
-
-
-def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +42,8 @@ def setup():
     return s, net
 
 
-def tiny_config():
-    cfg = ee.UnlearnConfig.preset("digits")
-    cfg.stage1 = dataclasses.replace(cfg.stage1, epochs=2, lr=1e-2, remote_batch_size=16)
-    cfg.stage2 = dataclasses.replace(cfg.stage2, epochs=1, adjacent_batch_size=32, forget_batch_size=8,
-                                     forget_batch_limit=2, remote_batch_size=32, remote_batch_limit=2)
-    return cfg
+def two_stage_config():
+    return tiny_config(stage1={"epochs": 2, "lr": 1e-2}, log_every=10)
 
 
 def retrain_spec(calls=None, epochs=RECIPE.epochs):
@@ -92,7 +81,7 @@ def test_reduced_comparison(setup, tmp_path):
     s, net = setup
     before = copy.deepcopy(net.state_dict())
     res = ee.compare(net, s, ["retrain", "two_stage", "rl"], seeds=[0, 1], setting="digits",
-                     configs={"two_stage": tiny_config()}, model_fn=fresh_mlp, retrain_recipe=RECIPE,
+                     configs={"two_stage": two_stage_config()}, model_fn=fresh_mlp, retrain_recipe=RECIPE,
                      out_dir=tmp_path, progress=False)
     assert res.methods == ["retrain", "original", "two_stage", "rl"] and res.seeds == [0, 1]
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())      # θ0 untouched

@@ -9,41 +9,19 @@ import torch
 from torch.utils.data import TensorDataset
 
 import entangle_ext as ee
-from entangle_ext.data.digits import digits_splits
 from entangle_ext.methods import available_methods, get_method
 from entangle_ext.methods.base import PAPER_SETTINGS, ZipStream
 from entangle_ext.unlearn import NonFiniteLossError, load_checkpoint
 from entangle_ext.unlearn.data import BatchStream
 
-pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
+from _tiny import NaNAfter, mlp, params
+
+pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
+              pytest.mark.usefixtures("one_thread")]
 
 NAMES = ["retrain", "ft", "ga", "neggrad_plus", "rl", "l1_sparse", "salun", "scrub", "ssd", "gdr", "munba",
          "delete", "two_stage", "no_w2", "pgd_mean", "stage1_only"]
 SPLITS = ("forget", "adjacent", "remote", "forget_test", "adjacent_test", "remote_test")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def small():
-    pytest.importorskip("sklearn")
-    s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
-    return s
-
-
-def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
-
-
-def params(m):
-    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
 
 
 # ------------------------------------------------------------------------------------ registry
@@ -199,20 +177,6 @@ def test_baseline_checkpoint_and_resume_bit_identical(small, tmp_path, name, ove
     torch.testing.assert_close(params(done.model), params(full.model), rtol=0, atol=0)
     with pytest.raises(ValueError, match="written by method"):
         ee.unlearn(mlp(), small, method="ft", resume=mid, progress=False)
-
-
-class NaNAfter(torch.nn.Module):
-    def __init__(self, k):
-        super().__init__()
-        self.net, self.k, self.calls = mlp(), k, 0
-
-    def forward(self, x):
-        out = self.net(x)
-        if torch.is_grad_enabled():
-            self.calls += 1
-            if self.calls > self.k:
-                out = out * float("nan")
-        return out
 
 
 @pytest.mark.parametrize("name", ["ga", "scrub", "munba", "ssd"])

@@ -22,6 +22,8 @@ from entangle_ext.methods.scrub import SCRUB, distill_kl
 from entangle_ext.methods.ssd import SSD, dampen_
 from entangle_ext.unlearn.data import Splits
 
+from _tiny import params
+
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 CPU = torch.device("cpu")
 
@@ -36,10 +38,6 @@ def small64():
 def mlp64(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).double()
-
-
-def flat(m):
-    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
 
 
 def ce(model, ds):
@@ -64,8 +62,8 @@ def test_ga_one_step_ascends_the_forget_loss(small64):
     lr = 0.5
     m = one_step("ga", small64, lr=lr, forget_batch_size=len(small64.forget))
     ref = mlp64()
-    want = flat(ref) + lr * grad_of(ref, ce(ref, small64.forget))
-    torch.testing.assert_close(flat(m), want, rtol=1e-12, atol=1e-12)
+    want = params(ref) + lr * grad_of(ref, ce(ref, small64.forget))
+    torch.testing.assert_close(params(m), want, rtol=1e-12, atol=1e-12)
     assert ce(m, small64.forget) > ce(ref, small64.forget)
 
 
@@ -74,8 +72,8 @@ def test_ft_one_step_descends_the_retain_loss(small64):
     m = one_step("ft", small64, lr=lr, batch_size=n)
     ref = mlp64()
     retain = TensorDataset(*[torch.cat([a, b]) for a, b in zip(small64.adjacent.tensors, small64.remote.tensors)])
-    want = flat(ref) - lr * grad_of(ref, ce(ref, retain))
-    torch.testing.assert_close(flat(m), want, rtol=1e-12, atol=1e-12)
+    want = params(ref) - lr * grad_of(ref, ce(ref, retain))
+    torch.testing.assert_close(params(m), want, rtol=1e-12, atol=1e-12)
     assert ce(m, retain) < ce(ref, retain)
 
 
@@ -85,10 +83,10 @@ def test_neggrad_plus_and_l1_sparse_one_step(small64):
     ref = mlp64()
     m = one_step("neggrad_plus", small64, lr=lr, beta=beta, batch_size=n, forget_batch_size=len(small64.forget))
     loss = beta * ce(ref, retain) - (1 - beta) * ce(ref, small64.forget)   # the θ0 pull has zero gradient at θ0
-    torch.testing.assert_close(flat(m), flat(ref) - lr * grad_of(ref, loss), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(params(m), params(ref) - lr * grad_of(ref, loss), rtol=1e-12, atol=1e-12)
     m = one_step("l1_sparse", small64, lr=lr, l1=gamma, batch_size=n)
-    want = flat(ref) - lr * (grad_of(ref, ce(ref, retain)) + gamma * torch.sign(flat(ref)))
-    torch.testing.assert_close(flat(m), want, rtol=1e-12, atol=1e-12)
+    want = params(ref) - lr * (grad_of(ref, ce(ref, retain)) + gamma * torch.sign(params(ref)))
+    torch.testing.assert_close(params(m), want, rtol=1e-12, atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------- SalUn
@@ -125,9 +123,9 @@ def test_scrub_teacher_is_frozen_and_kl_is_the_distillation_kl(small64):
     cfg = get_method("scrub").Config(epochs=2, msteps=1, lr=0.05, batch_size=32, forget_batch_size=8)
     m = SCRUB(num_classes=2)
     m.run(model, small64, cfg, device=CPU, seed=0, loop_args=dict(progress=False))
-    assert torch.equal(flat(m.teacher), flat(mlp64())) and not m.teacher.training
+    assert torch.equal(params(m.teacher), params(mlp64())) and not m.teacher.training
     assert all(not p.requires_grad for p in m.teacher.parameters())
-    assert not torch.equal(flat(model), flat(m.teacher))
+    assert not torch.equal(params(model), params(m.teacher))
     s, t = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
     for T in (1.0, 4.0):
         pt, ps = F.softmax(t / T, 1), F.softmax(s / T, 1)
@@ -277,7 +275,7 @@ def test_ssd_dampens_only_weights_more_important_to_the_forget_set(small64):
                                                       small64.remote.tensors)])
     i_f, i_d = _importance(ref, small64.forget, 16), _importance(ref, full, 16)
     sel = i_f > 2.0 * i_d
-    new, old = flat(model), flat(ref)
+    new, old = params(model), params(ref)
     assert 0 < int(sel.sum()) < sel.numel() and int(m.dampened) == int(sel.sum())
     assert torch.equal(new[~sel], old[~sel])
     torch.testing.assert_close(new[sel], old[sel] * torch.clamp(i_d[sel] / i_f[sel], max=1.0), rtol=1e-9, atol=0)
@@ -321,10 +319,10 @@ def test_retrain_never_sees_the_forget_set(small64):
 
 def test_retrain_resets_in_place_or_refuses():
     from entangle_ext.train import TrainRecipe
-    model, before = mlp64(), flat(mlp64())
+    model, before = mlp64(), params(mlp64())
     torch.manual_seed(123)
     reset_parameters_(model)
-    assert not torch.equal(flat(model), before)
+    assert not torch.equal(params(model), before)
 
     class WithBareParameter(torch.nn.Module):
         def __init__(self):

@@ -13,15 +13,8 @@ from entangle_ext.data.digits import digits_splits
 from entangle_ext.train import TrainRecipe, train_original
 from entangle_ext.unlearn import metrics as M
 
-pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 class Lookup(torch.nn.Module):

@@ -9,6 +9,8 @@ from entangle_ext import reference as ref
 
 from conftest import DEVICES
 
+from _tiny import flat_of, make_lists, rand
+
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 
 D = torch.float64
@@ -19,10 +21,6 @@ def lstsq_oracle(g, V):
     g, V = g.double(), V.double()
     c = torch.linalg.lstsq(V.T, g[:, None], driver="gelsd").solution[:, 0]
     return g - V.T @ c
-
-
-def rand(shape, gen, dtype=D):
-    return torch.randn(shape, generator=gen, dtype=D).to(dtype)
 
 
 # ------------------------------------------------------------------------------ flat op: properties
@@ -128,16 +126,6 @@ def test_scale_invariance_of_rows():
 
 # ------------------------------------------------------------------------------ multi-tensor op
 SHAPES = [(3, 4), (0,), (1,), (40000,), (7, 11, 2), (70000,), (2, 0, 3), (5,)]
-
-
-def make_lists(shapes, k, gen, dtype=D, device="cpu"):
-    grads = [rand(s, gen, dtype).to(device) for s in shapes]
-    basis = [[rand(s, gen, dtype).to(device) for s in shapes] for _ in range(k)]
-    return grads, basis
-
-
-def flat_of(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])

@@ -6,24 +6,12 @@ import torch
 
 import entangle_ext as ee
 
+from _tiny import flat_of, make_lists, rand
+
 pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
               pytest.mark.cuda]
 
 D = torch.float64
-
-
-def rand(shape, gen, dtype=D):
-    return torch.randn(shape, generator=gen, dtype=D).to(dtype)
-
-
-def make_lists(shapes, k, gen, dtype=D, device="cpu"):
-    grads = [rand(s, gen, dtype).to(device) for s in shapes]
-    basis = [[rand(s, gen, dtype).to(device) for s in shapes] for _ in range(k)]
-    return grads, basis
-
-
-def flat_of(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 # ------------------------------------------------------------------------------ against the CPU

@@ -13,18 +13,12 @@ import entangle_ext as ee
 from entangle_ext import _ext, projection as proj
 from entangle_ext import reference as ref
 
+from _tiny import flat_of, rand
+
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 
 D = torch.float64
-
-
-def flat_of(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def rand(shape, gen, dtype=D):
-    return torch.randn(shape, generator=gen, dtype=D).to(dtype)
 
 
 # ------------------------------------------------------------------------------ limits

@@ -12,20 +12,11 @@ from hypothesis import given, strategies as st
 import entangle_ext as ee
 from entangle_ext import reference as ref
 
+from _tiny import flat_of, make_lists
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 
 D = torch.float64
-
-
-def flat_of(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def make(shapes, k, gen, dtype=D, device="cpu"):
-    grads = [torch.randn(s, generator=gen, dtype=D).to(dtype).to(device) for s in shapes]
-    basis = [[torch.randn(s, generator=gen, dtype=D).to(dtype).to(device) for s in shapes] for _ in range(k)]
-    return grads, basis
 
 
 def shard(grads, basis, cuts, owner):
@@ -45,7 +36,7 @@ def shard(grads, basis, cuts, owner):
        seed=st.integers(0, 2**31 - 1), data=st.data())
 def test_partials_over_any_sharding_sum_to_the_gram(sizes, k, seed, data):
     gen = torch.Generator().manual_seed(seed)
-    grads, basis = make([(n,) for n in sizes], k, gen)
+    grads, basis = make_lists([(n,) for n in sizes], k, gen)
     cuts = data.draw(st.lists(st.integers(0, 5000), min_size=len(sizes), max_size=len(sizes)))
     owner = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=14))
     G, b = ee.projection_gram(grads, basis)
@@ -73,7 +64,7 @@ def test_partials_over_any_sharding_sum_to_the_gram(sizes, k, seed, data):
 def test_split_chain_is_bitwise_the_fused_operator(device, dtype):
     """One solve and one pass 2 shared with the fused kernels: same Gram -> same bits."""
     gen = torch.Generator().manual_seed(1)
-    grads, basis = make([(40000,), (3, 5), (0,), (70001,)], 3, gen, dtype, device)
+    grads, basis = make_lists([(40000,), (3, 5), (0,), (70001,)], 3, gen, dtype, device)
     fused = [x.clone() for x in grads]
     c_fused = ee.project_orthogonal_(fused, basis, rcond=1e-9, ridge=1e-3)
     G, b = ee.projection_gram(grads, basis)
@@ -100,7 +91,7 @@ def test_solve_matches_reference_and_handles_degenerate_grams():
 
 def test_split_opcheck():
     gen = torch.Generator().manual_seed(3)
-    grads, basis = make([(4, 5), (0,), (9,)], 2, gen)
+    grads, basis = make_lists([(4, 5), (0,), (9,)], 2, gen)
     flat = [v for r in basis for v in r]
     ops = torch.ops.entangle_ext
     torch.library.opcheck(ops.projection_gram.default, (grads, flat))
@@ -117,7 +108,7 @@ def test_split_opcheck():
 
 def test_scale_argument_of_the_raw_passes():
     gen = torch.Generator().manual_seed(4)
-    grads, basis = make([(100,), (7,)], 2, gen)
+    grads, basis = make_lists([(100,), (7,)], 2, gen)
     s = torch.tensor([2.0 ** 10, 2.0 ** -3, 2.0 ** 5], dtype=D)
     G, b = torch.ops.entangle_ext.projection_gram(grads, [v for r in basis for v in r], s)
     G0, b0 = ee.projection_gram(grads, basis)
@@ -167,7 +158,7 @@ def _worker(rank, world, init_file, out_dir):
         results = []
         for dtype, k, ridge, big in cases:
             shapes = [(1000,), (4, 9), (0,), (33333,), (5,)]
-            grads, basis = make(shapes, k, gen, dtype)
+            grads, basis = make_lists(shapes, k, gen, dtype)
             basis[0] = [v * big for v in basis[0]]
             full = [x.clone() for x in grads]
             c_full = ee.project_orthogonal_(full, basis, ridge=ridge)

@@ -16,15 +16,10 @@ from entangle_ext.settings import SETTINGS, get_setting, prepare
 from entangle_ext.train import TrainRecipe, train_original
 from entangle_ext.unlearn import PRESETS, UnlearnConfig
 
+from _tiny import DictDS
+
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
@@ -239,17 +234,6 @@ def test_trainer_reproduces_the_plain_adam_loop():
         assert torch.equal(a, b)
 
 
-class _DictDS(torch.utils.data.Dataset):
-    def __init__(self, tds):
-        self.x, self.y = tds.tensors
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return {"pixels": self.x[i], "labels": self.y[i]}
-
-
 class _HF(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -272,7 +256,7 @@ def test_trainer_dict_batches_sgd_cosine_augment():
         torch.manual_seed(1)
         m = train_original(_HF(), data, r, seed=3, progress=False)
         return torch.cat([t.detach().flatten() for t in m.parameters()])
-    plain, as_dict = flat(ds, recipe), flat([_DictDS(d) for d in ds], recipe)
+    plain, as_dict = flat(ds, recipe), flat([DictDS(d) for d in ds], recipe)
     aug1, aug2 = flat(ds, recipe.replace(augment=True)), flat(ds, recipe.replace(augment=True))
     assert torch.equal(plain, as_dict) and torch.equal(aug1, aug2) and not torch.equal(plain, aug1)
     with pytest.raises(ValueError, match="non-empty"):

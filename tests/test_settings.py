@@ -20,14 +20,7 @@ from entangle_ext.splits import (IndexSplit, extract_features, load_split, save_
 
 from conftest import SHARED_DATA
 
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _check_partition(s: IndexSplit, universe):

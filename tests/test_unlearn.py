@@ -7,44 +7,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import TensorDataset
 
 import entangle_ext as ee
-from entangle_ext.data.digits import digits_splits
 from entangle_ext.unlearn import NonFiniteLossError, StageLoop, load_checkpoint
 from entangle_ext.unlearn.data import BatchStream
 
 from conftest import SHARED_DATA
+from _tiny import DictDS, NaNAfter, mlp, params, tiny_config
 
-pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def small():
-    s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
-    return s
-
-
-def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
-
-
-def tiny_config(**kw):
-    cfg = ee.UnlearnConfig.preset("digits", log_every=2, **kw)
-    cfg.stage1 = dataclasses.replace(cfg.stage1, epochs=1, remote_batch_size=16)   # 7 steps
-    cfg.stage2 = dataclasses.replace(cfg.stage2, epochs=1, adjacent_batch_size=32,  # 3 steps
-                                     forget_batch_size=8, forget_batch_limit=2,
-                                     remote_batch_size=32, remote_batch_limit=2)
-    return cfg
+pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 # ------------------------------------------------------------------------------------------ API
@@ -102,10 +75,10 @@ def test_assigned_config_fields_are_validated_at_unlearn_entry(small, stage, nam
     cfg = tiny_config()
     setattr(getattr(cfg, stage), name, value)   # no check on assignment ...
     model = mlp()
-    before = _params(model)
+    before = params(model)
     with pytest.raises(ValueError, match=name):  # ... but before any compute
         ee.unlearn(model, small, cfg, progress=False)
-    assert torch.equal(_params(model), before)
+    assert torch.equal(params(model), before)
     with pytest.raises(ValueError, match=name):
         getattr(ee, stage)(model, small, getattr(cfg, stage), progress=False)
 
@@ -198,10 +171,10 @@ def test_non_finite_original_model_is_stopped_before_stage1(small):
         def forward(self, x):
             return self.net(x) * float("nan")
     model = NaNModel()
-    before = _params(model)
+    before = params(model)
     with pytest.raises(ValueError, match=r"split 'forget'.*non-finite.*20 of 20 samples"):
         ee.unlearn(model, small, tiny_config(), progress=False)
-    assert torch.equal(_params(model), before)
+    assert torch.equal(params(model), before)
 
 
 def test_unlearn_leaves_the_callers_rng_alone(small):
@@ -211,22 +184,6 @@ def test_unlearn_leaves_the_callers_rng_alone(small):
     torch.manual_seed(999)
     ee.unlearn(model, small, tiny_config(), progress=False)
     assert torch.equal(torch.rand(3), expected)
-
-
-class NaNAfter(torch.nn.Module):
-    """Outputs NaN from the k-th gradient-enabled forward call on."""
-
-    def __init__(self, k):
-        super().__init__()
-        self.net, self.k, self.calls = mlp(), k, 0
-
-    def forward(self, x):
-        out = self.net(x)
-        if torch.is_grad_enabled():
-            self.calls += 1
-            if self.calls > self.k:
-                out = out * float("nan")
-        return out
 
 
 def test_nan_loss_stops_with_step_and_keeps_checkpoint(small, tmp_path):
@@ -242,10 +199,6 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(small, tmp_path):
 
 
 # ---------------------------------------------------------------------------- checkpoint/resume
-def _params(m):
-    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
-
-
 def test_full_run_checkpoint_and_resume(small, tmp_path):
     cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
     res = ee.unlearn(mlp(), small, cfg, out_dir=tmp_path / "a", progress=False)
@@ -260,12 +213,12 @@ def test_full_run_checkpoint_and_resume(small, tmp_path):
     ck = tmp_path / "a" / "checkpoints"
     for name in ("stage1_step000004.pt", "stage1_done.pt", "stage2_step000002.pt", "stage2_done.pt"):
         assert (ck / name).exists(), name
-    final = _params(res.model)
+    final = params(res.model)
     for name in ("stage1_step000004.pt", "stage1_done.pt", "stage2_step000002.pt"):
         r = ee.unlearn(mlp(seed=9), small, resume=ck / name, out_dir=tmp_path / name, progress=False)
-        torch.testing.assert_close(_params(r.model), final, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(params(r.model), final, rtol=0, atol=0, msg=name)
     r = ee.unlearn(mlp(seed=9), small, resume=tmp_path / "a", progress=False)   # latest = stage2_done
-    torch.testing.assert_close(_params(r.model), final, rtol=0, atol=0)
+    torch.testing.assert_close(params(r.model), final, rtol=0, atol=0)
 
 
 def test_stage1_checkpoint_carries_the_augmented_lagrangian(small, tmp_path):
@@ -317,7 +270,7 @@ def test_stage_loop_runs_another_method_with_checkpoint_and_resume(small, tmp_pa
     resumed = _GradientAscent(mlp(seed=7), small)
     steps, hist = resumed.run(resume_state=saved)
     assert steps == 9 and hist == history
-    torch.testing.assert_close(_params(resumed.model), _params(full.model), rtol=0, atol=0)
+    torch.testing.assert_close(params(resumed.model), params(full.model), rtol=0, atol=0)
 
 
 def test_stage_loop_stops_at_the_first_non_finite_step(small):
@@ -339,17 +292,6 @@ def test_paper_recipe_runs(small):
 
 
 # ---------------------------------------------------------------------------------- dict batches
-class DictDS(Dataset):
-    def __init__(self, tds):
-        self.x, self.y = tds.tensors
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return {"pixels": self.x[i], "labels": self.y[i]}
-
-
 class HFStyle(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -364,7 +306,7 @@ def test_dict_batches_match_tuple_batches(small):
     a, b = HFStyle(), mlp()
     ra = ee.unlearn(a, ds, tiny_config(), progress=False)
     rb = ee.unlearn(b, small, tiny_config(), progress=False)
-    torch.testing.assert_close(_params(ra.model), _params(rb.model), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(params(ra.model), params(rb.model), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------ CIFAR-100

@@ -10,27 +10,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import entangle_ext as ee
-from entangle_ext.data.digits import digits_splits
 from entangle_ext.unlearn import load_checkpoint
 
-from test_unlearn import _params, mlp, tiny_config
+from _tiny import DictDS, mlp, params, tiny_config
 
-pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def small():
-    pytest.importorskip("sklearn")
-    s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
-    return s
+pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 def _map(splits, fn):
@@ -43,19 +28,19 @@ def _map(splits, fn):
 def test_integer_labels_of_any_dtype(small, dtype):
     ref = ee.unlearn(mlp(), small, tiny_config(), progress=False)
     res = ee.unlearn(mlp(), _map(small, lambda x, y: (x, y.to(dtype))), tiny_config(), progress=False)
-    assert torch.equal(_params(res.model), _params(ref.model))
+    assert torch.equal(params(res.model), params(ref.model))
     assert res.report["evals"] == ref.report["evals"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
 def test_float_and_bool_labels_are_rejected_before_any_compute(small, dtype):
     model = mlp()
-    before = _params(model)
+    before = params(model)
     s = dataclasses.replace(small, adjacent=TensorDataset(small.adjacent.tensors[0],
                                                           small.adjacent.tensors[1].to(dtype)))
     with pytest.raises(ValueError, match=r"split 'adjacent'.*integer dtype: torch.int64, torch.int32"):
         ee.unlearn(model, s, tiny_config(), progress=False)
-    assert torch.equal(_params(model), before)
+    assert torch.equal(params(model), before)
 
 
 # ------------------------------------------------------------------- layouts and strides
@@ -94,12 +79,12 @@ def test_non_contiguous_parameters_give_the_contiguous_result(small, kind):
     else:
         plain, strided = TransposedLinear(False).double(), TransposedLinear(True).double()
     assert not all(p.is_contiguous() for p in strided.parameters())
-    start = _params(plain)
+    start = params(plain)
     a = ee.unlearn(plain, s, tiny_config(), progress=False)
     b = ee.unlearn(strided, s, tiny_config(), progress=False)
     assert not all(p.is_contiguous() for p in b.model.parameters())   # layout kept
-    torch.testing.assert_close(_params(b.model), _params(a.model), rtol=1e-9, atol=1e-12)
-    assert (_params(a.model) - start).abs().max() > 1e-3   # the run moved the weights
+    torch.testing.assert_close(params(b.model), params(a.model), rtol=1e-9, atol=1e-12)
+    assert (params(a.model) - start).abs().max() > 1e-3   # the run moved the weights
 
 
 # --------------------------------------------------------------------------- precision
@@ -165,7 +150,7 @@ def test_amp_runs_every_forward_under_autocast(small):
 def test_floating_inputs_are_cast_to_the_model_dtype(small):
     a = ee.unlearn(mlp(), small, tiny_config(), progress=False)
     b = ee.unlearn(mlp(), _map(small, lambda x, y: (x.double(), y)), tiny_config(), progress=False)
-    assert torch.equal(_params(a.model), _params(b.model))
+    assert torch.equal(params(a.model), params(b.model))
 
 
 # ------------------------------------------------------------------------ non-finite data
@@ -176,12 +161,12 @@ def test_non_finite_samples_are_named_before_stage1(small, split, rows):
     for r in rows[1:]:
         x[r, 0] = float("inf")
     model = mlp()
-    before = _params(model)
+    before = params(model)
     with pytest.raises(ValueError, match=rf"split '{split}'.*non-finite.*{len(rows)} of {len(y)} "
                                          rf"samples, dataset indices \[{', '.join(map(str, rows))}\]"):
         ee.unlearn(model, dataclasses.replace(small, **{split: TensorDataset(x, y)}), tiny_config(),
                    progress=False)
-    assert torch.equal(_params(model), before)
+    assert torch.equal(params(model), before)
 
 
 # ---------------------------------------------------------------- data in the forms users have
@@ -208,7 +193,7 @@ def test_dataloader_splits_with_workers_match_tensor_splits(small, tmp_path):
                for k, v in small.named().items()}
     a = ee.unlearn(mlp(), small, tiny_config(), progress=False)
     b = ee.unlearn(mlp(), ee.Splits(**loaders), tiny_config(), progress=False)
-    assert torch.equal(_params(a.model), _params(b.model))
+    assert torch.equal(params(a.model), params(b.model))
     assert a.report["evals"] == b.report["evals"]
 
 
@@ -259,23 +244,11 @@ def test_variable_length_token_batches(form):
         splits = ee.Splits(**{k: DataLoader(v, batch_size=4, collate_fn=pad_collate)
                               for k, v in parts.items()})
     model = BagOfTokens()
-    start = _params(model)
+    start = params(model)
     r = ee.unlearn(model, splits, tiny_config(), progress=False)
     assert r.report["steps"] == {"stage1": 3, "stage2": 2}
-    assert (_params(r.model) - start).abs().max() > 1e-4
+    assert (params(r.model) - start).abs().max() > 1e-4
     assert all(torch.isfinite(p).all() for p in r.model.parameters())
-
-
-class DictDS(Dataset):
-    def __init__(self, tds, key):
-        self.x, self.y = tds.tensors
-        self.key = key
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], self.key: self.y[i]}
 
 
 def test_hugging_face_label_column(small):
@@ -286,11 +259,11 @@ def test_hugging_face_label_column(small):
 
         def forward(self, x):
             return self.net(x)
-    a = ee.unlearn(Net(), ee.Splits(**{k: DictDS(v, "labels") for k, v in small.named().items()}),
+    a = ee.unlearn(Net(), ee.Splits(**{k: DictDS(v, "labels", "x") for k, v in small.named().items()}),
                    tiny_config(), progress=False)
-    b = ee.unlearn(Net(), ee.Splits(**{k: DictDS(v, "label") for k, v in small.named().items()}),
+    b = ee.unlearn(Net(), ee.Splits(**{k: DictDS(v, "label", "x") for k, v in small.named().items()}),
                    tiny_config(), progress=False)
-    assert torch.equal(_params(a.model), _params(b.model))
+    assert torch.equal(params(a.model), params(b.model))
 
 
 def test_stage1_only_run_without_adjacent_split_and_max_steps(small):
@@ -318,9 +291,9 @@ def test_model_without_trainable_parameters(small):
 
 def test_inplace_false_leaves_the_model_untouched(small):
     model = mlp()
-    before = _params(model)
+    before = params(model)
     r = ee.unlearn(model, small, tiny_config(), inplace=False, progress=False)
-    assert r.model is not model and torch.equal(_params(model), before)
-    assert (_params(r.model) - before).abs().max() > 1e-4
+    assert r.model is not model and torch.equal(params(model), before)
+    assert (params(r.model) - before).abs().max() > 1e-4
     r2 = ee.unlearn(model, small, tiny_config(), progress=False)   # default: in place
-    assert r2.model is model and torch.equal(_params(model), _params(r.model))
+    assert r2.model is model and torch.equal(params(model), params(r.model))

@@ -10,27 +10,12 @@ import torch
 from torch.utils.data import TensorDataset
 
 import entangle_ext as ee
-from entangle_ext.data.digits import digits_splits
 from entangle_ext.unlearn import RunInterrupted, load_checkpoint
 
-from test_unlearn import _params, mlp, tiny_config
+from _tiny import mlp, params, tiny_config
 
-pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def small():
-    pytest.importorskip("sklearn")
-    s, _ = digits_splits(max_train_per_digit=20)   # forget 20, adjacent 80, remote 100
-    return s
+pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 class Net(torch.nn.Module):
@@ -99,7 +84,7 @@ def test_resume_reports_the_whole_run(small, full_run, tmp_path, name):
     out, full = full_run
     r = ee.unlearn(mlp(seed=9), small, resume=out / "checkpoints" / name, out_dir=tmp_path,
                    progress=False)
-    assert torch.equal(_params(r.model), _params(full.model))
+    assert torch.equal(params(r.model), params(full.model))
     rep = r.report
     assert rep["steps"] == full.report["steps"] == {"stage1": 7, "stage2": 3}
     assert rep["lambda_final"] == full.report["lambda_final"] is not None
@@ -151,16 +136,16 @@ def test_resume_with_another_config_raises_unless_allowed(small, full_run, tmp_p
     assert r.report["resume"]["config_changes"] == {"stage2.lr": [0.002, 0.001]}
     assert json.loads((tmp_path / "report.json").read_text())["resume"]["config_changes"] == \
         {"stage2.lr": [0.002, 0.001]}
-    assert not torch.equal(_params(r.model), _params(full.model))
+    assert not torch.equal(params(r.model), params(full.model))
     # logging / checkpoint intervals may change without the flag
     quiet = dataclasses.replace(tiny_config(), checkpoint_every=0, log_every=5)
     r = ee.unlearn(mlp(), small, quiet, resume=out / "checkpoints" / "stage1_done.pt", progress=False)
-    assert torch.equal(_params(r.model), _params(full.model))
+    assert torch.equal(params(r.model), params(full.model))
 
 
 # ----------------------------------------------------------------------------- interrupts
 def _uninterrupted(small):
-    return _params(ee.unlearn(Net(), small, tiny_config(), progress=False).model)
+    return params(ee.unlearn(Net(), small, tiny_config(), progress=False).model)
 
 
 @pytest.mark.parametrize("how, call, stage, steps", [
@@ -186,7 +171,7 @@ def test_interrupt_writes_the_last_completed_step_and_resumes_exactly(small, tmp
     assert f"resume={str(tmp_path)!r}" in str(e) and "entangle_ext.unlearn(" in str(e)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
     r = ee.unlearn(Net(), small, resume=tmp_path, out_dir=tmp_path, progress=False)
-    assert torch.equal(_params(r.model), _uninterrupted(small))
+    assert torch.equal(params(r.model), _uninterrupted(small))
     assert r.report["steps"] == {"stage1": 7, "stage2": 3}
 
 
