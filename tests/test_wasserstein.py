@@ -26,13 +26,20 @@ def ragged(lengths, gen, dtype=torch.float64, scale=3.0, distinct=True):
 sizes = st.lists(st.integers(1, 40), min_size=1, max_size=5)
 
 
+def ragged_pair(lu, data, seed, distinct=True):
+    """(u, uo, v, vo, g): u ragged with segment lengths ``lu``, v with as many segments of lengths
+    drawn from ``data``, both from the generator g seeded with ``seed`` (g is returned for more draws)."""
+    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
+    g = torch.Generator().manual_seed(seed)
+    u, uo = ragged(lu, g, distinct=distinct)
+    v, vo = ragged(lv, g, distinct=distinct)
+    return u, uo, v, vo, g
+
+
 # ------------------------------------------------------------------------------ values vs oracles
 @given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
 def test_ragged_matches_float64_reference(lu, data, seed, ties):
-    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
-    g = torch.Generator().manual_seed(seed)
-    u, uo = ragged(lu, g, distinct=not ties)
-    v, vo = ragged(lv, g, distinct=not ties)
+    u, uo, v, vo, g = ragged_pair(lu, data, seed, distinct=not ties)
     for dev in DEVICES:
         got = ee.wasserstein2_1d(u.to(dev), v.to(dev), uo, vo)
         want = ref.wasserstein2_1d(u, v, uo, vo)
@@ -79,10 +86,7 @@ def test_known_values():
 @given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1), s=st.floats(0.1, 10.0),
        c=st.floats(-5, 5))
 def test_invariants(lu, data, seed, s, c):
-    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
-    g = torch.Generator().manual_seed(seed)
-    u, uo = ragged(lu, g)
-    v, vo = ragged(lv, g)
+    u, uo, v, vo, g = ragged_pair(lu, data, seed)
     w = ee.wasserstein2_1d(u, v, uo, vo)
     assert torch.all(w >= 0)
     torch.testing.assert_close(ee.wasserstein2_1d(u, u, uo, uo), torch.zeros_like(w), atol=0, rtol=0)
@@ -96,10 +100,7 @@ def test_invariants(lu, data, seed, s, c):
 
 @given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_gradient_sums_to_zero_per_segment(lu, data, seed):
-    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
-    g = torch.Generator().manual_seed(seed)
-    u, uo = ragged(lu, g)
-    v, vo = ragged(lv, g)
+    u, uo, v, vo, g = ragged_pair(lu, data, seed)
     u.requires_grad_(True)
     v.requires_grad_(True)
     ee.wasserstein2_1d(u, v, uo, vo).sum().backward()
@@ -121,10 +122,7 @@ def test_gradcheck(device, lu, lv):
 
 @given(lu=sizes, data=st.data(), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
 def test_gradient_matches_reference_autograd(lu, data, seed, ties):
-    lv = data.draw(st.lists(st.integers(1, 40), min_size=len(lu), max_size=len(lu)))
-    g = torch.Generator().manual_seed(seed)
-    u, uo = ragged(lu, g, distinct=not ties)
-    v, vo = ragged(lv, g, distinct=not ties)
+    u, uo, v, vo, g = ragged_pair(lu, data, seed, distinct=not ties)
     w = torch.rand(len(lu), generator=g, dtype=torch.float64)
     for dev in DEVICES:
         a = u.to(dev).clone().requires_grad_(True)
