@@ -67,14 +67,16 @@ inline void check_dual_update_args(ConstraintKind kind, std::optional<double> la
   }
 }
 
-inline void check_al_backward_inputs(const at::Tensor& grad, const at::Tensor& g,
-                                     const at::Tensor& lam, const at::Tensor& mu, const char* op) {
-  check_al_inputs(lam, g, mu, op);
+// The checks of check_al_inputs plus those of the 0-d upstream gradient; returns the stride of mu.
+inline int64_t check_al_backward_inputs(const at::Tensor& grad, const at::Tensor& g,
+                                        const at::Tensor& lam, const at::Tensor& mu, const char* op) {
+  const int64_t mu_stride = check_al_inputs(lam, g, mu, op);
   TORCH_CHECK_VALUE(grad.numel() == 1 && grad.dim() == 0, op, ": grad must be a 0-d tensor, got ",
                     grad.sizes());
   TORCH_CHECK_TYPE(grad.scalar_type() == lam.scalar_type(), op, ": grad is ", grad.scalar_type(),
                    " but lam is ", lam.scalar_type());
   check_same_device(lam, grad, op, "lam", "grad");
+  return mu_stride;
 }
 
 // ---------------------------------------------------------------------------------------------

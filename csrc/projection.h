@@ -319,6 +319,28 @@ inline int64_t check_projection_flat(const at::Tensor& g, const at::Tensor& basi
   return k;
 }
 
+// ------------------------------------------------------------------------------------------------
+// The argument handling every device's operator shares (host only): the checks of each call, the
+// rows of a flat basis, the ridge shift, the optional scale.
+// ------------------------------------------------------------------------------------------------
+struct ProjCall {
+  int64_t k;      // number of basis vectors
+  double rcond;   // resolved relative cutoff (kProjDefaultRcond when not given)
+  double shift;   // ridge added to the Gram diagonal: once per parameter tensor
+};
+
+// The k rows of a (k, P) basis as the list form's k lists of one (P,) tensor each (views).
+inline std::vector<at::Tensor> proj_basis_rows(const at::Tensor& basis) {
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < basis.size(0); ++i) rows.push_back(basis.select(0, i));
+  return rows;
+}
+
+// The float64 entries of an optional scale vector, or nullptr.
+inline const double* proj_scale_ptr(const std::optional<at::Tensor>& scale) {
+  return scale.has_value() ? scale->data_ptr<double>() : nullptr;
+}
+
 // coeffs (k,) float64 (and an optional scale of n entries) on the device of the data.
 inline void check_proj_vector(const at::Tensor& x, int64_t n, const at::Device& dev, const char* op,
                               const char* name) {
@@ -342,6 +364,42 @@ inline int64_t check_projection_solve(const at::Tensor& gram, const at::Tensor& 
   check_contiguous(gram, op, "gram");
   check_proj_vector(vg, k, gram.device(), op, "vg");
   check_ridge(shift, op, "shift");
+  return k;
+}
+
+// project_orthogonal(g, basis, rcond, ridge): g (P,), basis (k, P); one tensor, so shift = ridge.
+inline ProjCall check_project_flat_call(const at::Tensor& g, const at::Tensor& basis,
+                                        std::optional<double> rcond, double ridge, const char* op) {
+  const int64_t k = check_projection_flat(g, basis, op);
+  const double rc = resolve_rcond(rcond, op);
+  check_ridge(ridge, op, "ridge");
+  return {k, rc, ridge};
+}
+
+// project_orthogonal_(grads, basis, rcond, ridge): T tensors, so shift = T * ridge.
+inline ProjCall check_project_lists_call(at::TensorList grads, at::TensorList basis,
+                                         std::optional<double> rcond, double ridge, const char* op) {
+  const int64_t k = check_projection_lists(grads, basis, op);
+  const double rc = resolve_rcond(rcond, op);
+  check_ridge(ridge, op, "ridge");
+  return {k, rc, ridge * static_cast<double>(grads.size())};
+}
+
+// projection_gram(grads, basis, scale): scale, when given, is (k + 1,) float64. Returns k.
+inline int64_t check_projection_gram_call(at::TensorList grads, at::TensorList basis,
+                                          const std::optional<at::Tensor>& scale, const char* op) {
+  const int64_t k = check_projection_lists(grads, basis, op);
+  if (scale.has_value()) check_proj_vector(*scale, k + 1, grads[0].device(), op, "scale");
+  return k;
+}
+
+// projection_apply_(grads, basis, coeffs, scale): coeffs and scale (when given) (k,) float64.
+inline int64_t check_projection_apply_call(at::TensorList grads, at::TensorList basis,
+                                           const at::Tensor& coeffs,
+                                           const std::optional<at::Tensor>& scale, const char* op) {
+  const int64_t k = check_projection_lists(grads, basis, op);
+  check_proj_vector(coeffs, k, grads[0].device(), op, "coeffs");
+  if (scale.has_value()) check_proj_vector(*scale, k, grads[0].device(), op, "scale");
   return k;
 }
 

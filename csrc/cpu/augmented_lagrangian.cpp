@@ -70,8 +70,7 @@ at::Tensor al_forward_cpu(const at::Tensor& g, const at::Tensor& lam, const at::
 at::Tensor al_backward_cpu(const at::Tensor& grad, const at::Tensor& g, const at::Tensor& lam,
                            const at::Tensor& mu, c10::string_view kind_s) {
   const char* op = "augmented_lagrangian_backward";
-  check_al_backward_inputs(grad, g, lam, mu, op);
-  const int64_t mu_stride = (mu.numel() == 1) ? 0 : 1;
+  const int64_t mu_stride = check_al_backward_inputs(grad, g, lam, mu, op);
   const int kind = static_cast<int>(parse_kind(kind_s, op));
   auto out = at::empty_like(g);
   const int64_t m = lam.size(0);

@@ -161,35 +161,24 @@ at::Tensor project_core_cpu(const CpuLists& L, double rcond, double shift, const
 
 std::tuple<at::Tensor, at::Tensor> project_orthogonal_cpu(const at::Tensor& g, const at::Tensor& basis,
                                                           std::optional<double> rcond, double ridge) {
-  const char* op = "project_orthogonal";
-  const int64_t k = check_projection_flat(g, basis, op);
-  const double rc = resolve_rcond(rcond, op);
-  check_ridge(ridge, op, "ridge");
+  const ProjCall c = check_project_flat_call(g, basis, rcond, ridge, "project_orthogonal");
   auto out = at::empty_like(g);
-  std::vector<at::Tensor> rows;
-  for (int64_t i = 0; i < k; ++i) rows.push_back(basis.select(0, i));
-  CpuLists L = make_lists({g}, rows, k);
+  CpuLists L = make_lists({g}, proj_basis_rows(basis), c.k);
   L.out[0] = static_cast<char*>(out.data_ptr());
-  auto coeffs = project_core_cpu(L, rc, ridge, g.options());
+  auto coeffs = project_core_cpu(L, c.rcond, c.shift, g.options());
   return {out, coeffs};
 }
 
 at::Tensor project_orthogonal_inplace_cpu(at::TensorList grads, at::TensorList basis,
                                           std::optional<double> rcond, double ridge) {
-  const char* op = "project_orthogonal_";
-  const int64_t k = check_projection_lists(grads, basis, op);
-  const double rc = resolve_rcond(rcond, op);
-  check_ridge(ridge, op, "ridge");
-  const double shift = ridge * static_cast<double>(grads.size());  // ridge per tensor
-  return project_core_cpu(make_lists(grads, basis, k), rc, shift, grads[0].options());
+  const ProjCall c = check_project_lists_call(grads, basis, rcond, ridge, "project_orthogonal_");
+  return project_core_cpu(make_lists(grads, basis, c.k), c.rcond, c.shift, grads[0].options());
 }
 
 std::tuple<at::Tensor, at::Tensor> projection_gram_cpu(at::TensorList grads, at::TensorList basis,
                                                        const std::optional<at::Tensor>& scale) {
-  const char* op = "projection_gram";
-  const int64_t k = check_projection_lists(grads, basis, op);
-  if (scale.has_value()) check_proj_vector(*scale, k + 1, grads[0].device(), op, "scale");
-  const auto acc = gram_total(make_lists(grads, basis, k), scale ? scale->data_ptr<double>() : nullptr);
+  const int64_t k = check_projection_gram_call(grads, basis, scale, "projection_gram");
+  const auto acc = gram_total(make_lists(grads, basis, k), proj_scale_ptr(scale));
   auto opts = grads[0].options().dtype(at::kDouble);
   auto G = at::empty({k, k}, opts), b = at::empty({k}, opts);
   double* Gp = G.data_ptr<double>();
@@ -202,12 +191,8 @@ std::tuple<at::Tensor, at::Tensor> projection_gram_cpu(at::TensorList grads, at:
 
 void projection_apply_cpu(at::TensorList grads, at::TensorList basis, const at::Tensor& coeffs,
                           const std::optional<at::Tensor>& scale) {
-  const char* op = "projection_apply_";
-  const int64_t k = check_projection_lists(grads, basis, op);
-  check_proj_vector(coeffs, k, grads[0].device(), op, "coeffs");
-  if (scale.has_value()) check_proj_vector(*scale, k, grads[0].device(), op, "scale");
-  apply_all(make_lists(grads, basis, k), coeffs.data_ptr<double>(),
-            scale ? scale->data_ptr<double>() : nullptr);
+  const int64_t k = check_projection_apply_call(grads, basis, coeffs, scale, "projection_apply_");
+  apply_all(make_lists(grads, basis, k), coeffs.data_ptr<double>(), proj_scale_ptr(scale));
 }
 
 at::Tensor projection_solve_cpu(const at::Tensor& gram, const at::Tensor& vg,

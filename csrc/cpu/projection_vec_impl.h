@@ -1,6 +1,8 @@
 // Vectorised CPU kernels of the projection (see projection_vec.h). Included once by each
-// projection_vec_<capability>.cpp after it has defined ENTANGLE_PROJ_NS, ENTANGLE_PROJ_NAME and,
-// for the wide variants, ENTANGLE_PROJ_AVX2 / ENTANGLE_PROJ_AVX512 inside a target pragma.
+// projection_vec_<capability>.cpp after every generic header, once it has defined
+// ENTANGLE_PROJ_NS, ENTANGLE_PROJ_NAME and, for the wide variants, ENTANGLE_PROJ_AVX2 /
+// ENTANGLE_PROJ_AVX512 and ENTANGLE_PROJ_TARGET (the instruction sets, e.g. "avx2,fma"): then
+// everything below is compiled under a target pragma for that instruction set, popped at the end.
 // Everything here has internal linkage or lives in a capability-specific namespace, so no inline
 // function compiled for a wide instruction set can replace a baseline one at link time.
 //
@@ -8,6 +10,21 @@
 // [v_0..v_{k-1}, g] is formed by register tiles (groups of up to kGroup rows, each row loaded once
 // per tile and converted to float64 in registers), accumulated in float64 vectors across the chunk
 // and reduced across lanes in a fixed order at its end. Pass 2 streams g and the basis once more.
+
+#if defined(ENTANGLE_PROJ_TARGET)
+#define ENTANGLE_PROJ_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define ENTANGLE_PROJ_TARGET_PUSH(t) \
+  ENTANGLE_PROJ_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#else
+#pragma GCC push_options
+// GCC 12 reports its own AVX-512 conversion intrinsics as "maybe uninitialized" (false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define ENTANGLE_PROJ_TARGET_PUSH(t) ENTANGLE_PROJ_PRAGMA(GCC target(t))
+#endif
+ENTANGLE_PROJ_TARGET_PUSH(ENTANGLE_PROJ_TARGET)
+#endif
 
 namespace entangle_ext {
 namespace ENTANGLE_PROJ_NS {
@@ -328,3 +345,12 @@ const ProjCpuKernels kKernels = {ENTANGLE_PROJ_NAME, &pass1, &pass2, &absmax};
 
 }  // namespace ENTANGLE_PROJ_NS
 }  // namespace entangle_ext
+
+#if defined(ENTANGLE_PROJ_TARGET)
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+#endif

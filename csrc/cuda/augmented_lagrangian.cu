@@ -122,8 +122,7 @@ at::Tensor al_forward_cuda(const at::Tensor& g, const at::Tensor& lam, const at:
 at::Tensor al_backward_cuda(const at::Tensor& grad, const at::Tensor& g, const at::Tensor& lam,
                             const at::Tensor& mu, c10::string_view kind_s) {
   const char* op = "augmented_lagrangian_backward";
-  check_al_backward_inputs(grad, g, lam, mu, op);
-  const int64_t mu_stride = (mu.numel() == 1) ? 0 : 1;
+  const int64_t mu_stride = check_al_backward_inputs(grad, g, lam, mu, op);
   const int kind = static_cast<int>(parse_kind(kind_s, op));
   c10::cuda::CUDAGuard guard(g.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();

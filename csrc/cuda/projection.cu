@@ -241,47 +241,36 @@ void dispatch_cuda(at::ScalarType dtype, int k, Fn&& fn) {
 
 std::tuple<at::Tensor, at::Tensor> project_orthogonal_cuda(const at::Tensor& g, const at::Tensor& basis,
                                                            std::optional<double> rcond, double ridge) {
-  const char* op = "project_orthogonal";
-  const int64_t k = check_projection_flat(g, basis, op);
-  const double rc = resolve_rcond(rcond, op);
-  check_ridge(ridge, op, "ridge");
+  const ProjCall c = check_project_flat_call(g, basis, rcond, ridge, "project_orthogonal");
   c10::cuda::CUDAGuard guard(g.device());
   auto out = at::empty_like(g);
-  std::vector<at::Tensor> rows;
-  for (int64_t i = 0; i < k; ++i) rows.push_back(basis.select(0, i));
-  HostLists L = make_host_lists({g}, rows, k);
+  HostLists L = make_host_lists({g}, proj_basis_rows(basis), c.k);
   L.out[0] = out.data_ptr();
   at::Tensor coeffs;
   dispatch_cuda(g.scalar_type(), L.k, [&]<typename T, int KMAX>() {
-    coeffs = project_core_cuda<T, KMAX>(L, rc, ridge, g.options());
+    coeffs = project_core_cuda<T, KMAX>(L, c.rcond, c.shift, g.options());
   });
   return {out, coeffs};
 }
 
 at::Tensor project_orthogonal_inplace_cuda(at::TensorList grads, at::TensorList basis,
                                            std::optional<double> rcond, double ridge) {
-  const char* op = "project_orthogonal_";
-  const int64_t k = check_projection_lists(grads, basis, op);
-  const double rc = resolve_rcond(rcond, op);
-  check_ridge(ridge, op, "ridge");
+  const ProjCall c = check_project_lists_call(grads, basis, rcond, ridge, "project_orthogonal_");
   c10::cuda::CUDAGuard guard(grads[0].device());
-  const HostLists L = make_host_lists(grads, basis, k);
-  const double shift = ridge * static_cast<double>(grads.size());  // ridge per tensor
+  const HostLists L = make_host_lists(grads, basis, c.k);
   at::Tensor coeffs;
   dispatch_cuda(grads[0].scalar_type(), L.k, [&]<typename T, int KMAX>() {
-    coeffs = project_core_cuda<T, KMAX>(L, rc, shift, grads[0].options());
+    coeffs = project_core_cuda<T, KMAX>(L, c.rcond, c.shift, grads[0].options());
   });
   return coeffs;
 }
 
 std::tuple<at::Tensor, at::Tensor> projection_gram_cuda(at::TensorList grads, at::TensorList basis,
                                                         const std::optional<at::Tensor>& scale) {
-  const char* op = "projection_gram";
-  const int64_t k = check_projection_lists(grads, basis, op);
-  if (scale.has_value()) check_proj_vector(*scale, k + 1, grads[0].device(), op, "scale");
+  const int64_t k = check_projection_gram_call(grads, basis, scale, "projection_gram");
   c10::cuda::CUDAGuard guard(grads[0].device());
   const HostLists L = make_host_lists(grads, basis, k);
-  const double* sp = scale.has_value() ? scale->data_ptr<double>() : nullptr;
+  const double* sp = proj_scale_ptr(scale);
   std::tuple<at::Tensor, at::Tensor> res;
   dispatch_cuda(grads[0].scalar_type(), L.k, [&]<typename T, int KMAX>() {
     res = gram_core_cuda<T, KMAX>(L, sp, grads[0].options());
@@ -291,13 +280,10 @@ std::tuple<at::Tensor, at::Tensor> projection_gram_cuda(at::TensorList grads, at
 
 void projection_apply_cuda(at::TensorList grads, at::TensorList basis, const at::Tensor& coeffs,
                            const std::optional<at::Tensor>& scale) {
-  const char* op = "projection_apply_";
-  const int64_t k = check_projection_lists(grads, basis, op);
-  check_proj_vector(coeffs, k, grads[0].device(), op, "coeffs");
-  if (scale.has_value()) check_proj_vector(*scale, k, grads[0].device(), op, "scale");
+  const int64_t k = check_projection_apply_call(grads, basis, coeffs, scale, "projection_apply_");
   c10::cuda::CUDAGuard guard(grads[0].device());
   const HostLists L = make_host_lists(grads, basis, k);
-  const double* sp = scale.has_value() ? scale->data_ptr<double>() : nullptr;
+  const double* sp = proj_scale_ptr(scale);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   dispatch_cuda(grads[0].scalar_type(), L.k, [&]<typename T, int KMAX>() {
     launch_pass2<T, KMAX>(build_args<KMAX>(L), L.k, coeffs.data_ptr<double>(), sp, stream);
