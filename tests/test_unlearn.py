@@ -3,6 +3,7 @@ the digits miniature, dict (Hugging Face style) batches, CIFAR-100 loading."""
 import copy
 import dataclasses
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -26,6 +27,19 @@ def test_public_api():
                  "stage1", "stage2", "evaluate"):
         assert hasattr(ee, name), name
         assert getattr(ee, name).__doc__
+
+
+@pytest.mark.parametrize("cls", [ee.Stage1Config, ee.Stage2Config, ee.UnlearnConfig])
+def test_docs_table_lists_every_config_field(cls):
+    """docs/algorithm.md has one table per config class (§2, §3) whose rows name every field."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "algorithm.md").read_text()
+    head = f"`{cls.__name__}` fields"
+    assert doc.count(head) == 1, head
+    rows = doc[doc.index(head):].split("\n\n")[1]          # the table after the heading line
+    documented = {name for line in rows.splitlines() if line.startswith("| `")
+                  for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert documented == {f.name for f in dataclasses.fields(cls)}
 
 
 @pytest.mark.parametrize("name", ["cifar100", "tinyimagenet", "celeba", "toxigen", "digits"])
