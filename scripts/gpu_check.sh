@@ -137,8 +137,8 @@ if [ "$MODE" != gpu ]; then
 fi
 
 # ---------------------------------------------------------------- benchmarks
-# bench_w2 / bench_projection size themselves to --time-budget when they have it; otherwise
-# arguments sized for the cap. Each writes its JSON into OUT_DIR.
+# The benchmarks size themselves to --time-budget (bench_w2 / bench_projection: when they have it;
+# otherwise arguments sized for the cap). Each writes its JSON into OUT_DIR after every case/round.
 bench() {  # bench NAME CAP ARGS...
   local name=$1 cap=$2
   shift 2
@@ -162,9 +162,10 @@ else
   bench bench_projection "$CAP_BENCH_PROJECTION" --device cpu --sizes 1e5 --ks 2 --models none --reps 1 --no-loop
 fi
 if [ "$DEV" = cuda ]; then
-  bench bench_unlearn "$CAP_BENCH_UNLEARN" --device cuda --steps 3
+  bench bench_unlearn "$CAP_BENCH_UNLEARN" --device cuda --steps 3 --time-budget "$(budget "$CAP_BENCH_UNLEARN")"
 else
-  bench bench_unlearn "$CAP_BENCH_UNLEARN" --device cpu --steps 1 --batch-limit 1 --scale 0.02
+  bench bench_unlearn "$CAP_BENCH_UNLEARN" --device cpu --steps 1 --batch-limit 1 --scale 0.02 --rounds 1 \
+    --time-budget "$(budget "$CAP_BENCH_UNLEARN")"
 fi
 
 # ---------------------------------------------------------------- summary and result files
