@@ -205,9 +205,8 @@ def remote_grad(model, params, batches: List[Any], sizes: List[int],
                 micro_batch: MicroBatch) -> Tuple[Grads, torch.Tensor]:
     """g_rem = ∇ Σ_b mean CE(batch b) over the remote ``batches`` (this rank's parts of global
     batches of ``sizes``), in chunks of at most ``micro_batch`` samples (None: one pass; "auto":
-    `auto_micro_batch`). Returns (g_rem, mean over
-    batches of the batch-mean CE, 0-d). The per-sample weights 1/|R_k| are built in the losses'
-    dtype (exact in float64)."""
+    `auto_micro_batch`). Returns (g_rem, mean over batches of the batch-mean CE, 0-d). The
+    per-sample weights 1/|R_k| are built in the losses' dtype (exact in float64)."""
     d = current()
     local = [batch_size_of(b) for b in batches]
     chunks = _chunks(batches, _resolve(model, batches, micro_batch), sizes)
