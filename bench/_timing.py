@@ -57,11 +57,13 @@ def save_json(path: str | None, payload: dict, quiet: bool = False) -> None:
 def time_interleaved(fns: dict, device: torch.device, *, warmup: int = 2, reps: int = 15,
                      min_time: float = 0.0, max_reps: int = 200,
                      budget_s: float | None = None) -> dict:
-    """Times several callables in alternation (A B A B ...), one call of each per round, so that a
-    change of machine load hits them alike. Runs at least ``reps`` rounds and until ``min_time``
-    seconds have passed (at most ``max_reps``); with ``budget_s``, stops early once that many
-    seconds have passed (after at least 3 rounds). Returns {name: [ms per call, ...]} (CUDA:
-    events on the current stream)."""
+    """Times several callables in alternation, one call of each per round, so that a change of
+    machine load hits them alike; each round starts one further along (A B C, B C A, C A B, ...),
+    so that no callable always runs right after the same one (whose data would leave the caches
+    warm or cold for it). Runs at least ``reps`` rounds and until ``min_time`` seconds have
+    passed (at most ``max_reps``); with ``budget_s``, stops early once that many seconds have
+    passed (after at least 3 rounds). Returns {name: [ms per call, ...]} (CUDA: events on the
+    current stream)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -70,8 +72,11 @@ def time_interleaved(fns: dict, device: torch.device, *, warmup: int = 2, reps: 
     if cuda:
         torch.cuda.synchronize(device)
     start = time.perf_counter()
+    names = list(fns)
     while True:
-        for k, fn in fns.items():
+        shift = len(times[names[0]]) % len(names)
+        for k in names[shift:] + names[:shift]:
+            fn = fns[k]
             if cuda:
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()

@@ -119,6 +119,7 @@ def main(argv=None):
     kernel = ee._ext._C.projection_cpu_kernel() if hasattr(ee._ext._C, "projection_cpu_kernel") else "?"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     meta = dict(benchmark="projection", **env, cpu_kernel=kernel, load_average_1min=load,
+                omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
                 bytes_model="(2k+3)*4*P",
                 copy_bytes=2 * 4 * n_copy, copy_targets=COPY_TARGET[device.type],
                 composite_target=COMPOSITE_TARGET)

@@ -6,15 +6,23 @@ ResNet-18 (CIFAR stem, 20 classes, 11.2 M parameters) at CIFAR shapes (3×32×32
 Defaults: paper batch sizes on CUDA (Stage 1 remote 128 / forget 16; Stage 2 adjacent 128, forget
 128×10, remote 512×10); on CPU small ones (see --help) so that it finishes in a few minutes.
 
-    python bench/bench_unlearn.py --device cuda --json bench_unlearn.json
-    python bench/bench_unlearn.py --device cpu --steps 2
+One step's time is (T(1 + n steps) − T(1 step)) / n for each of the two, so that what a call does
+once (the driver's ℓ(θ̄) of the forget set, streams, the naive's model copy) is not counted; the
+calls run in interleaved rounds (naive, driver, naive, driver, ...), and the table gives the
+median per-step time and the spread over the rounds. The ratio naive / driver is printed against
+its target (Stage 2: >= 1.0 on CPU, >= 3 on CUDA; Stage 1: none). The JSON file is rewritten after
+every round, so a run stopped by --time-budget (or killed) keeps what it measured.
+
+    python bench/bench_unlearn.py --device cuda --json bench_unlearn.json --time-budget 20
+    OMP_WAIT_POLICY=PASSIVE python bench/bench_unlearn.py --device cpu --json bench/results/unlearn_cpu.json
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import json
-import platform
+import dataclasses
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,40 +30,125 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-import entangle_ext as ee
-from entangle_ext.data.cifar100 import resnet18_cifar
-from entangle_ext.reference.unlearn import (driver_order_stage1, driver_order_stage2, naive_stage1,
-                                            naive_stage2)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import environment, save_json  # noqa: E402
+
+import entangle_ext as ee  # noqa: E402
+from entangle_ext.data.cifar100 import resnet18_cifar  # noqa: E402
+from entangle_ext.reference.unlearn import (driver_order_stage1, driver_order_stage2,  # noqa: E402
+                                            naive_stage1, naive_stage2)
+from entangle_ext.unlearn.losses import auto_micro_batch  # noqa: E402
+
+#: naive / driver per-step time the Stage-2 step must reach (no target for Stage 1)
+STAGE2_TARGET = {"cpu": 1.0, "cuda": 3.0}
 
 
-def _sync(dev):
+def _timed(fn, dev) -> float:
     if dev.type == "cuda":
         torch.cuda.synchronize()
-
-
-def _timed(fn, dev):
-    _sync(dev)
     t = time.perf_counter()
     fn()
-    _sync(dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - t
 
 
+def _take(ds: TensorDataset, n: int) -> TensorDataset:
+    return TensorDataset(*[t[:n] for t in ds.tensors])
+
+
+def _micro_batch(text: str):
+    """--micro-batch: "auto", "none" (one pass) or a number of samples."""
+    word = text.strip().lower()
+    return {"auto": "auto", "none": None}[word] if word in ("auto", "none") else int(word)
+
+
+def stage1_runs(base, splits, s1, dev):
+    """{name: fn(k)} running k Stage-1 steps from a fresh copy of ``base`` (the copy untimed)."""
+    c0 = 3.0
+    remote, forget = driver_order_stage1(splits, s1, seed=0, device=dev)
+
+    def naive(k):
+        m = copy.deepcopy(base)
+        return _timed(lambda: naive_stage1(m, remote[:k], forget, lr=s1.lr, c0=c0), dev)
+
+    def driver(k):
+        m = copy.deepcopy(base)
+        sp = dataclasses.replace(splits, remote=_take(splits.remote, s1.remote_batch_size * k))
+        return _timed(lambda: ee.stage1(m, sp, s1, c0=c0, progress=False, log_every=10 ** 9), dev)
+    return {"naive": naive, "driver": driver}
+
+
+def stage2_runs(base, splits, s2, dev):
+    """{name: fn(k)} running k Stage-2 steps from a fresh copy of ``base`` (the copy untimed)."""
+    sched = driver_order_stage2(splits, s2, seed=0, device=dev)
+
+    def naive(k):
+        m = copy.deepcopy(base)
+        return _timed(lambda: naive_stage2(m, sched[:k], lr=s2.lr), dev)
+
+    def driver(k):
+        m = copy.deepcopy(base)
+        sp = dataclasses.replace(splits, adjacent=_take(splits.adjacent, s2.adjacent_batch_size * k))
+        return _timed(lambda: ee.stage2(m, sp, s2, progress=False, log_every=10 ** 9), dev)
+    return {"naive": naive, "driver": driver}
+
+
+def measure(name, runs, steps, rounds, deadline, res, save):
+    """Interleaved rounds of T(1) and T(1 + steps) for each run; per-step times into res[name]."""
+    for fn in runs.values():   # warm-up (allocator, oneDNN / cuDNN plans)
+        fn(1)
+    out = res[name]
+    per = {k: [] for k in runs}
+    for r in range(rounds):
+        if r > 0 and time.perf_counter() > deadline:
+            out["stopped_by_time_budget"] = True
+            break
+        for k, fn in runs.items():
+            t1, tn = fn(1), fn(1 + steps)
+            per[k].append((tn - t1) / steps)
+        med = {k: statistics.median(v) for k, v in per.items()}
+        out.update(rounds=len(per["naive"]), naive_ms=1e3 * med["naive"],
+                   driver_ms=1e3 * med["driver"], speedup=med["naive"] / med["driver"],
+                   naive_ms_all=[1e3 * t for t in per["naive"]],
+                   driver_ms_all=[1e3 * t for t in per["driver"]])
+        save()
+    return out
+
+
+def print_row(name, out, target):
+    spread = {k: 100 * (max(v) - min(v)) / statistics.median(v) for k, v in
+              (("naive", out["naive_ms_all"]), ("driver", out["driver_ms_all"]))}
+    verdict = "" if target is None else \
+        f"target >= {target:g}x " + ("ok" if out["speedup"] >= target else "BELOW")
+    print(f"{name} step: naive {out['naive_ms']:9.1f} ms ±{spread['naive']:3.0f}% | driver "
+          f"{out['driver_ms']:9.1f} ms ±{spread['driver']:3.0f}% | x{out['speedup']:.2f} {verdict} "
+          f"({out['rounds']} rounds; ± = (max-min)/median)", flush=True)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per stage (cpu 2, cuda 10)")
-    ap.add_argument("--batch-limit", type=int, default=None, help="Stage 2 forget/remote limit (cpu 2, cuda 10)")
+    ap.add_argument("--steps", type=int, default=None, help="n: timed steps per call (cpu 2, cuda 5)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per stage (cpu 3, cuda 5)")
+    ap.add_argument("--batch-limit", type=int, default=None,
+                    help="Stage 2 forget/remote limit (cpu 2, cuda 10)")
     ap.add_argument("--scale", type=float, default=None, help="batch-size scale vs paper (cpu 0.125, cuda 1)")
-    ap.add_argument("--micro-batch", type=int, default=None)
+    ap.add_argument("--micro-batch", type=_micro_batch, default="auto",
+                    help="Stage 2 micro_batch of the driver: auto (default), none or a number")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", nargs="?", const="-", default=None, help="write JSON (to a file, or '-' = stdout)")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds: start no round after this (each stage gets at least one)")
+    ap.add_argument("--json", default=None, help="write the results here, updated after every round")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda but no CUDA device is available")
     cpu = dev.type == "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)
-    steps = args.steps or (2 if cpu else 10)
+    steps = args.steps or (2 if cpu else 5)
+    rounds = args.rounds or (3 if cpu else 5)
     limit = args.batch_limit or (2 if cpu else 10)
     sc = args.scale or (0.125 if cpu else 1.0)
     bs = lambda n: max(2, int(round(n * sc)))  # noqa: E731
@@ -68,57 +161,41 @@ def main(argv=None):
     def ds(n):
         return TensorDataset(torch.randn(n, 3, 32, 32, generator=g).to(dev),
                              torch.randint(0, 20, (n,), generator=g).to(dev))
-    # +1 step of warm-up in each stage
     splits = ee.Splits(forget=ds(s2.forget_batch_size * limit),
                        adjacent=ds(s2.adjacent_batch_size * (steps + 1)),
-                       remote=ds(max(s1.remote_batch_size * (steps + 1), s2.remote_batch_size * limit)))
+                       remote=ds(max(s1.remote_batch_size * (steps + 1),
+                                     s2.remote_batch_size * limit)))
     torch.manual_seed(0)
     base = resnet18_cifar(20).to(dev).eval()
-    n_params = sum(p.numel() for p in base.parameters())
-    res = {"device": str(dev), "device_name": torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor(),
-           "torch": torch.__version__, "threads": torch.get_num_threads(), "params": n_params, "steps": steps,
-           "stage1": {"remote_batch": s1.remote_batch_size, "forget_batch": s1.forget_batch_size},
+    probe = tuple(t[:1] for t in splits.forget.tensors)
+    resolved = auto_micro_batch(base, probe) if s2.micro_batch == "auto" else s2.micro_batch
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    res = {"benchmark": "unlearn_step", **environment(dev), "load_average_1min": load,
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+           "params": sum(p.numel() for p in base.parameters()), "steps_per_call": steps,
+           "stage1": {"remote_batch": s1.remote_batch_size, "forget_batch": s1.forget_batch_size,
+                      "target": None},
            "stage2": {"adjacent_batch": s2.adjacent_batch_size, "forget": [s2.forget_batch_size, limit],
-                      "remote": [s2.remote_batch_size, limit], "micro_batch": args.micro_batch}}
-
-    # Stage 1: steps+1 steps over the remote set; the first is warm-up (timed separately)
-    c0 = 3.0
-    remote, forget = driver_order_stage1(splits, s1, seed=0, device=dev)
-    m = copy.deepcopy(base)
-    t_naive = _timed(lambda: naive_stage1(m, remote[:1], forget, lr=s1.lr, c0=c0), dev)
-    t_naive = _timed(lambda: naive_stage1(m, remote[1:steps + 1], forget, lr=s1.lr, c0=c0), dev) / steps
-    m = copy.deepcopy(base)
-    sp1 = ee.Splits(forget=splits.forget, adjacent=splits.adjacent,
-                    remote=TensorDataset(*[t[:s1.remote_batch_size] for t in splits.remote.tensors]))
-    _timed(lambda: ee.stage1(m, sp1, s1, c0=c0, progress=False, log_every=10 ** 9), dev)
-    spn = ee.Splits(forget=splits.forget, adjacent=splits.adjacent,
-                    remote=TensorDataset(*[t[:s1.remote_batch_size * steps] for t in splits.remote.tensors]))
-    t_drv = _timed(lambda: ee.stage1(m, spn, s1, c0=c0, progress=False, log_every=10 ** 9), dev) / steps
-    res["stage1"].update(naive_ms=1e3 * t_naive, driver_ms=1e3 * t_drv, speedup=t_naive / t_drv)
-    print(f"stage 1 step: naive {1e3 * t_naive:8.1f} ms | driver {1e3 * t_drv:8.1f} ms | x{t_naive / t_drv:.2f}",
-          file=sys.stderr)
-
-    # Stage 2
-    sched = driver_order_stage2(splits, s2, seed=0, device=dev)
-    m = copy.deepcopy(base)
-    _timed(lambda: naive_stage2(m, sched[:1], lr=s2.lr), dev)
-    t_naive = _timed(lambda: naive_stage2(m, sched[1:steps + 1], lr=s2.lr), dev) / steps
-    m = copy.deepcopy(base)
-    sp1 = ee.Splits(forget=splits.forget, remote=splits.remote,
-                    adjacent=TensorDataset(*[t[:s2.adjacent_batch_size] for t in splits.adjacent.tensors]))
-    _timed(lambda: ee.stage2(m, sp1, s2, progress=False, log_every=10 ** 9), dev)
-    spn = ee.Splits(forget=splits.forget, remote=splits.remote,
-                    adjacent=TensorDataset(*[t[:s2.adjacent_batch_size * steps] for t in splits.adjacent.tensors]))
-    t_drv = _timed(lambda: ee.stage2(m, spn, s2, progress=False, log_every=10 ** 9), dev) / steps
-    res["stage2"].update(naive_ms=1e3 * t_naive, driver_ms=1e3 * t_drv, speedup=t_naive / t_drv)
-    print(f"stage 2 step: naive {1e3 * t_naive:8.1f} ms | driver {1e3 * t_drv:8.1f} ms | x{t_naive / t_drv:.2f}",
-          file=sys.stderr)
-    res["ops_native"] = {n: hasattr(ee, n) for n in ("project_orthogonal_", "dual_update_",
-                                                     "augmented_lagrangian_term")}
-    if args.json == "-":
-        print(json.dumps(res, indent=2))
-    elif args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+                      "remote": [s2.remote_batch_size, limit], "micro_batch": s2.micro_batch,
+                      "micro_batch_resolved": resolved, "target": STAGE2_TARGET[dev.type]},
+           "ops_native": {n: hasattr(ee, n) for n in ("project_orthogonal_", "dual_update_",
+                                                      "augmented_lagrangian_term")}}
+    print(f"# ResNet-18 CIFAR, {res['device_name']}, {res['threads']} threads, torch "
+          f"{torch.__version__}, load average {load}, OMP_WAIT_POLICY={res['omp_wait_policy']}; "
+          f"Stage 2: adjacent "
+          f"{s2.adjacent_batch_size}, forget {s2.forget_batch_size}x{limit}, remote "
+          f"{s2.remote_batch_size}x{limit}, micro_batch {s2.micro_batch!r} -> {resolved}", flush=True)
+    save = lambda: save_json(args.json, res, quiet=True)  # noqa: E731
+    start = time.perf_counter()
+    budget = args.time_budget
+    d1 = float("inf") if budget is None else start + 0.4 * budget   # Stage 1: 40 % of the budget
+    print_row("stage 1", measure("stage1", stage1_runs(base, splits, s1, dev), steps, rounds, d1,
+                                 res, save), None)
+    d2 = float("inf") if budget is None else start + budget
+    print_row("stage 2", measure("stage2", stage2_runs(base, splits, s2, dev), steps, rounds, d2,
+                                 res, save), STAGE2_TARGET[dev.type])
+    if args.json:
+        print(f"saved {args.json}")
     return res
 
 

@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "epochs: --set epochs=N)")
     g.add_argument("--stage1-epochs", type=int, default=None, help="Stage 1 passes over the remote set")
     g.add_argument("--batch-limit", type=int, default=None, help="Stage 2 forget and remote batch limit")
-    g.add_argument("--micro-batch", type=int, default=None, help="Stage 2 max samples per forward/backward pass")
+    g.add_argument("--micro-batch", type=int, default=None,
+                   help="Stage 2 max samples per forward/backward pass (default: auto, bounded on CPU)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the setting's own, "
                    "else $OMP_NUM_THREADS, else the physical cores)")
     h = ap.add_argument_group("hyperparameter overrides")

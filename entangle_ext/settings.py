@@ -374,7 +374,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                         data={"superclasses": ("fish", "flowers", "insects"), "max_train_per_class": 60,
                               "max_test_per_class": 20},
                         stage2=dict(epochs=2, adjacent_batch_size=64, forget_batch_limit=2, remote_batch_limit=2,
-                                    remote_batch_size=256, micro_batch=256), cpu=True)),
+                                    remote_batch_size=256), cpu=True)),
             data_options=_CAPS + ("superclasses", "forget")),
     Setting("tinyimagenet", "Tiny-ImageNet WordNet superclasses: forget dog class(es), adjacent their siblings",
             "tinyimagenet", _load_tinyimagenet, _vit_model, _vision_variants(

@@ -108,7 +108,7 @@ def w2_checks(data):
     out = []
     for case, target in W2_TARGETS.items():
         row = next((r for c, r in rows.items() if c == case or (case == "ragged" and c.startswith("ragged"))), None)
-        value = None if row is None else row.get("speedup")
+        value = None if row is None else row.get("ratio", row.get("speedup"))   # bench_w2: "ratio"
         out.append(_check(f"W2 fwd+bwd {case}: speed-up vs composite", value, target, "x"))
     return out
 
@@ -122,7 +122,7 @@ def projection_checks(data):
             for r in _rows(data):
                 flat = str(r.get("workload", "flat")).startswith("flat") or r.get("tensors") == 1
                 if r.get("k") == k and flat and abs(float(r.get("P", 0)) - size) <= 0.01 * size:
-                    frac = r.get("copy_fraction", r.get("fraction_of_copy"))
+                    frac = r.get("frac_of_copy", r.get("copy_fraction", r.get("fraction_of_copy")))
                     copy = r.get("copy_GBps", meta.get("copy_GBps"))
                     if frac is None and r.get("fused_GBps") and copy:
                         frac = r["fused_GBps"] / copy

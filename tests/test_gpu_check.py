@@ -48,7 +48,7 @@ def _work_dir(tmp_path):
         "========= Invalid __global__ read of size 4 bytes\n=========     at k()\n"
         "========= ERROR SUMMARY: 2 errors\n")
     (out / "bench_w2.json").write_text(json.dumps({"rows": [
-        {"case": "64x512", "speedup": 6.0}, {"case": "4096x128", "speedup": 4.0},
+        {"case": "64x512", "ratio": 6.0}, {"case": "4096x128", "speedup": 4.0},
         {"case": "ragged64(64-1024)", "speedup": 7.5}, {"case": "1x1048576", "speedup": 3.2}]}))
     (out / "bench_projection.json").write_text(json.dumps({"meta": {"copy_GBps": 4000.0}, "results": [
         {"workload": "flat P=11.2M", "k": 2, "P": 11200000, "fused_GBps": 3000.0},

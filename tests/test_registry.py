@@ -176,7 +176,7 @@ def test_registry_recipes():
     t = SETTINGS["toxigen"].variant("full").recipe
     assert (t.optimizer, t.lr, t.epochs, t.batch_size, t.weight_decay) == ("adamw", 2e-5, 3, 32, 0.01)
     red = SETTINGS["cifar100"].config("reduced")
-    assert (red.stage2.epochs, red.stage2.forget_batch_limit, red.stage2.micro_batch) == (2, 2, 256)
+    assert (red.stage2.epochs, red.stage2.forget_batch_limit, red.stage2.micro_batch) == (2, 2, "auto")
     assert red.stage1 == UnlearnConfig.preset("cifar100").stage1
 
 

@@ -39,8 +39,10 @@ CHECKPOINT_FORMAT = 4
 #: Environment variables a run may set (restored by `preserved_global_state`).
 ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
 #: UnlearnConfig fields that may differ between a checkpoint and the run resuming it (they change
-#: logging, checkpointing or plots, or add Stage 2 to a Stage-1-only run; not the computation).
-RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "run_stage2")
+#: logging, checkpointing or plots, or add Stage 2 to a Stage-1-only run; not the computation;
+#: stage2.micro_batch changes the gradients' float round-off only).
+RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "run_stage2",
+                           "stage2.micro_batch")
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

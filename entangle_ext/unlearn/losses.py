@@ -9,7 +9,7 @@ global batches; means and the Wasserstein-2 term are taken over the global batch
 from __future__ import annotations
 
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -17,15 +17,20 @@ import torch.nn.functional as F
 from .._ext import available
 from ..reference import wasserstein2_1d as _w2_reference
 from ..wasserstein import wasserstein2_1d
-from .config import Stage2Config
+from .config import MicroBatch, Stage2Config
 from .data import batch_size_of, forward_logits, slice_batch, split_batch
 from .distributed import current
 from .precision import LOW_PRECISION
 
 __all__ = ["trainable_params", "per_sample_ce", "mean_ce", "grads_of", "forget_objective",
-           "forget_grad", "remote_grad"]
+           "forget_grad", "remote_grad", "auto_micro_batch", "CPU_CHUNK_BYTES"]
 
 Grads = List[torch.Tensor]
+
+#: Bytes that micro_batch="auto" allows the largest activation of one forward pass on CPU: half
+#: the 32 MiB L3 cache of the machine it was measured on (see `Stage2Config`: per-sample cost is
+#: flat while that activation stays within about 24 MiB and rises 20-45 % beyond the L3 size).
+CPU_CHUNK_BYTES = 16 * 2 ** 20
 
 
 def trainable_params(model: torch.nn.Module) -> List[torch.nn.Parameter]:
@@ -55,6 +60,57 @@ def grads_of(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> Grads:
     acc = current().grads(params)
     acc.add(loss)
     return acc.result()
+
+
+def _tensors(x) -> Iterator[torch.Tensor]:
+    """The tensors in a module output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+def auto_micro_batch(model: torch.nn.Module, batch) -> Optional[int]:
+    """The micro-batch that ``micro_batch="auto"`` stands for (`Stage2Config`, docs/algorithm.md
+    §3): on CPU in one process, the number of samples (>= 1) whose largest activation fits in
+    `CPU_CHUNK_BYTES`; None (one pass) on any other device and under several ranks (where every
+    rank must take the same passes).
+
+    The largest activation per sample is the largest output of any submodule in one no-grad
+    forward pass of the first sample of ``batch`` (a tuple/list or dict batch on the model's
+    device, as the stages make them), run in eval mode; every module's mode is restored after it.
+    A model whose submodules output no tensor gives None.
+    """
+    _, y = split_batch(batch)
+    if current().active or y.device.type != "cpu":
+        return None
+    largest = 0
+
+    def hook(_module, _inputs, out):
+        nonlocal largest
+        largest = max([largest] + [t.nbytes for t in _tensors(out)])
+
+    modes = [(m, m.training) for m in model.modules()]
+    handles = [m.register_forward_hook(hook) for m, _ in modes]
+    try:
+        model.eval()
+        with torch.no_grad():
+            per_sample_ce(model, slice_batch(batch, 0, 1))
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes:
+            m.training = training
+    return max(1, CPU_CHUNK_BYTES // largest) if largest else None
+
+
+def _resolve(model, batches: List[Any], micro_batch: MicroBatch) -> Optional[int]:
+    """``micro_batch`` with "auto" replaced by `auto_micro_batch` of the first batch."""
+    return auto_micro_batch(model, batches[0]) if micro_batch == "auto" else micro_batch
 
 
 def _chunks(batches: List[Any], micro_batch: Optional[int], sizes: List[int]):
@@ -118,11 +174,12 @@ def forget_grad(model, params, batches: List[Any], b_ref: torch.Tensor, sizes: L
     """g_f = ∇ L̃_f over the forget ``batches`` (this rank's parts of global batches of ``sizes``),
     with the reference values b = −ℓ(θ̄) of all their samples ``b_ref`` ((Σ sizes,), global order).
     The per-sample losses of every rank are gathered (`Dist.gather`) so that W2² and the mean term
-    see the whole global batches. With several forward chunks (``micro_batch``): d obj / d ℓ from a
-    no-grad pass, then Σ_chunks ∇(w·ℓ) (exact, bounded memory).
+    see the whole global batches. With several forward chunks (``config.micro_batch``, "auto"
+    resolved by `auto_micro_batch`): d obj / d ℓ from a no-grad pass, then Σ_chunks ∇(w·ℓ) (exact,
+    bounded memory).
     Returns (g_f, objective, W2², mean forget CE), the last three 0-d detached tensors."""
     d = current()
-    chunks = _chunks(batches, config.micro_batch, sizes)
+    chunks = _chunks(batches, _resolve(model, batches, config.micro_batch), sizes)
     acc = d.grads(params)
     if len(chunks) == 1:
         a = d.gather(-per_sample_ce(model, chunks[0]), sizes)
@@ -145,14 +202,14 @@ def forget_grad(model, params, batches: List[Any], b_ref: torch.Tensor, sizes: L
 
 
 def remote_grad(model, params, batches: List[Any], sizes: List[int],
-                micro_batch: Optional[int]) -> Tuple[Grads, torch.Tensor]:
+                micro_batch: MicroBatch) -> Tuple[Grads, torch.Tensor]:
     """g_rem = ∇ Σ_b mean CE(batch b) over the remote ``batches`` (this rank's parts of global
-    batches of ``sizes``), in chunks of at most ``micro_batch`` samples. Returns (g_rem, mean over
-    batches of the batch-mean CE, 0-d). The per-sample weights 1/|R_k| are built in the losses'
-    dtype (exact in float64)."""
+    batches of ``sizes``), in chunks of at most ``micro_batch`` samples (None: one pass; "auto":
+    `auto_micro_batch`). Returns (g_rem, mean over batches of the batch-mean CE, 0-d). The
+    per-sample weights 1/|R_k| are built in the losses' dtype (exact in float64)."""
     d = current()
     local = [batch_size_of(b) for b in batches]
-    chunks = _chunks(batches, micro_batch, sizes)
+    chunks = _chunks(batches, _resolve(model, batches, micro_batch), sizes)
     acc, off, total, wts = d.grads(params), 0, None, None
     for j, c in enumerate(chunks):
         ce = per_sample_ce(model, c)

@@ -11,6 +11,7 @@ every global batch with the reductions of `entangle_ext.unlearn.distributed` (do
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -22,7 +23,8 @@ from .config import Stage1Config, Stage2Config
 from .data import BatchStream, Splits, batch_size_of
 from .distributed import Dist, current, scope
 from .loop import NonFiniteLossError, StageLoop, StageResult, updating
-from .losses import forget_grad, grads_of, mean_ce, per_sample_ce, remote_grad, trainable_params
+from .losses import (auto_micro_batch, forget_grad, grads_of, mean_ce, per_sample_ce, remote_grad,
+                     trainable_params)
 from .precision import MasterParams, amp_scope, model_dtype, state_dtype
 
 __all__ = ["stage1", "stage2", "remote_loss_c0", "reference_losses", "NonFiniteLossError",
@@ -279,17 +281,21 @@ def _stage2_step(model, ref: torch.Tensor, params, master: MasterParams, opt, v,
                  config: Stage2Config, d: Dist):
     """The step function of Stage 2 on one adjacent batch ``ab`` (see `stage2`): every forward
     pass first, then v, the parameters (and their float32 copies) change. ``ref`` holds −ℓ(θ̄) of
-    every forget sample (`reference_losses`)."""
+    every forget sample (`reference_losses`). ``micro_batch="auto"`` is resolved once, on the
+    first forget batch of the first step (`auto_micro_batch`)."""
     forget, remote = streams
     proj_kw = _projection_kwargs(config)
 
     def step(i, ab):
+        nonlocal config
         l_adj = mean_ce(model, ab)
         g_adj = grads_of(l_adj, params)
         fidx = forget.pass_indices(i, config.forget_batch_limit)
         b_ref = ref[torch.cat(fidx).to(ref.device, non_blocking=True)]
-        g_f, f_obj, w2, f_ce = forget_grad(model, params,
-                                           forget.fetch_pass(i, config.forget_batch_limit), b_ref,
+        f_batches = forget.fetch_pass(i, config.forget_batch_limit)
+        if config.micro_batch == "auto":
+            config = dataclasses.replace(config, micro_batch=auto_micro_batch(model, f_batches[0]))
+        g_f, f_obj, w2, f_ce = forget_grad(model, params, f_batches, b_ref,
                                            [len(x) for x in fidx], config)
         r_sizes = [len(x) for x in remote.pass_indices(i, config.remote_batch_limit)]
         g_rem, r_ce = remote_grad(model, params, remote.fetch_pass(i, config.remote_batch_limit),
