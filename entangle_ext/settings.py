@@ -14,12 +14,17 @@ runs for a machine without a GPU; they are only used when asked for by name.
 setting        variants (first = default)                       options (`Setting.options`)
 =============  ===============================================  ===================================
 digits         full, reduced                                    max_train_per_class, forget
-cifar100       full, reduced                                    caps, superclasses, forget
-tinyimagenet   full (needs weights), scratch, reduced           caps, superclasses, forget, weights
+cifar100       full, reduced, cpu                               caps, superclasses, forget
+tinyimagenet   full (needs weights), scratch, reduced, lite0    caps, superclasses, forget, weights
 celeba         full (needs weights), scratch, reduced           caps, forget, weights
 toxigen        full, reduced (frozen encoder + MLP head)        max_train_per_class, forget,
                                                                 model_path
 =============  ===============================================  ===================================
+
+The two CPU presets of the comparison (docs/algorithm.md §8): ``cifar100`` / ``cpu`` (a 0.31 M
+parameter ResNet of torchvision basic blocks on all 20 superclasses at 16×16 px) and
+``tinyimagenet`` / ``lite0`` (ImageNet-pretrained EfficientNet-Lite0 fine-tuned on the dogs/felines
+subset; needs ``pip install ".[lite0]"``).
 
 ``forget`` chooses the forgotten sub-population: digits: a digit 0-9 (adjacent = the other digits
 of its parity); cifar100: a fine class; tinyimagenet: a class or WordNet hypernym; celeba:
@@ -257,10 +262,10 @@ def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None
 
 
 def _load_cifar100(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
-                   superclasses=None, forget="aquarium_fish"):
+                   superclasses=None, forget="aquarium_fish", image_size=32):
     from .data.cifar100 import cifar100_splits
     return cifar100_splits(root, forget_fine=forget, superclasses=superclasses, max_train_per_class=max_train_per_class,
-                           max_test_per_class=max_test_per_class, seed=seed, device=device)
+                           max_test_per_class=max_test_per_class, image_size=image_size, seed=seed, device=device)
 
 
 def _load_tinyimagenet(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
@@ -323,12 +328,19 @@ def _digits_model(info):
     return DigitsMLP(num_classes=info["num_classes"])
 
 
-def _cifar_model(info):
-    from .data.cifar100 import resnet18_cifar
+def _cifar_model(info, arch="resnet18"):
+    from .data.cifar100 import resnet18_cifar, small_resnet_cifar
+    if arch == "small":
+        return small_resnet_cifar(info["num_classes"])
     return resnet18_cifar(info["num_classes"])
 
 
 def _vit_model(info, arch="small", weights=None, image_size=64):
+    if arch == "lite0":
+        if weights is not None:
+            raise ValueError("the lite0 variant brings its own ImageNet weights; it takes no weights option")
+        from .data.lite0 import Lite0Classifier
+        return Lite0Classifier(info["num_classes"], image_size=image_size)
     from .data.vit import vit_classifier
     return vit_classifier(info["num_classes"], arch=arch, weights=weights, image_size=image_size)
 
@@ -349,12 +361,12 @@ _VIT_SCRATCH = _VIT_FINETUNE.replace(lr=1e-3, epochs=30)
 _CAPS = ("max_train_per_class", "max_test_per_class")
 
 
-def _vision_variants(reduced_data, reduced_recipe, stage1=None, stage2=None):
+def _vision_variants(reduced_data, reduced_recipe, stage1=None, stage2=None, extra=()):
     return (Variant("full", "ViT-B/32 fine-tuned from local ImageNet weights (the paper's model)", _VIT_FINETUNE,
                     model={"arch": "vit_b_32"}, requires=("weights",)),
             Variant("scratch", "small ViT trained from scratch (not the paper's model)", _VIT_SCRATCH),
             Variant("reduced", "small ViT from scratch on a capped subset (CPU; not the paper's model)",
-                    reduced_recipe, data=reduced_data, stage1=stage1 or {}, stage2=stage2 or {}, cpu=True))
+                    reduced_recipe, data=reduced_data, stage1=stage1 or {}, stage2=stage2 or {}, cpu=True)) + tuple(extra)
 
 
 SETTINGS: Dict[str, Setting] = {s.name: s for s in (
@@ -374,13 +386,22 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                         data={"superclasses": ("fish", "flowers", "insects"), "max_train_per_class": 60,
                               "max_test_per_class": 20},
                         stage2=dict(epochs=2, adjacent_batch_size=64, forget_batch_limit=2, remote_batch_limit=2,
-                                    remote_batch_size=256), cpu=True)),
+                                    remote_batch_size=256), cpu=True),
+                Variant("cpu", "small ResNet (torchvision basic blocks, widths 32-64-128, 0.31 M parameters) on "
+                               "all 20 superclasses at 16x16 px (CPU preset; not the paper's model)",
+                        TrainRecipe("sgd", lr=0.1, epochs=15, batch_size=128, momentum=0.9, weight_decay=5e-4,
+                                    schedule="cosine", augment=True, crop_padding=2),
+                        data={"image_size": 16}, model={"arch": "small"}, stage2={"lr": 3e-4}, cpu=True)),
             data_options=_CAPS + ("superclasses", "forget")),
     Setting("tinyimagenet", "Tiny-ImageNet WordNet superclasses: forget dog class(es), adjacent their siblings",
             "tinyimagenet", _load_tinyimagenet, _vit_model, _vision_variants(
                 {"max_train_per_class": 100}, _VIT_SCRATCH.replace(epochs=15, batch_size=64),
                 stage1=dict(epochs=3, lr=2e-4, remote_batch_size=64, forget_batch_size=32),
-                stage2=dict(epochs=2, lr=2e-3, adjacent_batch_size=64)),
+                stage2=dict(epochs=2, lr=2e-3, adjacent_batch_size=64), extra=(
+                    Variant("lite0", "EfficientNet-Lite0 (ImageNet weights, stem + 3 blocks frozen, input resized to "
+                                     "96 px) fine-tuned on the dogs/felines subset (CPU preset; not the paper's model)",
+                            TrainRecipe("adamw", lr=1e-3, epochs=3, batch_size=64, weight_decay=0.05, augment=True),
+                            model={"arch": "lite0", "image_size": 96}, cpu=True),)),
             data_options=_CAPS + ("superclasses", "forget"), model_options=("weights",)),
     Setting("celeba", "CelebA (Male, Smiling) targets: forget female-not-smiling-not-young-no-glasses",
             "celeba", _load_celeba, _vit_model, _vision_variants(

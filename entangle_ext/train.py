@@ -43,11 +43,13 @@ class TrainRecipe:
         momentum: SGD momentum (ignored by Adam/AdamW).
         weight_decay: the optimizer's weight decay (L2 for SGD/Adam, decoupled for AdamW).
         schedule: "constant", or "cosine" = `CosineAnnealingLR` over all steps, stepped per batch.
-        augment: random horizontal flip + translation by up to 4 px (`cifar_augment`) on image
-            batches ((B, C, H, W) tensors); ignored for other inputs.
+        augment: random horizontal flip + translation by up to ``crop_padding`` pixels
+            (`cifar_augment`) on image batches ((B, C, H, W) tensors); ignored for other inputs.
+        crop_padding: the translation range in pixels (4 = the usual CIFAR RandomCrop(32,
+            padding=4); 0 = flips only).
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
-            momentum or weight decay.
+            momentum or weight decay, a negative crop_padding.
     """
     optimizer: Optimizer = "sgd"
     lr: float = 1e-3
@@ -57,6 +59,7 @@ class TrainRecipe:
     weight_decay: float = 0.0
     schedule: Schedule = "cosine"
     augment: bool = False
+    crop_padding: int = 4
 
     def __post_init__(self):
         if self.optimizer not in ("sgd", "adam", "adamw"):
@@ -71,6 +74,8 @@ class TrainRecipe:
             raise ValueError(f"TrainRecipe.batch_size must be an integer >= 1, got {self.batch_size}")
         if self.momentum < 0 or self.weight_decay < 0:
             raise ValueError("TrainRecipe.momentum and weight_decay must be >= 0")
+        if int(self.crop_padding) != self.crop_padding or self.crop_padding < 0:
+            raise ValueError(f"TrainRecipe.crop_padding must be an integer >= 0, got {self.crop_padding}")
 
     def replace(self, **changes) -> "TrainRecipe":
         """A copy with ``changes`` applied (validated); None values are ignored."""
@@ -80,19 +85,23 @@ class TrainRecipe:
         return dataclasses.asdict(self)
 
 
-def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None, padding: int = 4) -> torch.Tensor:
     """Standard CIFAR augmentation on a (B, C, H, W) batch, per sample: random horizontal flip
-    and random translation by up to 4 pixels with zero padding (= RandomCrop(H, padding=4)).
-    Random numbers come from ``generator`` (a CPU generator); the result is on ``x.device``."""
-    B, _, H, W = x.shape
+    and random translation by up to ``padding`` pixels with zero padding (= RandomCrop(H,
+    padding=padding); 0 = flips only). Random numbers come from ``generator`` (a CPU generator);
+    the result is on ``x.device``."""
+    B, C, H, W = x.shape
     flip = torch.rand(B, generator=generator) < 0.5
     x = torch.where(flip.to(x.device).view(B, 1, 1, 1), x.flip(3), x)
-    pad = F.pad(x, (4, 4, 4, 4))
-    dx = torch.randint(0, 9, (B,), generator=generator).to(x.device)
-    dy = torch.randint(0, 9, (B,), generator=generator).to(x.device)
-    rows = (dy.view(B, 1) + torch.arange(H, device=x.device)).view(B, 1, H, 1).expand(B, x.shape[1], H, W + 8)
+    if padding == 0:
+        return x
+    p = padding
+    pad = F.pad(x, (p, p, p, p))
+    dx = torch.randint(0, 2 * p + 1, (B,), generator=generator).to(x.device)
+    dy = torch.randint(0, 2 * p + 1, (B,), generator=generator).to(x.device)
+    rows = (dy.view(B, 1) + torch.arange(H, device=x.device)).view(B, 1, H, 1).expand(B, C, H, W + 2 * p)
     pad = pad.gather(2, rows)
-    cols = (dx.view(B, 1) + torch.arange(W, device=x.device)).view(B, 1, 1, W).expand(B, x.shape[1], H, W)
+    cols = (dx.view(B, 1) + torch.arange(W, device=x.device)).view(B, 1, 1, W).expand(B, C, H, W)
     return pad.gather(3, cols)
 
 
@@ -211,7 +220,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         for idx in torch.randperm(len(data), generator=gen).split(recipe.batch_size):
             inputs, y = split_batch(_batch(data, idx, device))
             if recipe.augment and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
-                inputs = cifar_augment(inputs, gen)
+                inputs = cifar_augment(inputs, gen, recipe.crop_padding)
             loss = F.cross_entropy(forward_logits(model, inputs), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -25,8 +25,8 @@ from ..unlearn import Splits
 from .root import find_data_file
 from .tinyimagenet import images_to_tensor
 
-__all__ = ["find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "CIFAR100_MEAN",
-           "CIFAR100_STD"]
+__all__ = ["find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "small_resnet_cifar",
+           "downsample_images", "CIFAR100_MEAN", "CIFAR100_STD"]
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
@@ -83,8 +83,8 @@ def load_cifar100(root: Union[str, Path, None] = None) -> dict:
 def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "aquarium_fish",
                     superclasses: Optional[Sequence[str]] = None,
                     max_train_per_class: Optional[int] = None,
-                    max_test_per_class: Optional[int] = None, seed: int = 0, device="cpu",
-                    dtype=torch.float32, data: Optional[dict] = None) -> Tuple[Splits, dict]:
+                    max_test_per_class: Optional[int] = None, image_size: int = 32, seed: int = 0,
+                    device="cpu", dtype=torch.float32, data: Optional[dict] = None) -> Tuple[Splits, dict]:
     """Splits of the CIFAR-100 superclass setting as device-resident TensorDatasets, built with
     `entangle_ext.splits.split_by_hierarchy` (docs/algorithm.md §1).
 
@@ -94,15 +94,18 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
         superclasses: keep only these coarse classes (reduced CPU runs; must include the forget
             class's superclass); labels are re-indexed 0..K-1 in the given order. None = all 20.
         max_train_per_class, max_test_per_class: cap per fine class (random subset, ``seed``).
+        image_size: side in pixels of the returned images (`downsample_images`; 32 = as stored).
     Returns:
-        (splits, info): x (N, 3, 32, 32) ``dtype`` normalised with CIFAR-100 mean/std, y (N,)
-        int64 coarse labels, on ``device``; within a split the samples are ordered by fine class,
+        (splits, info): x (N, 3, image_size, image_size) ``dtype`` normalised with CIFAR-100
+        mean/std, y (N,) int64 coarse labels, on ``device``; within a split the samples are ordered by fine class,
         then by index in the official array. info: names, num_classes, sizes, fine classes per
         split, and "index_splits" ({"train", "test"}: `IndexSplit` over the official arrays).
     Raises:
-        ValueError: unknown class names, or fine/coarse labels that disagree between samples;
-        FileNotFoundError: no data.
+        ValueError: unknown class names, fine/coarse labels that disagree between samples, an
+        image_size outside 1..32; FileNotFoundError: no data.
     """
+    if int(image_size) != image_size or not 1 <= image_size <= 32:
+        raise ValueError(f"image_size must be an integer in 1..32, got {image_size!r}")
     d = data if data is not None else load_cifar100(root)
     fine_names, coarse_names = list(d["fine_names"]), list(d["coarse_names"])
     if forget_fine not in fine_names:
@@ -130,7 +133,8 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
         targets = np.asarray(s.targets, dtype=np.int64)
         for name in IndexSplit.NAMES:
             pos = np.asarray(getattr(s, name), dtype=np.int64)
-            xs = images_to_tensor(x[sel[pos]], device, dtype, CIFAR100_MEAN, CIFAR100_STD)
+            xs = downsample_images(images_to_tensor(x[sel[pos]], device, dtype, CIFAR100_MEAN, CIFAR100_STD),
+                                   image_size)
             kw[name + suffix] = TensorDataset(xs, torch.as_tensor(targets[pos], device=device))
         idx_splits[split] = IndexSplit(*[sorted(int(i) for i in sel[getattr(s, n)]) for n in IndexSplit.NAMES],
                                        targets=[int(t) for t in f2k[fine]],
@@ -140,7 +144,7 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
               "remote": [k for k in range(len(fine_names)) if f2k[k] >= 0 and f2c[k] != sup]}
     info = {"num_classes": len(keep), "coarse_names": [coarse_names[c] for c in keep],
             "forget_fine": forget_fine, "groups": {k: [fine_names[i] for i in v] for k, v in groups.items()},
-            "sizes": {k: len(v) for k, v in kw.items()}, "index_splits": idx_splits}
+            "sizes": {k: len(v) for k, v in kw.items()}, "index_splits": idx_splits, "image_size": int(image_size)}
     return Splits(**kw), info
 
 
@@ -171,3 +175,42 @@ def resnet18_cifar(num_classes: int = 20) -> torch.nn.Module:
     m.conv1 = torch.nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     m.maxpool = torch.nn.Identity()
     return m
+
+
+def downsample_images(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(N, C, H, H) images -> (N, C, size, size): unchanged when size == H, an average pool when
+    size divides H (2×2 blocks for 32 -> 16), else antialiased bilinear (`torch.nn.functional.interpolate`).
+    Same dtype and device; contiguous."""
+    h = x.shape[-1]
+    if size == h:
+        return x
+    if h % size == 0:
+        return torch.nn.functional.avg_pool2d(x, h // size).contiguous()
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True,
+                                           align_corners=False).contiguous()
+
+
+def small_resnet_cifar(num_classes: int = 20, widths: Sequence[int] = (32, 64, 128),
+                       blocks: Sequence[int] = (1, 1, 1)) -> torch.nn.Module:
+    """A small residual network from torchvision's ResNet `BasicBlock`: a 3×3 stride-1 stem
+    (conv-BN-ReLU, ``widths[0]`` channels), one stage of ``blocks[i]`` basic blocks per width
+    (stride 2 and a 1×1 conv-BN shortcut where the shape changes), global average pool, linear.
+
+    Input (B, 3, H, W) at any size (the CPU CIFAR-100 variant uses 16×16), logits (B, num_classes).
+    With the defaults: 0.31 M parameters for 20 classes (`resnet18_cifar`: 11.2 M). Raises ValueError when ``widths`` and ``blocks`` differ in length or are empty."""
+    from torchvision.models.resnet import BasicBlock
+
+    nn = torch.nn
+    if len(widths) != len(blocks) or not widths:
+        raise ValueError(f"widths {tuple(widths)} and blocks {tuple(blocks)} must be non-empty and of equal length")
+    layers = [nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)]
+    cin = widths[0]
+    for i, (w, b) in enumerate(zip(widths, blocks)):
+        for j in range(b):
+            stride = 2 if (j == 0 and i > 0) else 1
+            down = None if (stride == 1 and cin == w) else nn.Sequential(
+                nn.Conv2d(cin, w, 1, stride, bias=False), nn.BatchNorm2d(w))
+            layers.append(BasicBlock(cin, w, stride, down))
+            cin = w
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
+    return nn.Sequential(*layers)
