@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "ablations or a baseline on a registered setting (entangle_ext.settings).")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
-                    "scratch for tinyimagenet/celeba without --weights; reduced = a CPU run)")
+                    "scratch for tinyimagenet/celeba without --weights; reduced, cpu, lite0 = CPU runs)")
     ap.add_argument("--data-root", default=None, help="data file or directory (default: $ENTANGLE_DATA, the user "
                     "cache dir, then ../shared/data of a source checkout)")
     ap.add_argument("--weights", default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict (else a "

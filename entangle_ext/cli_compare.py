@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="entangle-unlearn compare", description="Compare unlearning methods on a "
                                  "registered setting: mean ± std over seeds (docs/algorithm.md §10).")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True)
-    ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (reduced = a CPU run)")
+    ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (reduced, cpu, lite0 = CPU runs)")
     ap.add_argument("--methods", default="all", help="'all' or a comma list (see entangle_ext.compare."
                     "available_methods)")
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. N-1, shifted by --first-seed)")

