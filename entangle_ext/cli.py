@@ -14,14 +14,15 @@
 The settings, their variants and options come from the registry `entangle_ext.settings`; the flags
 below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS` (entangle_ext.cli_config),
 and ``--set KEY=VALUE`` reaches any other field of the chosen method's config. ``--method`` is any
-name of `entangle_ext.methods.available_methods()` and runs through ``entangle_ext.unlearn(...,
-method=NAME)`` with the config `entangle_ext.compare.method_config` gives it (docs/algorithm.md §10);
-the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage family only. The whole
-configuration (method, flag values, options, device, resume and original-model files) is checked
-before any data is loaded or model trained: bad input prints one ``entangle-unlearn: error: ...``
-line and exits with code 2.
+name of `entangle_ext.available_methods()` and runs through ``entangle_ext.unlearn(...,
+method=NAME)`` with the config that ``from entangle_ext.compare import method_config`` gives it
+(docs/algorithm.md §10); the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage
+family only. The whole configuration (method, flag values, options, device, resume and
+original-model files) is checked before any data is loaded or model trained: bad input prints one
+``entangle-unlearn: error: ...`` line and exits with code 2.
 
-Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
+Reusing an ``--out`` that holds a run without ``--resume`` overwrites it, after a one-line
+warning. Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
 original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
 original model ``original_*.pt`` (its name hashes everything that produced it, see
 `entangle_ext.settings.prepare`; ``--original PATH`` uses a given file instead) under ``--out``.
@@ -34,6 +35,7 @@ import json
 import shlex
 import signal
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -279,13 +281,33 @@ def main(argv=None) -> int:
         plan = _plan(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return _fail(e)
-    with torch_threads(plan.threads), _sigterm_interrupts():
+    with torch_threads(plan.threads), _sigterm_interrupts(), _one_line_warnings():
         try:
             return _run(args, plan)
         except (ValueError, FileNotFoundError, ImportError) as e:
             return _fail(e)
         except KeyboardInterrupt:
             return _interrupted(argv, args.out)
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """The package's own warnings to the user (e.g. `OutDirReusedWarning`: ``--out`` holds a run
+    and no ``--resume``) print as one ``entangle-unlearn: warning: ...`` line; others as usual."""
+    from .unlearn import OutDirReusedWarning
+
+    before = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, OutDirReusedWarning):
+            print(f"{_PROG}: warning: {message}", file=sys.stderr)
+        else:
+            before(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = before
 
 
 @contextlib.contextmanager

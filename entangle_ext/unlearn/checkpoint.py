@@ -210,6 +210,16 @@ class Checkpointer:
         out = str(self.dir.parent)
         return f"entangle_ext.unlearn(model, splits, resume={out!r}, out_dir={out!r})"
 
+    def no_checkpoint_note(self, checkpoint_every: int) -> str:
+        """Why ``last_path`` is None when a stage stops, and what keeps a checkpoint next time."""
+        if self.dir is None:
+            return "no checkpoint was written: pass out_dir (--out) to keep checkpoints"
+        if checkpoint_every > 0:
+            return (f"no checkpoint was written yet: the first was due after step {checkpoint_every} "
+                    "(checkpoint_every)")
+        return ("no checkpoint was written: no stage had finished and checkpoint_every is 0; set "
+                "checkpoint_every (--checkpoint-every) to keep mid-stage checkpoints")
+
     def save(self, tag: str, state: Dict[str, Any]) -> Optional[str]:
         """Write ``common`` + ``dynamic()`` + ``state`` under ``tag``; returns the path (None
         without out_dir). Under several ranks: rank 0 writes the file, sharded entries of
