@@ -59,8 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
     from .methods import HPARAMS, available_methods
 
-    ap = argparse.ArgumentParser(prog=_PROG, description="Two-stage unlearning (Cheng et al., ICLR 2026), its "
-                                 "ablations or a baseline on a registered setting (entangle_ext.settings).")
+    ap = argparse.ArgumentParser(
+        prog=_PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Two-stage unlearning (Cheng et al., ICLR 2026), its ablations or a baseline on a\n"
+                    "registered setting (entangle_ext.settings).",
+        epilog="subcommands:\n"
+               "  compare   several methods over several seeds on one setting, one table of the unlearning\n"
+               f"            metrics (mean ± std): see `{_PROG} compare --help`\n"
+               "            (or `python -m entangle_ext compare --help`)")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
                     "scratch for tinyimagenet/celeba without --weights; reduced, cpu, lite0 = CPU runs)")
