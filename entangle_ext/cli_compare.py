@@ -23,7 +23,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .methods import HPARAMS
+    from .methods import HPARAMS, available_methods
     from .settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
@@ -31,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "registered setting: mean ± std over seeds (docs/algorithm.md §10).")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True)
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (reduced, cpu, lite0 = CPU runs)")
-    ap.add_argument("--methods", default="all", help="'all' or a comma list (see entangle_ext.compare."
-                    "available_methods)")
+    ap.add_argument("--methods", default="all", help="'all' or a comma list of: " + ", ".join(available_methods())
+                    + " (entangle_ext.available_methods())")
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. N-1, shifted by --first-seed)")
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--hparams", choices=HPARAMS, default="paper_code",

@@ -124,7 +124,7 @@ def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]],
     Two-stage family: `Setting.config` of ``variant`` in the recipe of ``--hparams`` / ``--recipe``
     with the stage flags, ``--set`` and the run flags; a flag or ``--set`` field that the method
     itself rewrites or whose stage it skips (e.g. ``--alpha`` with no_w2) is a ValueError.
-    Baseline: `entangle_ext.compare.method_config` / `effective_config` (its ``--hparams`` preset
+    Baseline: ``from entangle_ext.compare import method_config`` / `effective_config` (its ``--hparams`` preset
     for the setting; Retrain's paper_code recipe is the one the original model is trained with,
     ``--original-epochs`` and ``--set train.*`` included) with ``--set`` and the run flags; any
     stage flag is a ValueError."""

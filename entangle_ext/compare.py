@@ -5,11 +5,12 @@
                                   model_fn=build_fresh_model, retrain_recipe=recipe)
     print(result.table)
 
-Every (method, seed) run starts from a deep copy of ``model`` and is scored by
-`entangle_ext.unlearn.metrics.unlearning_metrics` (docs/algorithm.md §10); the retrained model of the
-same seed is the reference of the gap metrics; the row "original" scores ``model`` itself.
-Outputs under ``out_dir``: ``comparison.md`` (mean ± std over seeds, rows = methods, columns = metrics
-with their direction, best per column in bold), ``comparison.json`` and ``comparison.png``, and
+Every (method, seed) run starts from a deep copy of ``model`` and is scored by `unlearning_metrics`
+(``from entangle_ext.unlearn.metrics import unlearning_metrics``; docs/algorithm.md §10); the
+retrained model of the same seed is the reference of the gap metrics; the row "original" scores
+``model`` itself. Outputs under ``out_dir``: ``comparison.md`` (mean ± std over seeds; one value
+per cell for one seed; rows = methods, columns = metrics with their direction, best per column
+in bold when two or more unlearning methods are compared), ``comparison.json`` and ``comparison.png``, and
 ``cache/<method>/seed<k>.json``: one file per finished run, keyed on the method, the seed, its
 effective hyperparameters and a fingerprint of the splits and the original model, so a rerun after an
 interruption (or with more methods / seeds) only runs what is missing.
@@ -67,13 +68,14 @@ class ComparisonResult:
 
     Attributes:
         table: markdown table (mean ± std over seeds). summary: {method: {metric: {"mean", "std",
-        "n"}}}. runs: {method: {seed: {metric: value}}}. seeds, methods: as run. paths: files
-        written ({"markdown", "json", "png"}; empty without ``out_dir``). relearn: relearn settings.
+        "n"}}} (std None for one seed). runs: {method: {seed: {metric: value}}}. seeds, methods: as
+        run. paths: files written ({"markdown", "json", "png"}; empty without ``out_dir``).
+        relearn: relearn settings.
         hparams: {method: the `MethodSpec.hparams` it ran with (a registered method's effective
         config without its seed, setting, variant, hparams family)}.
     """
     table: str
-    summary: Dict[str, Dict[str, Dict[str, float]]]
+    summary: Dict[str, Dict[str, Dict[str, Any]]]
     runs: Dict[str, Dict[int, Dict[str, Any]]]
     seeds: List[int]
     methods: List[str]

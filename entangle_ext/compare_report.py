@@ -1,5 +1,6 @@
-"""The outputs of `entangle_ext.compare`: the per-seed summary (mean ± std), the markdown table with
-the direction of every metric and the best value per column marked, and the bar-chart PNG."""
+"""The outputs of `entangle_ext.compare`: the per-seed summary (mean ± std; no std for one seed), the
+markdown table with the direction of every metric and the best value per column marked (when two or
+more unlearning methods are compared), and the bar-chart PNG."""
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Sequence
@@ -16,9 +17,10 @@ TABLE_COLUMNS = ("acc_forget_test", "acc_adjacent_test", "acc_remote_test", "UA"
 """The metrics of the table, in order (`METRICS` keys); absent ones are dropped."""
 
 
-def summarize(runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> Dict[str, Dict[str, Dict[str, float]]]:
+def summarize(runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
     """{method: {metric: {"mean", "std", "n"}}} over seeds; std is the sample standard deviation
-    (ddof 1; 0 for one seed); None values are left out."""
+    (ddof 1), None for one value (undefined, not zero: one seed says nothing about the spread);
+    None values are left out."""
     out = {}
     for method, by_seed in runs.items():
         keys = [k for r in by_seed.values() for k in r]
@@ -26,30 +28,56 @@ def summarize(runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> Dict[str, 
         for k in dict.fromkeys(keys):
             v = np.array([float(r[k]) for r in by_seed.values() if r.get(k) is not None])
             if v.size:
-                out[method][k] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+                out[method][k] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else None,
                                   "n": int(v.size)}
     return out
 
 
-def _cell(k: str, s: Mapping[str, float]) -> str:
+def _cell(k: str, s: Mapping[str, Any]) -> str:
+    """"mean ± std", or the mean alone when std is None (one value)."""
     if k == "forget_quality":
-        return f"{s['mean']:.3g} ± {s['std']:.2g}"
-    digits = 2 if k == "time_s" else 1
-    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+        mean, std = f"{s['mean']:.3g}", None if s["std"] is None else f"{s['std']:.2g}"
+    else:
+        digits = 2 if k == "time_s" else 1
+        mean, std = f"{s['mean']:.{digits}f}", None if s["std"] is None else f"{s['std']:.{digits}f}"
+    return mean if std is None else f"{mean} ± {std}"
 
 
-def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, float]]], *, seeds: Sequence[int] = (),
-                    order: Optional[Sequence[str]] = None, columns: Sequence[str] = TABLE_COLUMNS) -> str:
-    """Markdown table: rows = methods (``order``), columns = the metrics of ``columns`` present in
-    ``summary`` with their direction (↑ / ↓), cells mean ± std; the best mean per column among the
-    rows other than original / retrain is in bold. A legend follows the table."""
-    order = list(order or summary)
-    cols = [k for k in columns if any(k in summary[m] for m in order)]
+def _best(summary, order: Sequence[str], cols: Sequence[str]) -> Dict[str, float]:
+    """{metric: best mean} among the unlearning methods (rows other than `REFERENCE_ROWS`), for the
+    metrics where at least two of them have a value (with one, "best" would say nothing)."""
     best = {}
     for k in cols:
         cand = [summary[m][k]["mean"] for m in order if m not in REFERENCE_ROWS and k in summary[m]]
-        if cand:
+        if len(cand) >= 2:
             best[k] = max(cand) if METRICS[k].direction == "up" else min(cand)
+    return best
+
+
+def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[int], bold: bool) -> str:
+    stds = [summary[m][k]["std"] for m in order for k in cols if k in summary[m]]
+    if stds and all(s is None for s in stds):
+        spread = f"One value per cell (seeds {list(seeds)}: one run each, so no std)."
+    else:
+        spread = f"Mean ± std (ddof 1) over seeds {list(seeds)}" + \
+            ("; a cell without ± holds one value." if any(s is None for s in stds) else ".")
+    mark = ("**bold** = best among the unlearning methods (original and retrain are references)" if bold else
+            "no value is bold: fewer than two unlearning methods to rank (original and retrain are references)")
+    units = ", ".join(f"{METRICS[k].label} in {METRICS[k].unit}" for k in cols if METRICS[k].unit != "%")
+    return (f"{spread} ↑ higher is better, ↓ lower is better; {mark}. Accuracies, UA/RA/TA and MIA in %; "
+            f"{units}. MIA-efficacy = % of a split's train samples an SVC on the true-label probability calls "
+            "non-member: high on forget = forgotten, high on adjacent / remote = damaged (docs/algorithm.md §10).")
+
+
+def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, seeds: Sequence[int] = (),
+                    order: Optional[Sequence[str]] = None, columns: Sequence[str] = TABLE_COLUMNS) -> str:
+    """Markdown table: rows = methods (``order``), columns = the metrics of ``columns`` present in
+    ``summary`` with their direction (↑ / ↓), cells "mean ± std" (the mean alone for one seed);
+    the best mean per column among the rows other than original / retrain is in bold when at least
+    two such rows have that metric. A legend follows the table (what the cells and the bold mean)."""
+    order = list(order or summary)
+    cols = [k for k in columns if any(k in summary[m] for m in order)]
+    best = _best(summary, order, cols)
     head = ["method"] + [f"{METRICS[k].label} {METRICS[k].arrow}" for k in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in order:
@@ -59,19 +87,14 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, float]]], *,
             c = "–" if s is None else _cell(k, s)
             cells.append(f"**{c}**" if s is not None and m not in REFERENCE_ROWS and s["mean"] == best.get(k) else c)
         lines.append("| " + " | ".join(cells) + " |")
-    units = ", ".join(f"{METRICS[k].label} in {METRICS[k].unit}" for k in cols if METRICS[k].unit != "%")
-    lines += ["", f"Mean ± std (ddof 1) over seeds {list(seeds)}. ↑ higher is better, ↓ lower is better; **bold** = "
-              "best among the unlearning methods (original and retrain are references). Accuracies, UA/RA/TA "
-              f"and MIA in %; {units}. MIA-efficacy = % of a split's train samples an SVC on the true-label "
-              "probability calls non-member: high on forget = forgotten, high on adjacent / remote = damaged "
-              "(docs/algorithm.md §10)."]
+    lines += ["", _legend(summary, order, cols, seeds, bool(best))]
     return "\n".join(lines)
 
 
 def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], path: str,
                     order: Optional[Sequence[str]] = None) -> str:
     """PNG (matplotlib, Agg): per-method bars of forget / adjacent / remote held-out accuracy and of
-    MIA-efficacy per split, with ± std error bars. Returns ``path``."""
+    MIA-efficacy per split, with ± std error bars (none for one seed). Returns ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -83,8 +106,8 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
     x, w = np.arange(len(order)), 0.8 / 3
     for ax, (title, keys) in zip(axes[:, 0], panels):
         for j, (k, color) in enumerate(zip(keys, ("tab:red", "tab:orange", "tab:blue"))):
-            s = [summary[m].get(k, {"mean": np.nan, "std": 0.0}) for m in order]
-            ax.bar(x + (j - 1) * w, [v["mean"] for v in s], w, yerr=[v["std"] for v in s], capsize=2,
+            s = [summary[m].get(k, {"mean": np.nan, "std": None}) for m in order]
+            ax.bar(x + (j - 1) * w, [v["mean"] for v in s], w, yerr=[v["std"] or 0.0 for v in s], capsize=2,
                    color=color, label=k.split("_")[1])
         ax.set_xticks(x, order, rotation=30, ha="right")
         ax.set_ylim(0, 105)

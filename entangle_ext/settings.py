@@ -210,8 +210,9 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
             reuses a model; the key is also written beside it as ``<file>.json``. None = no cache.
         data, model: options on top of the variant's (`Setting.data_options` / `model_options`);
             None values are ignored. train: `TrainRecipe` fields to change (e.g. ``{"epochs": 5}``).
-        original: a model file to use as θ0 instead of training or the cache (a state dict or an
-            `unlearn` checkpoint, `entangle_ext.train.load_model_file`).
+        original: the model to use as θ0 instead of training or the cache: a state-dict file, a
+            checkpoint of an `unlearn` run (its model), its ``checkpoints/latest.pt`` or its out dir
+            (the latest checkpoint); see `entangle_ext.train.load_model_file`.
     Returns:
         `Prepared` (model in eval mode on ``device``; info gains "setting", "variant", "model").
     Raises:
@@ -226,7 +227,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     v = s.variant(variant, given=set(data) | set(model))
     data_kw, model_kw = {**v.data, **data}, {**v.model, **model}
     recipe = v.recipe.replace(**(train or {}))
-    if original is not None and not Path(original).is_file():
+    if original is not None and not Path(original).exists():
         raise FileNotFoundError(f"original model file {original} not found")
     splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
     seed_everything(seed)   # the initial weights of the original model come from the seed

@@ -12,7 +12,6 @@ the datasets at each epoch and the augmentation randomness, so a run is a pure f
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence, Union
@@ -24,6 +23,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from .unlearn import seed_everything
 from .unlearn.data import forward_logits, move_batch, split_batch
+from .unlearn.files import open_checkpoint
 
 __all__ = ["TrainRecipe", "train_original", "load_model_file", "cifar_augment"]
 
@@ -130,6 +130,9 @@ def _optimizer(model: torch.nn.Module, r: TrainRecipe) -> torch.optim.Optimizer:
 def _state_dict_of(obj, path: Path) -> dict:
     """The state dict in a loaded file: a plain state dict, or the ``"model"`` entry of an
     `entangle_ext.unlearn` checkpoint."""
+    if isinstance(obj, dict) and "model" in ((obj.get("sharded") or {}).get("names") or []):
+        raise ValueError(f"{path} is a checkpoint of a sharded (FSDP) run: its model is in "
+                         f"{obj['sharded']['path']} (torch.distributed.checkpoint), not in the file")
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
         obj = obj["model"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
@@ -140,30 +143,36 @@ def _state_dict_of(obj, path: Path) -> dict:
 
 def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=None) -> torch.nn.Module:
     """Load the weights in ``path`` into ``model`` (strict: same parameter and buffer names and
-    shapes), checked before anything is copied.
+    shapes), checked before anything is copied. Files are read with ``weights_only=True`` (no code
+    from the file runs; the numpy arrays of a checkpoint's RNG state are allowed), by the reader
+    ``--resume`` uses (``from entangle_ext.unlearn import load_checkpoint``).
 
     Args:
         model: the module to fill (its own architecture decides what fits).
-        path: a file written by ``torch.save(model.state_dict())`` (e.g. a cached original model)
-            or an `entangle_ext.unlearn` checkpoint (its ``"model"`` entry); read with
-            ``weights_only=True``.
+        path: one of
+            * a file written by ``torch.save(model.state_dict())`` (e.g. a cached original model);
+            * a checkpoint of `entangle_ext.unlearn` or a baseline run through it (e.g.
+              ``OUT/checkpoints/stage1_done.pt``, ``stage2_done.pt``, ``done.pt`` or a mid-stage
+              one): its ``"model"`` entry;
+            * the pointer ``OUT/checkpoints/latest.pt`` (followed), or the out dir ``OUT`` (or its
+              ``checkpoints/``) itself: the latest checkpoint of that run.
         device: where the tensors are mapped (default: the model's device).
     Returns:
         ``model``.
     Raises:
-        FileNotFoundError: no such file. ValueError: not a state dict or not loadable as one, or it
-        does not fit ``model``; the message lists the missing, unexpected and differently shaped
-        entries, so a file made for another setting, data selection or model says so.
+        FileNotFoundError: no such file, no checkpoint under the directory.
+        ValueError: not a readable torch file (one line: "<path> is not a readable torch file
+            (state dict or entangle_ext checkpoint): <short reason>"), a file holding no state dict,
+            or one that does not fit ``model``; the message lists the missing, unexpected and
+            differently shaped entries, so a file made for another setting, data selection or model
+            says so.
     """
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).exists():
         raise FileNotFoundError(f"model file {path} not found")
     if device is None:
         device = next(iter(model.parameters()), torch.empty(0)).device
-    try:
-        sd = _state_dict_of(torch.load(path, map_location=device, weights_only=True), path)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{path} is not a readable torch state dict: {e}") from None
+    found, obj = open_checkpoint(path, map_location=device)
+    sd = _state_dict_of(obj, found)
     want = model.state_dict()
     missing = [k for k in want if k not in sd]
     unexpected = [k for k in sd if k not in want]
@@ -172,7 +181,7 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
     if missing or unexpected or shapes:
         parts = [f"{what} {items[:4]}{' ...' if len(items) > 4 else ''}" for what, items in
                  (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if items]
-        raise ValueError(f"{path} does not fit this model ({type(model).__name__}): " + "; ".join(parts)
+        raise ValueError(f"{found} does not fit this model ({type(model).__name__}): " + "; ".join(parts)
                          + ". It was made for another model, setting or data selection.")
     model.load_state_dict(sd)
     return model

@@ -318,6 +318,17 @@ def test_resume_from_the_out_dir(tmp_path, capsys):
     assert rep["evals"]["stage2"] == first and rep["run"]["resumed_from"] == str(tmp_path)
 
 
+@needs_ext
+def test_rerun_into_the_same_out_warns_in_one_line(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    assert cli.main(_argv(tmp_path)) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert cli.main(_argv(tmp_path)) == 0                       # overwrites, as asked, but says so
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert len(warned) == 1 and warned[0].startswith(f"entangle-unlearn: warning: {tmp_path} already holds a "
+                                                     "finished run") and f"--resume {tmp_path}" in warned[0]
+
+
 def test_interrupt_prints_the_resume_command(tmp_path, capsys, monkeypatch):
     pytest.importorskip("sklearn")
     U = importlib.import_module("entangle_ext.unlearn")   # the package (entangle_ext.unlearn is the function)

@@ -1,7 +1,9 @@
 """The pieces of the report every run writes (entangle_ext.unlearn.report): the accuracy table,
-the forget-loss histogram and the split fingerprint."""
+the forget-loss histogram and the split fingerprint; and those of a comparison
+(entangle_ext.compare_report): the summary over seeds and the markdown table."""
 import math
 
+import pytest
 import torch
 
 _EVALS = {t: {n: {"acc": a, "loss": l, "n": 4} for n, (a, l) in row.items()} for t, row in {
@@ -69,3 +71,36 @@ def test_split_fingerprint_sees_labels_sizes_and_inputs():
             return {"input_ids": torch.zeros(3, dtype=torch.long), "labels": self.y[i]}
     d = lambda y: Splits(forget=Dicts(y[:2]), adjacent=Dicts(y[2:4]), remote=Dicts(y[4:]))
     assert split_fingerprint(d(y)) == split_fingerprint(d(y)) != split_fingerprint(d(1 - y))
+
+
+# ------------------------------------------------------------------ comparison table (compare_report)
+def _runs(methods, seeds):
+    """{method: {seed: metrics}}: UA = 10·(row index + 1) + seed, so the rows rank as listed."""
+    return {m: {k: {"UA": 10.0 * (i + 1) + k, "TA": 50.0 - i} for k in seeds} for i, m in enumerate(methods)}
+
+
+def test_one_seed_has_no_std_and_the_table_no_plus_minus(tmp_path):
+    import json
+    from entangle_ext.compare_report import format_markdown, plot_comparison, summarize
+    summary = summarize(_runs(["original", "ga", "rl"], [0]))
+    assert summary["ga"]["UA"] == {"mean": 20.0, "std": None, "n": 1}      # undefined, not 0
+    assert json.loads(json.dumps(summary))["ga"]["UA"]["std"] is None      # stored as null
+    table = format_markdown(summary, seeds=[0], order=["original", "ga", "rl"])
+    assert "±" not in table and "| **30.0** |" in table                    # rl: the best UA ↑ of the two
+    assert "no std" in table and "ddof" not in table
+    plot_comparison(summary, str(tmp_path / "c.png"))                      # no error bars, no error
+    two = summarize(_runs(["ga", "rl"], [0, 1]))
+    assert two["rl"]["UA"]["std"] == pytest.approx(2 ** -0.5)             # ddof 1 of (20, 21)
+    t2 = format_markdown(two, seeds=[0, 1])
+    assert "20.5 ± 0.7" in t2 and "Mean ± std (ddof 1)" in t2
+
+
+def test_bold_only_with_two_or_more_unlearning_methods():
+    from entangle_ext.compare_report import format_markdown, summarize
+    rows = lambda t: [ln for ln in t.splitlines() if ln.startswith("| ") and not ln.startswith("| method")]
+    one = format_markdown(summarize(_runs(["retrain", "original", "two_stage"], [0, 1])), seeds=[0, 1])
+    assert "**" not in "\n".join(rows(one)) and "no value is bold" in one
+    two = format_markdown(summarize(_runs(["retrain", "original", "ga", "rl"], [0, 1])), seeds=[0, 1])
+    bold = [ln.split("|")[1].strip() for ln in rows(two) if "**" in ln]
+    assert bold == ["ga", "rl"]                       # rl: best UA ↑; ga: best TA ↑; references never
+    assert "**bold** = best among the unlearning methods" in two

@@ -280,6 +280,19 @@ def test_stage1_only_run_without_adjacent_split_and_max_steps(small):
         ee.Stage1Config(max_steps=0)
 
 
+@pytest.mark.parametrize("method", ["two_stage", "ga"])
+def test_model_and_splits_of_the_wrong_type_are_type_errors_up_front(small, method, tmp_path):
+    kw = dict(method=method, setting="digits", out_dir=tmp_path, progress=False)
+    for inplace in (True, False):
+        with pytest.raises(TypeError, match="^unlearn: model must be a torch.nn.Module, got function$"):
+            ee.unlearn(lambda x: x, small, inplace=inplace, **kw)
+    with pytest.raises(TypeError, match="^unlearn: splits must be an entangle_ext.Splits, got dict$"):
+        ee.unlearn(mlp(), small.named(), **kw)
+    with pytest.raises(TypeError, match="got NoneType"):
+        ee.unlearn(mlp(), None, **kw)
+    assert not list(tmp_path.iterdir())                                   # nothing written
+
+
 def test_model_without_trainable_parameters(small):
     model = mlp().requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):

@@ -1,9 +1,11 @@
-"""A run as a whole: the global state it leaves behind, resume that keeps the whole run and
-refuses a different one, and interrupts (SIGTERM / Ctrl-C / KeyboardInterrupt) that lose nothing."""
+"""A run as a whole: the global state and model modes it leaves behind, resume that keeps the
+whole run and refuses a different one, interrupts (SIGTERM / Ctrl-C / KeyboardInterrupt) that lose
+nothing, messages that say why no checkpoint exists, and a warning before an out dir is reused."""
 import dataclasses
 import json
 import os
 import signal
+import warnings
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from torch.utils.data import TensorDataset
 import entangle_ext as ee
 from entangle_ext.unlearn import RunInterrupted, load_checkpoint
 
-from _tiny import mlp, params, tiny_config
+from _tiny import NaNAfter, mlp, params, tiny_config
 
 pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
               pytest.mark.usefixtures("one_thread")]
@@ -68,6 +70,53 @@ def test_callers_deterministic_setting_survives_a_run(small, monkeypatch):
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("method", ["two_stage", "ft"])
+def test_the_callers_training_flags_are_restored_after_a_run_and_an_error(small, method):
+    """The run puts the model in eval mode (a baseline may train); each submodule's flag is set back."""
+    cfg = tiny_config() if method == "two_stage" else None
+
+    def fail(k):
+        if k == 3:
+            raise RuntimeError("boom")
+    for hook in (None, fail):
+        model = Net(hook)                  # train mode, but one submodule in eval mode
+        model.net[1].eval()
+        flags = [m.training for m in model.modules()]
+        try:
+            res = ee.unlearn(model, small, cfg, method=method, setting="digits", progress=False)
+            assert res.model is model
+        except RuntimeError as e:
+            assert hook is fail and "boom" in str(e)
+        assert [m.training for m in model.modules()] == flags == [True, True, True, False, True]
+    model = mlp().eval()
+    assert not ee.unlearn(model, small, cfg, method=method, setting="digits", progress=False).model.training
+    copy = ee.unlearn(mlp(), small, cfg, method=method, setting="digits", inplace=False, progress=False).model
+    assert copy.training                   # the copy keeps the flags of the model it was made from
+
+
+# ------------------------------------------------------------------------- reused out dir
+def _reused(record):
+    return [w for w in record if issubclass(w.category, ee.OutDirReusedWarning)]
+
+
+def test_reusing_an_out_dir_warns_and_resuming_does_not(small, tmp_path):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ee.unlearn(mlp(), small, tiny_config(), out_dir=tmp_path, progress=False)          # empty dir
+        assert not _reused(record)
+        ee.unlearn(mlp(), small, tiny_config(), resume=tmp_path, out_dir=tmp_path, progress=False)
+        assert not _reused(record)
+        ee.unlearn(mlp(), small, tiny_config(), out_dir=tmp_path, progress=False)          # rerun
+    (w,) = _reused(record)
+    msg = str(w.message)
+    assert f"{tmp_path} already holds a finished run; this run overwrites its report.json, history.json, " \
+           "forget_loss_hist.png, checkpoints/" in msg and f"resume={str(tmp_path)!r}" in msg
+    assert f"--resume {tmp_path}" in msg and "\n" not in msg and w.filename == __file__   # points at the call
+    (tmp_path / "report.json").unlink()
+    with pytest.warns(ee.OutDirReusedWarning, match="already holds an unfinished run"):
+        ee.unlearn(mlp(), small, method="ga", setting="digits", out_dir=tmp_path, progress=False)
 
 
 # -------------------------------------------------------------------------------- resume
@@ -202,3 +251,36 @@ def test_interrupt_inside_a_state_update_writes_no_checkpoint(small):
         loop.run(stream, 1, step, objects={})
     assert not isinstance(ei.value, RunInterrupted) and saved == []
     assert "without a checkpoint" in str(ei.value)
+
+
+# ------------------------------------------------------- why there is no checkpoint to go back to
+@pytest.mark.parametrize("out, every, says", [
+    (True, 0, "no stage had finished and checkpoint_every is 0; set checkpoint_every (--checkpoint-every)"),
+    (True, 5, "the first was due after step 5 (checkpoint_every)"),
+    (False, 0, "pass out_dir (--out) to keep checkpoints")])
+def test_non_finite_loss_without_a_checkpoint_says_why(small, tmp_path, out, every, says):
+    with pytest.raises(ee.NonFiniteLossError) as ei:
+        ee.unlearn(NaNAfter(1), small, tiny_config(checkpoint_every=every), out_dir=tmp_path if out else None,
+                   progress=False)
+    e = ei.value
+    assert (e.stage, e.step, e.checkpoint) == (1, 1, None) and says in str(e)
+    assert ("pass out_dir" in str(e)) == (not out)
+
+
+def test_non_finite_loss_after_a_resume_names_the_checkpoint_resumed_from(small, full_run, tmp_path):
+    out, _ = full_run
+    start = out / "checkpoints" / "stage1_done.pt"
+    model = mlp()                                          # NaN logits from Stage 2's first step on
+    model.register_forward_hook(lambda m, args, out: out * float("nan") if torch.is_grad_enabled() else out)
+    with pytest.raises(ee.NonFiniteLossError) as ei:
+        ee.unlearn(model, small, resume=start, out_dir=tmp_path, progress=False)
+    assert (ei.value.stage, ei.value.step) == (2, 0) and ei.value.checkpoint == str(start)
+    assert f"last good checkpoint: {start}" in str(ei.value)
+
+
+def test_interrupt_without_a_checkpoint_says_why(small):
+    def hook(k):
+        if k == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(ee.RunInterrupted, match=r"no checkpoint was written: pass out_dir \(--out\)"):
+        ee.unlearn(Net(hook), small, tiny_config(checkpoint_every=0), progress=False)

@@ -17,7 +17,7 @@ A baseline is one small class::
 and is called as ``entangle_ext.unlearn(model, splits, method="ga")`` (`run_method` does the
 evaluation, timing, report and checkpoint plumbing around ``run``). Under several ranks
 (docs/algorithm.md §11) the streams give each rank its part of every global batch, so a method
-writes its losses as global means (`entangle_ext.unlearn.losses.mean_ce`, `Dist.means`) and takes
+writes its losses as global means (``from entangle_ext.unlearn.losses import mean_ce``, `Dist.means`) and takes
 its steps with `descend` / `step_along` / ``grads_of``, which average the gradients over the ranks.
 """
 from __future__ import annotations

@@ -128,6 +128,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             ev("original")
         out = Path(out_dir) if out_dir is not None else None
         saver = Checkpointer(out, {"method": cls.name, "config": config.to_dict(), "evals": evals})
+        saver.last_path = ckpt.get("path")   # until this run writes one: the one resumed from
         history, timings["unlearn"] = _unlearn(cls, model, splits, config, ckpt, saver, num_classes=C,
                                                device=device, out=out, progress=progress, model_fn=model_fn)
         ev("final")

@@ -3,7 +3,7 @@
 from .checkpoint import load_checkpoint, seed_everything
 from .config import PRESETS, RECIPES, Stage1Config, Stage2Config, UnlearnConfig
 from .data import Splits
-from .driver import UnlearnResult, unlearn
+from .driver import OutDirReusedWarning, UnlearnResult, unlearn
 from .evaluate import evaluate
 from .loop import NonFiniteLossError, RunInterrupted, StageLoop, StageResult
 from .report import format_table, plot_forget_histograms
@@ -11,5 +11,5 @@ from .stages import stage1, stage2
 
 __all__ = ["unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
            "stage1", "stage2", "evaluate", "format_table", "plot_forget_histograms",
-           "NonFiniteLossError", "RunInterrupted", "StageResult", "StageLoop", "load_checkpoint",
-           "seed_everything", "PRESETS", "RECIPES"]
+           "NonFiniteLossError", "RunInterrupted", "OutDirReusedWarning", "StageResult", "StageLoop",
+           "load_checkpoint", "seed_everything", "PRESETS", "RECIPES"]

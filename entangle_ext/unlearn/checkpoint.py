@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .distributed import current
+from .files import POINTER_NAME, open_checkpoint
 from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
@@ -209,6 +210,16 @@ class Checkpointer:
         out = str(self.dir.parent)
         return f"entangle_ext.unlearn(model, splits, resume={out!r}, out_dir={out!r})"
 
+    def no_checkpoint_note(self, checkpoint_every: int) -> str:
+        """Why ``last_path`` is None when a stage stops, and what keeps a checkpoint next time."""
+        if self.dir is None:
+            return "no checkpoint was written: pass out_dir (--out) to keep checkpoints"
+        if checkpoint_every > 0:
+            return (f"no checkpoint was written yet: the first was due after step {checkpoint_every} "
+                    "(checkpoint_every)")
+        return ("no checkpoint was written: no stage had finished and checkpoint_every is 0; set "
+                "checkpoint_every (--checkpoint-every) to keep mid-stage checkpoints")
+
     def save(self, tag: str, state: Dict[str, Any]) -> Optional[str]:
         """Write ``common`` + ``dynamic()`` + ``state`` under ``tag``; returns the path (None
         without out_dir). Under several ranks: rank 0 writes the file, sharded entries of
@@ -226,7 +237,7 @@ class Checkpointer:
             dyn = self.dynamic() if self.dynamic is not None else {}
             _atomic_save({**self.common, **dyn, **state, "rng": rng_state(), "tag": tag,
                           "world_size": d.world, "format": CHECKPOINT_FORMAT}, path)
-            _atomic_save({"path": str(path)}, self.dir / "latest.pt")
+            _atomic_save({"path": str(path)}, self.dir / POINTER_NAME)
         self.last_path = str(path)
         return self.last_path
 
@@ -241,25 +252,18 @@ def _atomic_save(obj: Any, path: Path) -> None:
 
 
 def load_checkpoint(path: Union[str, Path]) -> Dict[str, Any]:
-    """Load a checkpoint written by `unlearn` onto the CPU.
+    """Load a checkpoint written by `unlearn` (or a baseline through it) onto the CPU, safely
+    (`read_torch_file` of ``entangle_ext/unlearn/files.py``: ``weights_only=True``).
 
     Args:
-        path: a checkpoint file, or an out dir / checkpoints dir (its latest checkpoint is used).
+        path: a checkpoint file, a ``checkpoints/latest.pt`` pointer (followed), or an out dir /
+            checkpoints dir (its latest checkpoint).
     Raises:
         FileNotFoundError: no such file, or no checkpoint under the directory.
-        ValueError: a checkpoint of another format (written by another version of the package).
+        ValueError: not a readable torch file (one line, the short reason), not a checkpoint (e.g.
+            a model state dict), or a checkpoint of another format (another version of the package).
     """
-    p = Path(path)
-    if p.is_dir():
-        for c in (p / "checkpoints" / "latest.pt", p / "latest.pt"):
-            if c.exists():
-                p = Path(torch.load(c, weights_only=False)["path"])
-                break
-        else:
-            raise FileNotFoundError(f"no checkpoint under {path}")
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint {p} not found")
-    ckpt = torch.load(p, map_location="cpu", weights_only=False)
+    p, ckpt = open_checkpoint(path)
     check_format(ckpt, str(p))
     ckpt.setdefault("path", str(p))
     return ckpt
@@ -267,6 +271,9 @@ def load_checkpoint(path: Union[str, Path]) -> Dict[str, Any]:
 
 def check_format(ckpt: Dict[str, Any], where: str = "the checkpoint") -> None:
     """ValueError when ``ckpt`` was written in another `CHECKPOINT_FORMAT`."""
+    if isinstance(ckpt, dict) and "format" not in ckpt and "config" not in ckpt:
+        raise ValueError(f"{where} is not an entangle_ext checkpoint (no 'format' or 'config' entry); a "
+                         "model file is given as the original model (--original / original=), not resumed")
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         fmt = ckpt.get("format", 1) if isinstance(ckpt, dict) else type(ckpt).__name__
         raise ValueError(f"{where} has format {fmt}, this version of entangle_ext reads format "

@@ -195,7 +195,7 @@ class Stage2Config:
         micro_batch: max samples (>= 1) per forward/backward pass when accumulating g_f / g_rem;
             None = one pass over all the concatenated batches (fewest passes, most memory);
             "auto" (default) = bounded on CPU, one pass on other devices and under several ranks
-            (`entangle_ext.unlearn.losses.auto_micro_batch`): on CPU a pass whose largest
+            (`auto_micro_batch` in ``entangle_ext/unlearn/losses.py``): on CPU a pass whose largest
             activation outgrows the L3 cache is slow. Measured on a 2-core AMD EPYC (32 MiB L3),
             ResNet-18 at 32×32 (256 KiB per sample in the largest activation), fwd+bwd per
             sample: 18 ms in passes of 32 to 96 samples, 21.6 ms at 128, 25.7 ms at 256; the

@@ -147,7 +147,7 @@ class BatchStream:
     (no drop_last), as with a DataLoader. Datasets without ``.tensors`` are loaded through a
     DataLoader over the stream's own index batches (workers, prefetching).
 
-    Under several ranks (``dist``, default: the `entangle_ext.unlearn.distributed.current` run)
+    Under several ranks (``dist``, default: the `current` run of ``entangle_ext/unlearn/distributed.py``)
     ``batch_size`` is the global batch: every rank computes the same global order and index
     batches and loads only its contiguous part of each (`Dist.shard`; docs/algorithm.md §11), so
     the ranks' parts of a step are, together, exactly the batch of one process. A part may be
@@ -363,7 +363,7 @@ def _device_type(model: torch.nn.Module, inputs) -> str:
 
 def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
     """Call the model (``model(x)`` or ``model(**inputs)``; under autocast inside an
-    `entangle_ext.unlearn.precision.amp_scope`) and return (B, C) logits.
+    `amp_scope` of ``entangle_ext/unlearn/precision.py``) and return (B, C) logits.
 
     Accepts plain tensors, tuples (first element), dicts with a ``"logits"`` key and objects with
     ``.logits`` (Hugging Face). Raises ValueError when the output is not a 2-D tensor of logits.

@@ -24,7 +24,7 @@ shard of every parameter, as DTensors). The conventions every stage and baseline
 
 Only rank 0 shows progress bars and writes reports and checkpoint files; sharded run objects
 (FSDP parameters, optimizer state, momentum) are checkpointed with `torch.distributed.checkpoint`
-by every rank (`entangle_ext.unlearn.sharded`).
+by every rank (``entangle_ext/unlearn/sharded.py``).
 """
 from __future__ import annotations
 

@@ -2,13 +2,15 @@
 → report (docs/algorithm.md §2, §3)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 import torch
 
@@ -24,7 +26,7 @@ from .precision import amp_scope, model_dtype
 from .report import build_report, format_table, write_report
 from .stages import stage1, stage2
 
-__all__ = ["unlearn", "UnlearnResult"]
+__all__ = ["unlearn", "UnlearnResult", "OutDirReusedWarning"]
 
 
 @dataclass
@@ -33,7 +35,7 @@ class UnlearnResult:
 
     Attributes:
         model: the unlearned model (the input model itself with ``inplace=True``, the module it
-            holds for a DDP wrapper; else a copy; eval mode).
+            holds for a DDP wrapper; else a copy), its ``training`` flags as the input's were.
         report: JSON-serialisable dict: config, c0, λ, step counts, timings, evaluations
             ({"original"|"stage1"|"stage2": {split: {"acc", "loss", "n", ...}}}), split
             fingerprint, resume information, paths.
@@ -53,22 +55,33 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             resume: Optional[Union[str, Path, Dict[str, Any]]] = None,
             allow_config_change: bool = False, inplace: bool = True,
             progress: bool = True) -> UnlearnResult:
-    """Run the two-stage method (docs/algorithm.md §2, §3) on ``model`` and report the three splits.
+    """Run the two-stage method (docs/algorithm.md §2, §3), or the baseline ``method``, on ``model``
+    and report the three splits.
+
+    Hyperparameters: ``config``; else the preset of ``setting`` (e.g. ``setting="digits"``); with
+    neither, ``UnlearnConfig()`` = the CIFAR-100 preset (ResNet-18 scale: Stage-1 lr 2.5e-6,
+    Stage-2 lr 2e-5 for 6 epochs of at most 10 forget/remote batches), which may change a small
+    or different model very little: pass ``setting=`` or a config for anything else
+    (docs/algorithm.md §8).
 
     Steps: evaluate θ0 on all splits (c0 = its remote-train mean CE; a non-finite per-sample loss
     stops here, naming the split and samples) → `stage1` (augmented Lagrangian) → evaluate →
     `stage2` (W-PGD) → evaluate → table, JSON report, histogram PNG.
 
     Args:
-        model: classifier returning (B, C) logits (tensor, tuple or object with ``.logits``);
-            moved to ``device``, kept in eval mode. float32/float64, or float16/bfloat16
-            (optimizer state, λ, c0, μ in float32); any memory format (e.g. channels_last).
+        model: a `torch.nn.Module` classifier returning (B, C) logits (tensor, tuple or object
+            with ``.logits``); moved to ``device`` (it stays there); in eval mode during the run
+            (a baseline may train some steps in train mode), and every submodule's ``training``
+            flag is set back to what it was when ``unlearn`` returns or raises. float32/float64,
+            or float16/bfloat16 (optimizer state, λ, c0, μ in float32); any memory format (e.g.
+            channels_last).
         splits: `Splits` (forget/adjacent/remote train + optional held-out; Datasets or
             DataLoaders; ``adjacent`` may be None when ``config.run_stage2`` is False).
-        config: `UnlearnConfig` (default: ``UnlearnConfig()``, i.e. the CIFAR-100 hyperparameters);
-            validated here, so fields assigned after construction are checked too. For a baseline
-            ``method``: that method's Config (None: its preset, docs/algorithm.md §10).
-        method: a name of `entangle_ext.methods.available_methods()`: "two_stage" (this method),
+        config: `UnlearnConfig` (None: the preset of ``setting``, else ``UnlearnConfig()``, i.e.
+            the CIFAR-100 hyperparameters, see above); validated here, so fields assigned after
+            construction are checked too. For a baseline ``method``: that method's Config (None:
+            its preset, docs/algorithm.md §10).
+        method: a name of `entangle_ext.available_methods()`: "two_stage" (this method),
             its ablations "no_w2", "pgd_mean", "stage1_only" (rewrite the UnlearnConfig), or a
             baseline (run by `entangle_ext.methods.run_method`; same report structure).
         setting, hparams: when ``config`` is None, the preset of that setting ("digits",
@@ -80,7 +93,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
-            Ctrl-C / SIGTERM).
+            Ctrl-C / SIGTERM). A directory that already holds a run (its report.json or
+            checkpoints/) is overwritten, with an `OutDirReusedWarning`, unless ``resume`` is given.
         resume: checkpoint path / out dir / loaded dict; continues from that point (``config``
             None: the checkpoint's config). The splits must be those of the checkpoint, and the
             config too (except logging/checkpoint intervals, histogram bins, run_stage2).
@@ -103,31 +117,45 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         `UnlearnResult` (model, report, history, table); ``report["method"]``,
         ``report["evals"]["final"]`` (the last evaluation) and ``report["timings_s"]["unlearn"]``
         (seconds of unlearning, evaluation excluded) exist for every method.
+    Warns:
+        OutDirReusedWarning (a UserWarning, ``entangle_ext.OutDirReusedWarning``): ``out_dir``
+            already holds a run and no ``resume`` is given; it names what is overwritten.
     Raises:
+        TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first).
         ValueError: missing/empty splits, labels outside the model's classes or not integer,
             non-finite losses of the original model (names split and samples), non 2-D logits,
             no trainable parameters, an invalid config, a resume whose splits or config differ
-            (TypeError for a wrong field type or a non-`Splits` ``splits``).
-        NonFiniteLossError (a ValueError): NaN/Inf loss; names the stage and step; the last good
-            checkpoint is kept.
-        RunInterrupted (a KeyboardInterrupt): Ctrl-C / SIGTERM during a stage; a checkpoint of
-            the last completed step is written (with out_dir) and the message gives the call
-            that resumes.
+            (TypeError for a wrong field type).
+        NonFiniteLossError (a ValueError; ``entangle_ext.NonFiniteLossError``): NaN/Inf loss;
+            names the stage and step; the last good checkpoint is kept (without one, the message
+            says why none was written and what keeps one).
+        RunInterrupted (a KeyboardInterrupt; ``entangle_ext.RunInterrupted``): Ctrl-C / SIGTERM
+            during a stage; a checkpoint of the last completed step is written (with out_dir) and
+            the message gives the call that resumes.
     """
     from ..methods import get_method, run_method   # lazy: the methods package builds on this module
+    _check_types(model, splits)
     spec = get_method(method)
     if not inplace:
         model = _copy(model)
-    if not spec.two_stage:
-        return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
-                          seed=seed, device=device, out_dir=out_dir, resume=resume, progress=progress)
-    if config is not None or resume is None:
-        config = spec.two_stage_config(config, setting, hparams)
+    if resume is None:
+        _warn_if_reused(out_dir)
+    with _training_flags_kept(model):
+        if not spec.two_stage:
+            return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
+                              seed=seed, device=device, out_dir=out_dir, resume=resume, progress=progress)
+        if config is not None or resume is None:
+            config = spec.two_stage_config(config, setting, hparams)
+        return _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
+                          resume=resume, allow_config_change=allow_config_change, progress=progress)
+
+
+def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_dir, resume,
+               allow_config_change: bool, progress: bool) -> UnlearnResult:
+    """The two-stage family's run (`unlearn` after the dispatch on ``method``)."""
     with preserved_global_state(), scope(model) as (_, model):
         ckpt = _load_resume(resume)
         config = _resolve_config(config, ckpt, seed)
-        if not isinstance(splits, Splits):
-            raise TypeError("splits must be an entangle_ext.Splits")
         required = ("forget", "remote") + (("adjacent",) if config.run_stage2 else ())
         splits.check(required)
         fingerprint = splits_fingerprint(splits)
@@ -148,6 +176,48 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         run.stage2()
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
         return run.finish(c0, resumed)
+
+
+class OutDirReusedWarning(UserWarning):
+    """`unlearn` was given an ``out_dir`` that already holds a run, and no ``resume``: the run's
+    files there are overwritten. Silence it with ``warnings.filterwarnings("ignore",
+    category=entangle_ext.OutDirReusedWarning)``."""
+
+
+_RUN_FILES = ("report.json", "history.json", "forget_loss_hist.png", "checkpoints")
+
+
+def _warn_if_reused(out_dir) -> None:
+    """`OutDirReusedWarning` (rank 0 only) when ``out_dir`` holds a previous run's files."""
+    if out_dir is None or (torch.distributed.is_available() and torch.distributed.is_initialized()
+                           and torch.distributed.get_rank() != 0):
+        return
+    out = Path(out_dir)
+    found = [n + ("/" if (out / n).is_dir() else "") for n in _RUN_FILES if (out / n).exists()]
+    if found:
+        state = "a finished run" if "report.json" in found else "an unfinished run"
+        warnings.warn(f"{out} already holds {state}; this run overwrites its {', '.join(found)}. To continue "
+                      f"that run instead, pass resume={str(out)!r} (command line: --resume {out})",
+                      OutDirReusedWarning, stacklevel=3)
+
+
+def _check_types(model, splits) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"unlearn: model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(splits, Splits):
+        raise TypeError(f"unlearn: splits must be an entangle_ext.Splits, got {type(splits).__name__}")
+
+
+@contextlib.contextmanager
+def _training_flags_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Context manager: every submodule's ``training`` flag is set back on exit (also on error),
+    one by one (``train()`` overrides, e.g. frozen blocks kept in eval mode, are respected)."""
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
 
 
 def _copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -225,6 +295,7 @@ class _Run:
                                              "done": self.done,
                                              "fingerprint": {"splits": fingerprint}},
                                   dynamic=lambda: {"timings": self._timings_now()})
+        self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
         # stages completed by the checkpoint we resume from
         self.done_stage = 0 if not self.ckpt else \
             self.ckpt["stage"] if self.ckpt.get("stage_done") else self.ckpt["stage"] - 1

@@ -1,6 +1,6 @@
 """Evaluation of the three splits (train and held-out): accuracy and mean cross-entropy at each
 evaluation point (original / after Stage 1 / after Stage 2; docs/algorithm.md §10). The table,
-plot and report files built from these results are in `entangle_ext.unlearn.report`. Under several
+plot and report files built from these results are in ``entangle_ext/unlearn/report.py``. Under several
 ranks each evaluates its part of every batch; the counts and sums are all-reduced and the per-sample
 losses gathered, so every rank reports each sample exactly once (docs/algorithm.md §11)."""
 from __future__ import annotations

@@ -13,11 +13,11 @@ A stage is written as::
 
 where ``step_fn(step, batch)`` takes one optimisation step on one batch of ``stream`` and
 returns ``(loss, [value, ...])``: 0-d device tensors, one value per key, read back only at log
-points. ``objects`` are what a checkpoint stores and a resume restores (see
-`entangle_ext.unlearn.checkpoint.capture_state`). A step function changes ``objects`` (optimizer
-step, multiplier update, stream position, ...) only inside ``with updating():``, after its
-forward passes: a KeyboardInterrupt raised before (e.g. from the model's code) leaves them at the
-last completed step, which is then checkpointed; one raised inside stops without a checkpoint.
+points. ``objects`` are what a checkpoint stores and a resume restores (see `capture_state` in
+``entangle_ext/unlearn/checkpoint.py``). A step function changes ``objects`` (optimizer step,
+multiplier update, stream position, ...) only inside ``with updating():``, after its forward
+passes: a KeyboardInterrupt raised before (e.g. from the model's code) leaves them at the last
+completed step, which is then checkpointed; one raised inside stops without a checkpoint.
 
 Under several ranks (docs/algorithm.md §11) only rank 0 shows the bar; the logged values are the
 same on every rank, so all stop at the same non-finite step; a signal is acted on at the next log
@@ -37,19 +37,22 @@ from .checkpoint import capture_state, restore_objects
 from .data import BatchStream
 from .distributed import Dist, current
 
-__all__ = ["StageLoop", "StageResult", "NonFiniteLossError", "RunInterrupted", "StepFn", "updating"]
+__all__ = ["StageLoop", "StageResult", "NonFiniteLossError", "RunInterrupted", "StepFn", "updating",
+           "no_checkpoint_note"]
 
 StepFn = Callable[[int, Any], Tuple[torch.Tensor, Sequence[torch.Tensor]]]
 
 
 class NonFiniteLossError(ValueError):
     """A stage produced a NaN/Inf loss. Attributes: stage (1/2, or a method name), step (first bad
-    step, 0-based within the stage), checkpoint (path of the last good checkpoint or None)."""
+    step, 0-based within the stage), checkpoint (path of the last good checkpoint or None). Without
+    a checkpoint the message says why none was written (``note``) and what keeps one.
+    Importable as ``entangle_ext.NonFiniteLossError``."""
 
-    def __init__(self, stage, step: int, checkpoint: Optional[str]):
+    def __init__(self, stage, step: int, checkpoint: Optional[str], note: Optional[str] = None):
         self.stage, self.step, self.checkpoint = stage, step, checkpoint
         where = f"; last good checkpoint: {checkpoint}" if checkpoint else \
-            " (no checkpoint was written: pass out_dir / checkpoint_every to keep one)"
+            f" ({note or 'no checkpoint was written'})"
         super().__init__(f"non-finite loss in Stage {stage} at step {step}; stopped{where}")
 
 
@@ -58,20 +61,32 @@ class RunInterrupted(KeyboardInterrupt):
 
     Attributes: stage, step (steps completed), signal (its name, or "KeyboardInterrupt"),
     checkpoint (path of the checkpoint of the last completed step, None without out_dir),
-    resume (the call that continues the run, or None).
+    resume (the call that continues the run, or None). Without a checkpoint the message says why
+    none was written (``note``). Importable as ``entangle_ext.RunInterrupted``.
     """
 
     def __init__(self, stage, step: int, signal_name: str, checkpoint: Optional[str],
-                 resume: Optional[str]):
+                 resume: Optional[str], note: Optional[str] = None):
         self.stage, self.step, self.signal = stage, step, signal_name
         self.checkpoint, self.resume = checkpoint, resume
         if checkpoint is None:
-            tail = "no checkpoint was written (pass out_dir to keep one)"
+            tail = note or "no checkpoint was written"
         else:
             tail = f"checkpoint of the last completed step: {checkpoint}"
             if resume:
                 tail += f"; continue with {resume}"
         super().__init__(f"{signal_name} during Stage {stage} after {step} completed steps; {tail}")
+
+
+def no_checkpoint_note(checkpoint_fn, checkpoint_every: int) -> str:
+    """Why a stage that stopped has no checkpoint to go back to, and what keeps one: the
+    checkpoint writer's own account (``checkpoint_fn.no_checkpoint_note(checkpoint_every)``, e.g.
+    `Checkpointer`: no out_dir, or no stage finished and ``checkpoint_every`` is 0), else a
+    generic one."""
+    if checkpoint_fn is None:
+        return "no checkpoint was written: this stage runs without checkpoints"
+    explain = getattr(checkpoint_fn, "no_checkpoint_note", None)
+    return explain(checkpoint_every) if explain is not None else "no checkpoint was written"
 
 
 class _Forced(KeyboardInterrupt):
@@ -190,7 +205,8 @@ class StageLoop:
             ``checkpoint_fn(step, state)`` with ``state`` = {"stage", "step", "history", one entry
             per run object, ``extra``}; the entries are live references (``state_dict()``), so
             ``checkpoint_fn`` must serialise or copy them before returning (`Checkpointer` saves
-            them with ``torch.save``). ``checkpoint_fn.last_path`` (if any) is reported on error.
+            them with ``torch.save``). ``checkpoint_fn.last_path`` (if any) is reported on error;
+            when it is None, ``checkpoint_fn.no_checkpoint_note(checkpoint_every)`` (if any) says why.
         progress: show the tqdm bar.
         extra: plain values stored in every checkpoint of this stage (e.g. Stage 1's c0).
     """
@@ -254,8 +270,9 @@ class StageLoop:
                 if _stop(intr, d, True):    # arrived during the last host read
                     raise self._interrupted(step, mon, objects, _signal_name(intr))
         except _NonFinite as bad:
-            raise NonFiniteLossError(self.stage, bad.step,
-                                     getattr(self.checkpoint_fn, "last_path", None)) from None
+            last = getattr(self.checkpoint_fn, "last_path", None)
+            raise NonFiniteLossError(self.stage, bad.step, last, None if last else
+                                     no_checkpoint_note(self.checkpoint_fn, self.checkpoint_every)) from None
         finally:
             bar.close()
         return step, mon.history
@@ -272,7 +289,8 @@ class StageLoop:
         if self.checkpoint_fn is not None:
             path = self.checkpoint_fn(step, self._state(step, mon, objects))
         return RunInterrupted(self.stage, step, name, path,
-                              getattr(self.checkpoint_fn, "resume_hint", None) if path else None)
+                              getattr(self.checkpoint_fn, "resume_hint", None) if path else None,
+                              None if path else no_checkpoint_note(self.checkpoint_fn, self.checkpoint_every))
 
     def _end_step(self, step: int, total: int, mon: _Monitor, bar, objects) -> bool:
         """Progress bar; at log points (and at a checkpoint or the last step) the host read that

@@ -1,6 +1,6 @@
 """Checkpoints of sharded run objects (FSDP parameters, optimizer state and momentum held as
 DTensors): written and read by every rank with `torch.distributed.checkpoint`, next to the
-checkpoint file rank 0 writes (`entangle_ext.unlearn.checkpoint`; docs/algorithm.md §11)."""
+checkpoint file rank 0 writes (``entangle_ext/unlearn/checkpoint.py``; docs/algorithm.md §11)."""
 from __future__ import annotations
 
 from typing import Any, Dict

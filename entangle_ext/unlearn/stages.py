@@ -4,9 +4,9 @@ Each stage is a step function run by `StageLoop` (progress bar, logging, checkpo
 interrupts). Both keep the model in eval mode (BatchNorm statistics frozen, dropout off) and never
 read device values back to the host inside a step: logged scalars stay on the device and are read
 every ``log_every`` steps, which is also when non-finite losses are detected. Precision
-(float16/bfloat16 models, ``amp``): see `entangle_ext.unlearn.precision`. Under several ranks
+(float16/bfloat16 models, ``amp``): see ``entangle_ext/unlearn/precision.py``. Under several ranks
 (``torchrun``; DDP, FSDP or a plain replicated module) the same steps run on each rank's part of
-every global batch with the reductions of `entangle_ext.unlearn.distributed` (docs/algorithm.md
+every global batch with the reductions of ``entangle_ext/unlearn/distributed.py`` (docs/algorithm.md
 §11).
 """
 from __future__ import annotations
@@ -173,7 +173,7 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
         resume_state: a state dict previously passed to checkpoint_fn (continues from it, with
             its c0 and its λ, μ from its ``lagrangian`` entry).
         amp: None or "bf16": forward passes under `torch.autocast` (see
-            `entangle_ext.unlearn.precision`).
+            ``entangle_ext/unlearn/precision.py``).
     Returns:
         StageResult(stage=1, steps, history (loss, violation g, λ, forget CE, remote CE), lam, c0,
         lagrangian).

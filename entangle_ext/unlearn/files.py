@@ -1,0 +1,108 @@
+"""Reading the torch files a run writes or is given, safely: `read_torch_file` (``torch.load`` with
+``weights_only=True``, which runs no code from the file, plus the numpy types of a checkpoint's
+``rng`` entry) and `open_checkpoint` (an out dir, its ``checkpoints/latest.pt`` pointer or a file).
+`load_checkpoint` (``resume=``, ``--resume``) and `entangle_ext.train.load_model_file`
+(``--original``, the original-model cache) both read through here.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any, List, Tuple, Union
+
+import numpy as np
+import torch
+
+__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME"]
+
+#: The file under ``{out_dir}/checkpoints/`` that names the run's latest checkpoint: {"path": str}.
+POINTER_NAME = "latest.pt"
+
+
+def _numpy_globals() -> List[Any]:
+    """What ``np.random.get_state()`` (the ``rng`` entry of every checkpoint) pickles: a uint32
+    array. Allowed by name, so no other numpy code can run from the file."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:   # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [_reconstruct, (_reconstruct, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype,
+            type(np.dtype(np.uint32))]
+
+
+def _reason(e: BaseException) -> str:
+    """The short cause of a failed ``torch.load``, without PyTorch's advice on ``weights_only``."""
+    if isinstance(e, EOFError):
+        return "the file is empty or truncated"
+    text = str(e)
+    m = re.search(r"WeightsUnpickler error:(.*?)(Check the documentation|$)", text, re.S)
+    if m:
+        text = m.group(1)
+    text = " ".join(text.split())
+    g = re.match(r"Unsupported global: GLOBAL (\S+)", text)
+    if g:
+        return f"it pickles the Python object {g.group(1)}, which is not loaded (no code from the file is run)"
+    first = re.split(r"(?<=[a-z0-9)])\.\s", text, maxsplit=1)[0].rstrip(".")
+    if "Unsupported operand" in first:
+        return f"not a torch file ({first})"
+    return first or type(e).__name__
+
+
+def read_torch_file(path: Union[str, Path], map_location: Any = "cpu") -> Any:
+    """``torch.load(path, map_location, weights_only=True)``: tensors, numbers, strings, containers
+    and the numpy arrays of a checkpoint's RNG state; no code from the file is run.
+
+    Raises:
+        ValueError: the file is corrupt, truncated, not a torch file or pickles other Python
+            objects; one line, "<path> is not a readable torch file (state dict or entangle_ext
+            checkpoint): <short reason>".
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch's note on the pickle protocol of a non-torch file
+            with torch.serialization.safe_globals(_numpy_globals()):
+                return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:   # any failure to unpickle: corrupt, truncated, foreign objects, I/O
+        raise ValueError(f"{path} is not a readable torch file (state dict or entangle_ext "
+                                  f"checkpoint): {_reason(e)}") from None
+
+
+def _is_pointer(obj: Any) -> bool:
+    return isinstance(obj, dict) and set(obj) == {"path"} and isinstance(obj["path"], str)
+
+
+def _follow(pointer: Path, stored: str) -> Path:
+    """The checkpoint a ``latest.pt`` names: the file of that name beside the pointer (where the
+    run wrote it, also after the out dir moved), else the stored path itself."""
+    for cand in (pointer.parent / Path(stored).name, Path(stored)):
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(f"{pointer} points to the checkpoint {stored}, which does not exist")
+
+
+def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[Path, Any]:
+    """Read a checkpoint (or any torch file) given as a file, a ``latest.pt`` pointer (followed),
+    or an out dir / its ``checkpoints/`` dir (its latest checkpoint).
+
+    Returns:
+        (the file read, its content).
+    Raises:
+        FileNotFoundError: no such file, no checkpoint under the directory, or a pointer to a
+            missing file. ValueError: an unreadable file, see `read_torch_file`.
+    """
+    p = Path(path)
+    if p.is_dir():
+        for cand in (p / "checkpoints" / POINTER_NAME, p / POINTER_NAME):
+            if cand.is_file():
+                p = cand
+                break
+        else:
+            raise FileNotFoundError(f"no checkpoint under {path} (no checkpoints/{POINTER_NAME})")
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} not found")
+    obj = read_torch_file(p, map_location)
+    if _is_pointer(obj):
+        p = _follow(p, obj["path"])
+        obj = read_torch_file(p, map_location)
+    return p, obj
