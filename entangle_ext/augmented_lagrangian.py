@@ -25,6 +25,7 @@ import torch
 from . import _ext
 from ._al_args import (Scalar, as_g, as_mu, check_dual_args, check_kind, check_same_device,
                        check_state_dtype, check_tensors)
+from ._overlap import check_disjoint
 
 __all__ = ["dual_update_", "augmented_lagrangian_term"]
 
@@ -48,7 +49,8 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
     Args:
         lam: ``(m,)`` float32/float64 contiguous multipliers (CPU or CUDA); updated in place.
             Keep them in float32 even for a float16/bfloat16 model (a half lam is a TypeError).
-            It must not require grad (the update is not differentiable). m = 0 is a no-op.
+            It must not require grad (the update is not differentiable), nor share memory with
+            g or mu. m = 0 is a no-op.
         g: ``(m,)`` constraint values, same device as ``lam`` and its dtype, or float16/bfloat16
             (upcast to the dtype of lam); a 0-d tensor is accepted when m = 1. Units of the
             constraint (for Stage 1: nats, a cross-entropy difference). Detached; never
@@ -76,7 +78,7 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
         TypeError: non-tensor lam/g, non-float32/64 lam, dtype mismatch between lam, g (other
             than a float16/bfloat16 g) and mu, non-float bounds or damping.
         ValueError: shape mismatch (g not (m,), mu not () or (m,)), non-contiguous lam, device
-            mismatch, unknown kind, damping outside [0, 1],
+            mismatch, lam sharing memory with g or mu, unknown kind, damping outside [0, 1],
             lam_min > lam_max, a NaN bound, lam_max < 0 for inequality, mu <= 0 (Python float or
             CPU tensor), non-finite g or mu (with check_finite; lam unchanged).
         RuntimeError: extension not loaded / CUDA tensor with a CPU-only build / lam requires grad
@@ -92,6 +94,7 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
     mu_t = as_mu(op, mu, lam, finite=False)
     g = as_g(op, g.detach(), lam)
     check_same_device(op, lam, g=g, mu=mu_t)
+    check_disjoint(op, [lam], [g, mu_t], lambda i: "lam", ("g", "mu").__getitem__)
     _ext.require(op, lam, g, mu_t)
     torch.ops.entangle_ext.dual_update_(lam, g, mu_t, kind, lam_min, lam_max, damping,
                                         bool(check_finite))

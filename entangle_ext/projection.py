@@ -151,11 +151,12 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
         grads: non-empty sequence of T tensors (or ``None``) of any shapes (empty tensors allowed),
             one dtype (float32/float64/float16/bfloat16), one device (CPU or CUDA), each dense and
             non-overlapping (any memory format, e.g. channels_last or a transposed parameter),
-            modified in place. They must not require grad while grad mode is on (use ``p.grad``
-            or ``torch.no_grad()``).
+            modified in place; no two of them may share memory. They must not require grad while
+            grad mode is on (use ``p.grad`` or ``torch.no_grad()``).
         basis: k sequences (1 <= k <= `MAX_BASIS`), each of T tensors matching ``grads`` tensor
-            by tensor in shape, memory layout (strides), dtype and device, not aliasing ``grads``.
-            When T == 1, ``basis[i]`` may be a single tensor. Read only; treated as a constant.
+            by tensor in shape, memory layout (strides), dtype and device, sharing no memory with
+            any tensor of ``grads`` (basis tensors may share memory with each other). When
+            T == 1, ``basis[i]`` may be a single tensor. Read only; treated as a constant.
         rcond: relative eigenvalue cutoff in [1e-15, 1) (dimensionless); None: `DEFAULT_RCOND`.
         ridge: >= 0 per tensor: ``ridge * T`` (T = number of non-None gradient tensors) is added
             to the Gram diagonal, as the authors' reference code does with ridge = 1e-8
@@ -171,9 +172,11 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
     Raises:
         TypeError: non-tensor entries, unsupported or mixed dtypes, a non-float ``rcond``/``ridge``.
         ValueError: empty ``grads``, k outside [1, 8], a basis list of the wrong length, a ``None``
-            basis entry for a gradient, mismatched shapes/devices/memory layouts, overlapping or
-            strided views, ``grads`` requiring grad in grad mode, ``rcond`` outside [1e-15, 1),
-            a negative ridge.
+            basis entry for a gradient, mismatched shapes/devices/memory layouts, expanded or
+            strided views, two ``grads`` entries that overlap in memory or a basis tensor that
+            shares memory with a ``grads`` entry (checked on the host from the tensors' data
+            pointers and sizes, no device sync; the message names both entries), ``grads``
+            requiring grad in grad mode, ``rcond`` outside [1e-15, 1), a negative ridge.
         RuntimeError: the native extension is not built/loaded, or a CUDA tensor with a CPU-only
             build.
     """
@@ -207,7 +210,8 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
         gradient is ``None``), in squared units of the tensors. Not differentiable.
 
     Raises:
-        TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge).
+        TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge; nothing is
+            written, so ``grads`` may share memory with each other and with the basis).
     """
     op = "projection_gram"
     gs, flat, k, probe = gather_lists(op, grads, basis, inplace=False)
@@ -228,15 +232,17 @@ def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis,
 
     Args:
         grads, basis: as in `project_orthogonal_` (``None`` gradients skipped).
-        coeffs: ``(k,)`` float64 on the device of ``grads`` (e.g. from `projection_solve`).
+        coeffs: ``(k,)`` float64 on the device of ``grads`` (e.g. from `projection_solve`),
+            sharing no memory with ``grads``.
 
     Raises:
-        TypeError, ValueError, RuntimeError: as `project_orthogonal_`; ``coeffs`` not a
-            ``(k,)`` float64 tensor on the device of ``grads``.
+        TypeError, ValueError, RuntimeError: as `project_orthogonal_` (overlapping ``grads``, a
+            basis tensor or ``coeffs`` sharing memory with ``grads``: ValueError); ``coeffs``
+            not a ``(k,)`` float64 tensor on the device of ``grads``.
     """
     op = "projection_apply_"
-    gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True)
     check_tensor(op, "coeffs", coeffs)
+    gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True, also_read=[("coeffs", coeffs)])
     if not gs:
         return
     _ext.require(op, gs[0], flat[0])
