@@ -189,3 +189,22 @@ def test_two_process_gloo_sharded_projection_equals_one_process():
                 assert got.shape == exp.shape and exp.abs().max() > 0
                 assert ((got - exp).abs().max() <= tol * exp.abs().max()).item()
 
+
+@pytest.mark.parametrize("where", ["diag", "lower", "upper", "vg"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_solve_turns_non_finite_input_into_nan(device, where, bad):
+    """A NaN/Inf anywhere in G or b gives NaN coefficients (device-side, no host sync), not the
+    finite, plausible answer of a solve that drops the row (e.g. [0, 1] for a NaN G[0, 0])."""
+    G = torch.tensor([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 3.0]], dtype=D, device=device)
+    b = torch.tensor([1.0, -1.0, 0.5], dtype=D, device=device)
+    good = ee.projection_solve(G, b)
+    assert torch.isfinite(good).all()
+    if where == "vg":
+        b[2] = bad
+    else:
+        G[{"diag": (0, 0), "lower": (2, 1), "upper": (1, 2)}[where]] = bad
+    c = ee.projection_solve(G, b, shift=0.5)
+    assert c.shape == (3,) and c.dtype == D and c.isnan().all()
+    assert c.device == G.device
+    c32 = ee.projection_solve(G.float(), b.float())   # converted to float64 first: same rule
+    assert c32.isnan().all()
