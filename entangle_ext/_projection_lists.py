@@ -3,11 +3,12 @@ from the compiled extension, scalar checks, and the normalisation of gradient / 
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _ext
+from ._overlap import check_disjoint
 
 
 def _limits() -> Tuple[int, float]:
@@ -55,13 +56,17 @@ def check_ridge(op: str, name: str, x) -> float:
     return x
 
 
-def gather_lists(op: str, grads, basis, *, inplace: bool
+def gather_lists(op: str, grads, basis, *, inplace: bool,
+                 also_read: Sequence[Tuple[str, torch.Tensor]] = ()
                  ) -> Tuple[List[torch.Tensor], List[torch.Tensor], int, Optional[torch.Tensor]]:
     """Validate the list arguments; drop ``None`` gradients with their basis entries.
 
     Returns ``(gs, flat, k, probe)``: the kept gradients, their basis tensors row-major by basis
     vector (``flat[i * len(gs) + t]``, detached), k, and a tensor that tells the device and dtype
-    (the first kept gradient, else the first basis tensor, else None).
+    (the first kept gradient, else the first basis tensor, else None). With ``inplace`` (the
+    operators that write ``grads``) the gradients must not overlap one another in memory nor
+    share memory with a basis tensor or an ``also_read`` tensor (``(name, tensor)`` pairs), else
+    ValueError naming the two entries (metadata only: no device synchronisation).
     """
     if isinstance(grads, torch.Tensor) or not isinstance(grads, (list, tuple)):
         raise TypeError(f"{op}: grads must be a list or tuple of tensors, got {type(grads).__name__}")
@@ -93,7 +98,15 @@ def gather_lists(op: str, grads, basis, *, inplace: bool
         rows.append(row)
     gs = [grads[t] for t in keep]
     flat = [rows[i][t].detach() for i in range(len(rows)) for t in keep]
-    if inplace and torch.is_grad_enabled() and any(x.requires_grad for x in gs):
-        raise ValueError(f"{op}: grads must not require grad (it is modified in place without "
-                         "autograd); pass the .grad tensors or call it under torch.no_grad()")
+    if inplace:
+        if torch.is_grad_enabled() and any(x.requires_grad for x in gs):
+            raise ValueError(f"{op}: grads must not require grad (it is modified in place without "
+                             "autograd); pass the .grad tensors or call it under torch.no_grad()")
+        n, nb = len(gs), len(flat)
+
+        def read_name(r: int) -> str:
+            return f"basis[{r // n}][{keep[r % n]}]" if r < nb else also_read[r - nb][0]
+
+        check_disjoint(op, gs, flat + [t for _, t in also_read], lambda j: f"grads[{keep[j]}]",
+                       read_name)
     return gs, flat, len(rows), gs[0] if gs else probe

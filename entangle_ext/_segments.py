@@ -55,16 +55,16 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
     return off
 
 
-def _as_offsets(off: OffsetsLike, name: str, device: torch.device) -> torch.Tensor:
+def _as_offsets(op: str, off: OffsetsLike, name: str, device: torch.device) -> torch.Tensor:
     if not isinstance(off, torch.Tensor):
         try:
             off = torch.as_tensor(list(off))   # keep the inferred dtype: 2.5 must not become 2
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"{name} must be a 1-D integer tensor or sequence of ints") from exc
+            raise TypeError(f"{op}: {name} must be a 1-D integer tensor or sequence of ints") from exc
     if off.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} must be int32 or int64 (cu_seqlens), got {off.dtype}")
+        raise TypeError(f"{op}: {name} must be int32 or int64 (cu_seqlens), got {off.dtype}")
     if off.dim() != 1 or off.numel() < 1:
-        raise ValueError(f"{name} must be 1-D with S+1 entries, got shape {tuple(off.shape)}")
+        raise ValueError(f"{op}: {name} must be 1-D with S+1 entries, got shape {tuple(off.shape)}")
     if off.dtype != torch.int64 or off.device != device:
         off = off.to(device=device, dtype=torch.int64)
     return off if off.is_contiguous() else off.contiguous()
@@ -137,8 +137,8 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
         if longest is not None and max_seqlen is not None and int(max_seqlen) < longest:
             raise ValueError(f"{op}: max_seqlen={max_seqlen} but the longest segment has {longest} values")
         max_seqlen = longest if max_seqlen is None else max_seqlen
-    uo = _as_offsets(u_offsets, "u_offsets", device)
-    vo = _as_offsets(v_offsets, "v_offsets", device)
+    uo = _as_offsets(op, u_offsets, "u_offsets", device)
+    vo = _as_offsets(op, v_offsets, "v_offsets", device)
     if uo.numel() != vo.numel():
         raise ValueError(f"{op}: u_offsets and v_offsets must both have S+1 entries, got "
                          f"{uo.numel()} and {vo.numel()}")

@@ -18,58 +18,16 @@ and the Rockafellar / Powell-Hestenes form of the term. The class `entangle_ext.
 """
 from __future__ import annotations
 
-import math
-
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
 from . import _ext
+from ._al_args import (Scalar, as_g, as_mu, check_dual_args, check_kind, check_same_device,
+                       check_state_dtype, check_tensors)
+from ._overlap import check_disjoint
 
 __all__ = ["dual_update_", "augmented_lagrangian_term"]
-
-_KINDS = ("equality", "inequality")
-Scalar = Union[torch.Tensor, float, int]
-
-
-def _check_kind(op: str, kind: str) -> None:
-    if kind not in _KINDS:
-        raise ValueError(f"{op}: kind must be 'equality' or 'inequality', got {kind!r}")
-
-
-def _as_mu(op: str, mu: Scalar, lam: torch.Tensor) -> torch.Tensor:
-    """mu as a tensor. A Python number or a CPU tensor must be > 0 (ValueError); a CUDA tensor is
-    not checked here (that would cost a host sync). Non-finite mu is handled by the kernels."""
-    if isinstance(mu, torch.Tensor):
-        if mu.device.type == "cpu" and mu.is_floating_point() and bool(((mu <= 0) & torch.isfinite(mu)).any()):
-            raise ValueError(f"{op}: the penalty mu must be > 0, got {mu.tolist()}")
-        return mu.detach().contiguous()
-    if isinstance(mu, bool) or not isinstance(mu, (float, int)):
-        raise TypeError(f"{op}: mu must be a tensor or a Python float, got {type(mu).__name__}")
-    if math.isfinite(mu) and mu <= 0:   # non-finite mu: the kernels' own policy
-        raise ValueError(f"{op}: the penalty mu must be > 0, got {mu}")
-    # torch.full is a device fill (capturable), but the value is baked into a captured CUDA graph.
-    return torch.full((), float(mu), dtype=lam.dtype, device=lam.device)
-
-
-def _check_tensors(op: str, **named) -> None:
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _check_same_device(op: str, lam: torch.Tensor, **named) -> None:
-    for name, t in named.items():
-        if t.device != lam.device:
-            raise ValueError(f"{op}: lam is on {lam.device} but {name} is on {t.device} "
-                             "(all tensors must be on one device)")
-
-
-def _as_g(op: str, g: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    # A scalar constraint value (e.g. a mean loss minus c0) is accepted for m = 1.
-    if g.dim() == 0 and lam.dim() == 1 and lam.shape[0] == 1:
-        g = g.reshape(1)
-    return g.contiguous()
 
 
 def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = "equality",
@@ -90,14 +48,19 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
 
     Args:
         lam: ``(m,)`` float32/float64 contiguous multipliers (CPU or CUDA); updated in place.
-            It must not require grad (the update is not differentiable). m = 0 is a no-op.
-        g: ``(m,)`` constraint values, same dtype and device as ``lam`` (a 0-d tensor is accepted
-            when m = 1). Units of the constraint (for Stage 1: nats, a cross-entropy difference).
-            Detached; never differentiated through.
+            Keep them in float32 even for a float16/bfloat16 model (a half lam is a TypeError).
+            It must not require grad (the update is not differentiable), nor share memory with
+            g or mu. m = 0 is a no-op.
+        g: ``(m,)`` constraint values, same device as ``lam`` and its dtype, or float16/bfloat16
+            (upcast to the dtype of lam); a 0-d tensor is accepted when m = 1. Units of the
+            constraint (for Stage 1: nats, a cross-entropy difference). Detached; never
+            differentiated through.
         mu: penalty, ``()`` or ``(m,)`` tensor, same dtype/device as ``lam``, units 1/[g]
-            (lam has the units of mu * g). A Python float is converted to a device tensor with
-            ``torch.full``; inside a captured CUDA graph that value is then frozen, so a schedule
-            that changes mu between replays must pass a tensor and update it in place.
+            (lam has the units of mu * g); a Python float or a CPU tensor must be > 0 (checked on
+            the host; NaN/Inf are left to ``check_finite``). A Python float is converted to a
+            device tensor with ``torch.full``; inside a captured CUDA graph that value is then
+            frozen, so a schedule that changes mu between replays must pass a tensor and update
+            it in place.
         kind: ``"equality"`` or ``"inequality"``.
         lam_min, lam_max: optional clipping bounds (floats), lam_min <= lam_max; for inequality
             constraints lam_max >= 0.
@@ -112,26 +75,29 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
         ``lam`` (the same tensor, updated).
 
     Raises:
-        TypeError: non-tensor lam/g, non-float32/64 lam, dtype mismatch between lam, g and mu.
+        TypeError: non-tensor lam/g, non-float32/64 lam, dtype mismatch between lam, g (other
+            than a float16/bfloat16 g) and mu, non-float bounds or damping.
         ValueError: shape mismatch (g not (m,), mu not () or (m,)), non-contiguous lam, device
-            mismatch, unknown kind, damping outside [0, 1], lam_min > lam_max, lam_max < 0 for
-            inequality, non-finite g or mu (with check_finite; lam unchanged).
+            mismatch, lam sharing memory with g or mu, unknown kind, damping outside [0, 1],
+            lam_min > lam_max, a NaN bound, lam_max < 0 for inequality, mu <= 0 (Python float or
+            CPU tensor), non-finite g or mu (with check_finite; lam unchanged).
         RuntimeError: extension not loaded / CUDA tensor with a CPU-only build / lam requires grad
             / check_finite=True during CUDA-graph capture.
     """
     op = "dual_update_"
-    _check_tensors(op, lam=lam, g=g)
-    _check_kind(op, kind)
+    check_tensors(op, lam=lam, g=g)
+    check_state_dtype(op, "lam", lam.dtype)
+    lam_min, lam_max, damping = check_dual_args(op, kind, lam_min, lam_max, damping)
     if lam.requires_grad:
         raise RuntimeError(f"{op}: lam requires grad; multipliers are constants (use a tensor "
                            "created without requires_grad, or lam.detach())")
-    mu_t = _as_mu(op, mu, lam)
-    g = _as_g(op, g.detach(), lam)
-    _check_same_device(op, lam, g=g, mu=mu_t)
+    mu_t = as_mu(op, mu, lam, finite=False)
+    g = as_g(op, g.detach(), lam)
+    check_same_device(op, lam, g=g, mu=mu_t)
+    check_disjoint(op, [lam], [g, mu_t], lambda i: "lam", ("g", "mu").__getitem__)
     _ext.require(op, lam, g, mu_t)
-    torch.ops.entangle_ext.dual_update_(
-        lam, g, mu_t, kind, None if lam_min is None else float(lam_min),
-        None if lam_max is None else float(lam_max), float(damping), bool(check_finite))
+    torch.ops.entangle_ext.dual_update_(lam, g, mu_t, kind, lam_min, lam_max, damping,
+                                        bool(check_finite))
     return lam
 
 
@@ -149,29 +115,39 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     gradient flows to them (they are detached). Double backward is not implemented.
 
     Args:
-        g: ``(m,)`` float32/float64 constraint values (CPU or CUDA), usually requiring grad; a 0-d
-            tensor is accepted when m = 1. Units of the constraint. m = 0 is valid: the term is 0
-            and, when g requires grad, connected to the graph (empty gradient), like ``g.sum()``.
-        lam: ``(m,)`` multipliers, same dtype and device as g.
-        mu: ``()`` or ``(m,)`` tensor, same dtype/device, or a Python float (converted; see
-            `dual_update_` for the CUDA-graph caveat). Must be > 0 for ``kind="inequality"``.
+        g: ``(m,)`` constraint values (CPU or CUDA), usually requiring grad, in the dtype of
+            ``lam``; a float16/bfloat16 g (the loss of a half-precision model) is upcast to the
+            dtype of lam first (``g.to(lam.dtype)``: the gradient flows back to the half g). A
+            0-d tensor is accepted when m = 1. Units of the constraint. m = 0 is valid: the term
+            is 0 and, when g requires grad, connected to the graph (empty gradient), like
+            ``g.sum()``.
+        lam: ``(m,)`` float32/float64 multipliers, on the device of g (float32 even for a
+            half-precision model: a half lam is a TypeError).
+        mu: ``()`` or ``(m,)`` tensor, same dtype/device as lam, or a Python float (converted;
+            see `dual_update_` for the CUDA-graph caveat). A Python float or a CPU tensor must be
+            finite and > 0 (ValueError); a CUDA tensor is not checked (that would need a device
+            sync): NaN/Inf there give a NaN/Inf term.
         kind: ``"equality"`` or ``"inequality"``.
 
     Returns:
-        ``()`` tensor, dtype and device of g, units of lam * g.
+        ``()`` tensor, dtype of lam (= that of g unless g was upcast), device of g, units of
+        lam * g.
 
     Raises:
-        TypeError: non-tensor or non-float32/64 inputs, dtype mismatch.
-        ValueError: shape or device mismatch, unknown kind.
+        TypeError: non-tensor inputs, a lam that is not float32/float64, a g of another dtype
+            than lam other than float16/bfloat16, a mu of another dtype than lam.
+        ValueError: shape or device mismatch, unknown kind, a non-finite or non-positive mu
+            (Python float or CPU tensor).
         RuntimeError: extension not loaded, or a CUDA tensor with a CPU-only build.
     """
     op = "augmented_lagrangian_term"
-    _check_tensors(op, g=g, lam=lam)
-    _check_kind(op, kind)
-    mu_t = _as_mu(op, mu, lam)
-    g = _as_g(op, g, lam)
+    check_tensors(op, g=g, lam=lam)
+    check_state_dtype(op, "lam", lam.dtype)
+    check_kind(op, kind)
+    mu_t = as_mu(op, mu, lam, finite=True)
+    g = as_g(op, g, lam)
     lam_c = lam.detach().contiguous()
-    _check_same_device(op, lam_c, g=g, mu=mu_t)
+    check_same_device(op, lam_c, g=g, mu=mu_t)
     _ext.require(op, g, lam_c, mu_t)
     return torch.ops.entangle_ext.augmented_lagrangian(g, lam_c, mu_t, kind)
 

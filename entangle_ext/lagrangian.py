@@ -8,11 +8,12 @@ violation, all as device tensors that are updated in place, so a whole training 
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
+from ._al_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_state_dtype,
+                       schedule_args, state_dtype)
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 
 __all__ = ["AugmentedLagrangian"]
@@ -64,29 +65,38 @@ class AugmentedLagrangian:
             the original model over the whole remote train set, in nats). m = c0.numel() >= 1:
             a run without a constraint is refused up front (the operators themselves accept
             m = 0). Detached and copied.
-        mu: initial penalty (> 0), float or ``()`` / ``(m,)`` tensor (copied; method default 10).
+        mu: initial penalty, finite and > 0, float or ``()`` / ``(m,)`` tensor (copied; method
+            default 10).
         kind: ``"equality"`` or ``"inequality"``.
         update_with: ``"pre"`` or ``"post"`` (see above).
-        lam_min, lam_max, damping: passed to `dual_update_`.
+        lam_min, lam_max, damping: passed to `dual_update_` (checked here, with its messages).
         mu_growth, shrink_ratio, mu_max, schedule_every: the penalty schedule (see above).
         check_finite: passed to `dual_update_`. ``None`` (default): True eagerly, False while a
             CUDA graph is being captured (non-finite entries then leave lam unchanged on the
             device instead of raising).
-        device, dtype: of the state tensors; default: those of c0 if it is a floating tensor,
-            else CPU and the default dtype.
+        device, dtype: of the state tensors, dtype float32 or float64; default: those of c0 if
+            it is a floating tensor, else CPU and the default dtype, with float16/bfloat16 raised
+            to float32 (lam, mu and c0 stay in full precision whatever the model dtype;
+            `constraint` and `penalty` take the half-precision loss of such a model).
 
     Attributes:
         lam: ``(m,)`` multipliers (zeros at start), updated in place.
         mu: penalty tensor, ``()`` or ``(m,)``, updated in place by the schedule. Assigning a float
-            or tensor to ``al.mu`` copies it in place.
+            or tensor to ``al.mu`` copies it in place (checked like the constructor's mu).
         c0: ``(m,)`` pinned values.
 
-    Raises (constructor): ValueError for an unknown kind/update_with, mu <= 0 (float), mu_growth
-        < 1, shrink_ratio outside (0, 1], schedule_every < 1, an empty c0, or a mu shape that is
-        neither () nor (m,); TypeError for a non-float c0/mu tensor.
+    Raises (constructor), before anything has run, so never after an optimizer step:
+        ValueError: an unknown kind/update_with; an empty or non-finite c0; mu not finite and
+            > 0 (float or tensor; a CUDA tensor is checked too, one host sync, except during
+            CUDA-graph capture) or of a shape other than () and (m,); damping outside [0, 1];
+            lam_min > lam_max; a NaN bound; lam_max < 0 with kind="inequality"; mu_growth < 1;
+            shrink_ratio outside (0, 1]; mu_max <= 0; schedule_every not an integer >= 1.
+        TypeError: c0 neither a float nor a floating tensor (e.g. a string), a non-floating mu
+            tensor, a non-number mu/bound/damping/schedule setting, dtype not float32/float64.
 
-    A captured CUDA graph keeps the addresses of lam, mu and the buffers: `load_state_dict` and
-    the ``mu`` setter copy in place and stay valid; `to` allocates new tensors (recapture).
+    A captured CUDA graph keeps the addresses of lam, mu and the buffers: `load_state_dict` (unless
+    it changes the shape of mu) and the ``mu`` setter copy in place and stay valid; `to` allocates
+    new tensors (recapture).
     """
 
     def __init__(self, c0: Union[torch.Tensor, float], *, mu: Union[torch.Tensor, float] = 10.0,
@@ -97,57 +107,21 @@ class AugmentedLagrangian:
                  check_finite: Optional[bool] = None,
                  device: Optional[Union[str, torch.device]] = None,
                  dtype: Optional[torch.dtype] = None) -> None:
-        if kind not in ("equality", "inequality"):
-            raise ValueError(f"AugmentedLagrangian: kind must be 'equality' or 'inequality', got {kind!r}")
         if update_with not in ("pre", "post"):
-            raise ValueError(f"AugmentedLagrangian: update_with must be 'pre' or 'post', got {update_with!r}")
-        if not mu_growth >= 1.0:
-            raise ValueError(f"AugmentedLagrangian: mu_growth must be >= 1, got {mu_growth}")
-        if not 0.0 < shrink_ratio <= 1.0:
-            raise ValueError(f"AugmentedLagrangian: shrink_ratio must be in (0, 1], got {shrink_ratio}")
-        if int(schedule_every) < 1:
-            raise ValueError(f"AugmentedLagrangian: schedule_every must be >= 1, got {schedule_every}")
-        if isinstance(c0, torch.Tensor):
-            if not c0.is_floating_point():
-                raise TypeError(f"AugmentedLagrangian: c0 must be a floating tensor, got {c0.dtype}")
-            device = c0.device if device is None else device
-            dtype = c0.dtype if dtype is None else dtype
-            c0_t = c0.detach().to(device=device, dtype=dtype).reshape(-1).clone()
-        else:   # a host float: checked on the host, filled on the device (no copy, no sync)
-            if not math.isfinite(float(c0)):
-                raise ValueError(f"AugmentedLagrangian: the pinned values c0 must be finite, got "
-                                 f"[{float(c0)}]")
-            dtype = torch.get_default_dtype() if dtype is None else dtype
-            c0_t = torch.full((1,), float(c0), dtype=dtype, device=device)
+            raise ValueError(f"{_OP}: update_with must be 'pre' or 'post', got {update_with!r}")
+        self.lam_min, self.lam_max, self.damping = check_dual_args(_OP, kind, lam_min, lam_max,
+                                                                   damping)
+        self.mu_growth, self.shrink_ratio, self.mu_max, self.schedule_every = schedule_args(
+            mu_growth, shrink_ratio, mu_max, schedule_every)
+        self.c0 = c0_t = as_c0(c0, device, state_dtype(c0, dtype))
         m = c0_t.numel()
-        if m == 0:
-            raise ValueError("AugmentedLagrangian: c0 is empty (need at least one constraint)")
-        capturing = c0_t.is_cuda and torch.cuda.is_current_stream_capturing()
-        if isinstance(c0, torch.Tensor) and not capturing and not bool(torch.isfinite(c0_t).all()):
-            raise ValueError(f"AugmentedLagrangian: the pinned values c0 must be finite, got "
-                             f"{c0_t.tolist()}")
-        if isinstance(mu, torch.Tensor):
-            if not mu.is_floating_point():
-                raise TypeError(f"AugmentedLagrangian: mu must be a floating tensor, got {mu.dtype}")
-            if not (mu.dim() == 0 or (mu.dim() == 1 and mu.numel() == m)):
-                raise ValueError(f"AugmentedLagrangian: mu must have shape () or ({m},), got "
-                                 f"{tuple(mu.shape)}")
-            mu_t = mu.detach().to(device=c0_t.device, dtype=dtype).clone()
-        else:
-            if not (math.isfinite(float(mu)) and float(mu) > 0):
-                raise ValueError(f"AugmentedLagrangian: mu must be a finite float > 0, got {mu}")
-            mu_t = torch.full((), float(mu), dtype=dtype, device=c0_t.device)
+        self._mu = mu_t = as_state_mu(mu, c0_t)
         self.kind = kind
         self.update_with = update_with
-        self.lam_min, self.lam_max, self.damping = lam_min, lam_max, float(damping)
-        self.mu_growth, self.shrink_ratio = float(mu_growth), float(shrink_ratio)
-        self.mu_max, self.schedule_every = float(mu_max), int(schedule_every)
         self.check_finite = check_finite
-        self.c0 = c0_t
-        self.lam = torch.zeros(m, dtype=dtype, device=c0_t.device)
-        self._mu = mu_t
-        self._last_violation = torch.zeros(m, dtype=dtype, device=c0_t.device)
-        self._window_sum = torch.zeros(m, dtype=dtype, device=c0_t.device)
+        self.lam = torch.zeros(m, dtype=c0_t.dtype, device=c0_t.device)
+        self._last_violation = torch.zeros_like(self.lam)
+        self._window_sum = torch.zeros_like(self.lam)
         self._prev_window = torch.zeros_like(mu_t)
         self._steps = torch.zeros((), dtype=torch.int64, device=c0_t.device)
         self._last_g: Optional[torch.Tensor] = None
@@ -159,11 +133,12 @@ class AugmentedLagrangian:
 
     @mu.setter
     def mu(self, value: Union[torch.Tensor, float]) -> None:
+        new = as_state_mu(value, self.c0)   # same checks as the constructor
+        if new.dim() > 0 and new.numel() != self._mu.numel():
+            raise ValueError(f"{_OP}: mu has shape {tuple(self._mu.shape)}; assign a float or a "
+                             f"tensor of that shape, got {tuple(new.shape)}")
         with torch.no_grad():
-            if isinstance(value, torch.Tensor):
-                self._mu.copy_(value.detach().reshape(self._mu.shape))
-            else:
-                self._mu.fill_(float(value))
+            self._mu.copy_(new if new.dim() == 0 else new.reshape(self._mu.shape))
 
     @property
     def num_constraints(self) -> int:
@@ -201,7 +176,8 @@ class AugmentedLagrangian:
 
         Args:
             values: ``()`` (m = 1) or ``(m,)`` current constraint values on the device of the state
-                (e.g. the mean CE of a remote minibatch, in nats); cast to the state dtype.
+                (e.g. the mean CE of a remote minibatch, in nats); cast to the state dtype, so a
+                float16/bfloat16 loss is compared in float32 and its gradient flows back to it.
         Raises:
             TypeError / ValueError: not a tensor / wrong number of entries or device.
         """
@@ -217,8 +193,10 @@ class AugmentedLagrangian:
         """The augmented-Lagrangian term for g (``(m,)`` or ``()``), a 0-d tensor.
 
         equality: lam^T g + (mu/2) ||g||^2; inequality: sum (1/(2 mu)) (max(0, lam + mu g)^2 -
-        lam^2). Differentiable in g (gradient lam + mu g, resp. max(0, lam + mu g)). Records
-        g.detach() as the pre-step value that ``update()`` uses in ``update_with="pre"`` mode.
+        lam^2). Differentiable in g (gradient lam + mu g, resp. max(0, lam + mu g)); g is cast to
+        the state dtype first (a half-precision g gets its gradient back through the cast); the
+        result has the state dtype. Records g.detach() as the pre-step value that ``update()``
+        uses in ``update_with="pre"`` mode.
         """
         g = self._as_g(g)
         self._last_g = g.detach()
@@ -307,29 +285,39 @@ class AugmentedLagrangian:
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore the state tensors of `state_dict` in place (device/dtype converted).
+        """Restore the state tensors of `state_dict` (device/dtype converted), in place.
 
-        The settings (bounds, damping, schedule, update_with) stay those of this instance.
-        Raises ValueError when kind, the number of constraints or the mu shape differ, or a key
-        is missing.
+        mu is restored with its value and shape (a scalar-mu instance takes a per-constraint mu
+        and vice versa; when the shape changes, mu and the schedule's window are new tensors:
+        recapture any CUDA graph). The settings (bounds, damping, schedule, update_with) stay
+        those of this instance. Raises ValueError when a key is missing, kind differs, or the
+        state is for another number of constraints (lam / c0 shape: build this instance with a
+        c0 of the same size).
         """
+        op = f"{_OP}.load_state_dict"
         missing = [k for k in ("kind", "lam", "mu", "c0", "last_violation", "window_sum",
                                "prev_window", "steps") if k not in state]
         if missing:
-            raise ValueError(f"AugmentedLagrangian.load_state_dict: missing keys {missing}")
+            raise ValueError(f"{op}: missing keys {missing}")
         if state["kind"] != self.kind:
-            raise ValueError(f"AugmentedLagrangian.load_state_dict: state is for kind "
-                             f"{state['kind']!r}, this instance is {self.kind!r}")
-        if tuple(state["lam"].shape) != tuple(self.lam.shape):
-            raise ValueError(f"AugmentedLagrangian.load_state_dict: state has "
-                             f"{tuple(state['lam'].shape)} multipliers, this instance "
-                             f"{tuple(self.lam.shape)}")
-        if tuple(state["mu"].shape) != tuple(self._mu.shape):
-            raise ValueError(f"AugmentedLagrangian.load_state_dict: mu shape "
-                             f"{tuple(state['mu'].shape)} != {tuple(self._mu.shape)}")
+            raise ValueError(f"{op}: state is for kind {state['kind']!r}, this instance is "
+                             f"{self.kind!r}")
+        m = self.num_constraints
+        for key in ("lam", "c0"):
+            if tuple(state[key].shape) != (m,):
+                raise ValueError(f"{op}: state has {key} of shape {tuple(state[key].shape)}, but "
+                                 f"this instance has {m} constraints (multipliers): build it with "
+                                 "a c0 of the same size")
+        mu = state["mu"]
+        if not (mu.dim() == 0 or tuple(mu.shape) == (m,)) or mu.shape != state["prev_window"].shape:
+            raise ValueError(f"{op}: state mu has shape {tuple(mu.shape)}, expected () or ({m},) "
+                             f"(and prev_window of the same shape)")
         with torch.no_grad():
+            if mu.shape != self._mu.shape:
+                self._mu = torch.empty(mu.shape, dtype=self.dtype, device=self.device)
+                self._prev_window = torch.empty_like(self._mu)
             self.lam.copy_(state["lam"])
-            self._mu.copy_(state["mu"])
+            self._mu.copy_(mu)
             self.c0.copy_(state["c0"].reshape(self.c0.shape))
             self._last_violation.copy_(state["last_violation"])
             self._window_sum.copy_(state["window_sum"])
@@ -342,6 +330,7 @@ class AugmentedLagrangian:
         """Move (and optionally cast) every state tensor; returns self. New tensors: recapture
         any CUDA graph that used the old ones."""
         fdt = self.dtype if dtype is None else dtype
+        check_state_dtype(f"{_OP}.to", "dtype", fdt)
         for name in ("c0", "lam", "_mu", "_last_violation", "_window_sum", "_prev_window"):
             setattr(self, name, getattr(self, name).to(device=device, dtype=fdt))
         self._steps = self._steps.to(device=device)

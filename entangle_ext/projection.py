@@ -25,8 +25,15 @@ tensors given), `projection_solve` (c from the summed G and V g) and `projection
 (g -= V^T c in place); ``project_orthogonal_(..., process_group=group)`` chains them with one
 all-reduce (see its docstring, also for FSDP and DeepSpeed ZeRO-3).
 
-Non-finite values in ``g`` or ``basis`` give unspecified (typically NaN) results; nothing is checked
-on the data, because on CUDA that would cost a host synchronisation.
+NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
+non-finite entry anywhere in ``g`` or ``basis`` makes every coefficient and every output entry
+non-finite (typically NaN), so a NaN check on the loss or the parameters after the step sees it.
+One exception in the fused operators: when the solve keeps no basis row at all (each row
+non-finite, or zero with ridge 0) the coefficients are 0 and only the output entries at the
+non-finite positions are NaN. `projection_solve` (and so the split chain and the sharded path)
+returns NaN coefficients whenever G or b has a non-finite entry (a device-side select). The
+in-place operators check, on the host and from metadata only, that no written tensor shares
+memory with another tensor of the call.
 """
 from __future__ import annotations
 
@@ -74,6 +81,11 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     the gradient is the same projection of the incoming gradient of ``out``. ``basis`` is treated as
     a constant: no gradient flows to it (it is detached). ``coeffs`` is non-differentiable.
 
+    NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
+    non-finite entry in ``g`` or ``basis`` makes every coefficient and every entry of ``out``
+    non-finite (typically NaN); if no basis row is left (each non-finite, or zero with ridge 0)
+    the coefficients are 0 and ``out`` is NaN where the basis is (module docstring).
+
     Raises:
         TypeError: non-tensor arguments, an unsupported dtype, ``basis`` with another dtype than
             ``g``, a non-float ``rcond``/``ridge``.
@@ -105,6 +117,10 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     if basis.dim() != 2:
         raise ValueError(f"{op}: basis must be 2-D (k, P), got shape {tuple(basis.shape)}")
     check_k(op, basis.shape[0])
+    if basis.dtype != g.dtype:
+        raise TypeError(f"{op}: basis is {basis.dtype} but g is {g.dtype} (same dtype required)")
+    if basis.device != g.device:
+        raise ValueError(f"{op}: basis is on {basis.device} but g is on {g.device}")
     if g.dtype not in _DTYPES:
         raise TypeError(f"{op}: g must be float32, float64, float16 or bfloat16, got {g.dtype}")
     _ext.require(op, g, basis)
@@ -151,11 +167,12 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
         grads: non-empty sequence of T tensors (or ``None``) of any shapes (empty tensors allowed),
             one dtype (float32/float64/float16/bfloat16), one device (CPU or CUDA), each dense and
             non-overlapping (any memory format, e.g. channels_last or a transposed parameter),
-            modified in place. They must not require grad while grad mode is on (use ``p.grad``
-            or ``torch.no_grad()``).
+            modified in place; no two of them may share memory. They must not require grad while
+            grad mode is on (use ``p.grad`` or ``torch.no_grad()``).
         basis: k sequences (1 <= k <= `MAX_BASIS`), each of T tensors matching ``grads`` tensor
-            by tensor in shape, memory layout (strides), dtype and device, not aliasing ``grads``.
-            When T == 1, ``basis[i]`` may be a single tensor. Read only; treated as a constant.
+            by tensor in shape, memory layout (strides), dtype and device, sharing no memory with
+            any tensor of ``grads`` (basis tensors may share memory with each other). When
+            T == 1, ``basis[i]`` may be a single tensor. Read only; treated as a constant.
         rcond: relative eigenvalue cutoff in [1e-15, 1) (dimensionless); None: `DEFAULT_RCOND`.
         ridge: >= 0 per tensor: ``ridge * T`` (T = number of non-None gradient tensors) is added
             to the Gram diagonal, as the authors' reference code does with ridge = 1e-8
@@ -168,12 +185,20 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
         coeffs = c, ``(k,)`` float64 on the device of ``grads`` (not synchronised to the host;
         zeros when every gradient is ``None``).
 
+    NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
+    non-finite entry in ``grads`` or ``basis`` makes every coefficient and every gradient entry
+    non-finite (typically NaN); if no basis row is left (each non-finite, or zero with ridge 0)
+    the coefficients are 0 and the gradients NaN where the basis is (module docstring). The
+    sharded path (``process_group``) gives NaN everywhere, through `projection_solve`.
+
     Raises:
         TypeError: non-tensor entries, unsupported or mixed dtypes, a non-float ``rcond``/``ridge``.
         ValueError: empty ``grads``, k outside [1, 8], a basis list of the wrong length, a ``None``
-            basis entry for a gradient, mismatched shapes/devices/memory layouts, overlapping or
-            strided views, ``grads`` requiring grad in grad mode, ``rcond`` outside [1e-15, 1),
-            a negative ridge.
+            basis entry for a gradient, mismatched shapes/devices/memory layouts, expanded or
+            strided views, two ``grads`` entries that overlap in memory or a basis tensor that
+            shares memory with a ``grads`` entry (checked on the host from the tensors' data
+            pointers and sizes, no device sync; the message names both entries), ``grads``
+            requiring grad in grad mode, ``rcond`` outside [1e-15, 1), a negative ridge.
         RuntimeError: the native extension is not built/loaded, or a CUDA tensor with a CPU-only
             build.
     """
@@ -206,8 +231,12 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
         ``(G, b)``: ``(k, k)`` and ``(k,)`` float64 on the device of ``grads`` (zeros when every
         gradient is ``None``), in squared units of the tensors. Not differentiable.
 
+    NaN/Inf are not rejected (that would need a device sync); they propagate to the output (a
+    non-finite entry gives non-finite G or b, and `projection_solve` then NaN coefficients).
+
     Raises:
-        TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge).
+        TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge; nothing is
+            written, so ``grads`` may share memory with each other and with the basis).
     """
     op = "projection_gram"
     gs, flat, k, probe = gather_lists(op, grads, basis, inplace=False)
@@ -228,15 +257,20 @@ def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis,
 
     Args:
         grads, basis: as in `project_orthogonal_` (``None`` gradients skipped).
-        coeffs: ``(k,)`` float64 on the device of ``grads`` (e.g. from `projection_solve`).
+        coeffs: ``(k,)`` float64 on the device of ``grads`` (e.g. from `projection_solve`),
+            sharing no memory with ``grads``.
+
+    NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
+    NaN coefficient makes every gradient entry NaN.
 
     Raises:
-        TypeError, ValueError, RuntimeError: as `project_orthogonal_`; ``coeffs`` not a
-            ``(k,)`` float64 tensor on the device of ``grads``.
+        TypeError, ValueError, RuntimeError: as `project_orthogonal_` (overlapping ``grads``, a
+            basis tensor or ``coeffs`` sharing memory with ``grads``: ValueError); ``coeffs``
+            not a ``(k,)`` float64 tensor on the device of ``grads``.
     """
     op = "projection_apply_"
-    gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True)
     check_tensor(op, "coeffs", coeffs)
+    gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True, also_read=[("coeffs", coeffs)])
     if not gs:
         return
     _ext.require(op, gs[0], flat[0])
@@ -259,7 +293,10 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
         shift: >= 0, added to the diagonal of G (the fused operators pass ridge * T here).
 
     Returns:
-        c ``(k,)`` float64 on the device of ``gram``. Not differentiable.
+        c ``(k,)`` float64 on the device of ``gram``. Not differentiable. NaN/Inf are not rejected
+        (that would need a device sync); they propagate to the output: when ``gram`` or ``vg``
+        has a non-finite entry (anywhere, also in the unread upper triangle) every coefficient
+        is NaN (a device-side ``torch.where``, no host synchronisation).
 
     Raises:
         TypeError: non-tensor or non-floating inputs, a non-float rcond/shift.
@@ -274,9 +311,13 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
         if not x.is_floating_point():
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {x.dtype}")
     _ext.require(op, gram, vg)
-    return torch.ops.entangle_ext.projection_solve(
-        gram.detach().to(torch.float64).contiguous(), vg.detach().to(torch.float64).contiguous(),
-        rcond, shift)
+    G = gram.detach().to(torch.float64).contiguous()
+    b = vg.detach().to(torch.float64).contiguous()
+    c = torch.ops.entangle_ext.projection_solve(G, b, rcond, shift)
+    # The Jacobi solve drops a row whose diagonal is NaN and would return finite, plausible
+    # coefficients: turn any non-finite input into NaN coefficients instead (no host sync).
+    finite = torch.isfinite(G).all() & torch.isfinite(b).all()
+    return torch.where(finite, c, float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------

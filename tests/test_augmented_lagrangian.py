@@ -284,6 +284,62 @@ def test_non_positive_mu_raises(mu):
     assert torch.equal(lam, torch.zeros(2, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("mu", [float("nan"), float("inf"), torch.tensor(float("nan")),
+                                torch.tensor([1.0, float("inf")])])
+def test_non_finite_mu_is_refused_by_the_term(mu):
+    """The term has no check_finite policy: a non-finite mu known on the host (a Python float or a
+    CPU tensor) is a ValueError like mu = 0, not a silent NaN."""
+    with pytest.raises(ValueError, match="mu must be > 0 and finite"):
+        ee.augmented_lagrangian_term(torch.ones(2), torch.zeros(2), mu)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_precision_multipliers_are_refused_truthfully(half):
+    """lam (hence the state) must be float32/float64; the message says so and claims no upcast."""
+    for call in (lambda: ee.dual_update_(torch.zeros(3, dtype=half), torch.ones(3, dtype=half), 1.0),
+                 lambda: ee.augmented_lagrangian_term(torch.ones(3, dtype=half),
+                                                      torch.zeros(3, dtype=half), 1.0)):
+        with pytest.raises(TypeError, match=r"lam must be float32 or float64 \(got torch\.") as e:
+            call()
+        assert "upcast" not in str(e.value) and "keep the multipliers in float32" in str(e.value)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_half_precision_g_is_upcast_to_the_multipliers(half, kind):
+    """A float16/bfloat16 g (the loss of a half-precision model) with float32 lam: computed in
+    float32 (g.to(lam.dtype), autograd-connected), the gradient flows back to the half g."""
+    lam, g32, mu = draw_inputs(3, 5, torch.float32, vector_mu=True)
+    g = g32.to(half).requires_grad_(True)
+    want_g = g.detach().float().requires_grad_(True)
+    term = ee.augmented_lagrangian_term(g, lam.abs(), mu, kind=kind)
+    want = ee.augmented_lagrangian_term(want_g, lam.abs(), mu, kind=kind)
+    assert term.dtype == torch.float32
+    torch.testing.assert_close(term, want, rtol=0, atol=0)
+    term.backward()
+    want.backward()
+    assert g.grad.dtype == half
+    torch.testing.assert_close(g.grad, want_g.grad.to(half), rtol=0, atol=0)
+    got, ref_lam = lam.clone(), lam.clone()
+    ee.dual_update_(got, g.detach(), mu, kind=kind)
+    ee.dual_update_(ref_lam, g.detach().float(), mu, kind=kind)
+    assert torch.equal(got, ref_lam)
+    with pytest.raises(TypeError, match="g is torch.float64 but lam is torch.float32"):
+        ee.dual_update_(lam.clone(), g32.double(), mu)   # only half precision is upcast
+
+
+def test_host_arguments_are_checked_before_the_kernel():
+    """damping / bounds: TypeError for non-numbers, ValueError for NaN; lam untouched."""
+    lam, g = torch.zeros(2), torch.ones(2)
+    with pytest.raises(TypeError, match="damping must be a float"):
+        ee.dual_update_(lam, g, 1.0, damping="0.1")
+    with pytest.raises(ValueError, match="lam_max is NaN"):
+        ee.dual_update_(lam, g, 1.0, lam_max=float("nan"))
+    with pytest.raises(ValueError, match="damping must be in"):
+        ee.dual_update_(lam, g, 1.0, damping=float("nan"))
+    assert torch.equal(lam, torch.zeros(2))
+
+
 
 # ------------------------------------------------------------------------------ CUDA
 @pytest.mark.cuda

@@ -171,6 +171,94 @@ def test_non_finite_c0_raises():
         ee.AugmentedLagrangian(float("inf"))
 
 
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(damping=2.0), ValueError, r"damping must be in \[0, 1\], got 2"),
+    (dict(damping=-0.1), ValueError, r"damping must be in \[0, 1\]"),
+    (dict(damping="0.1"), TypeError, "damping must be a float"),
+    (dict(lam_min=1.0, lam_max=0.0), ValueError, r"lam_min \(1\) > lam_max \(0\)"),
+    (dict(lam_min=float("nan")), ValueError, "lam_min is NaN"),
+    (dict(kind="inequality", lam_max=-1.0), ValueError, ".*so lam_max must be >= 0, got -1"),
+    (dict(mu=torch.tensor(-1.0)), ValueError, "mu must be finite and > 0"),
+    (dict(mu=torch.tensor(0.0)), ValueError, "mu must be finite and > 0"),
+    (dict(mu=torch.tensor(float("nan"))), ValueError, "mu must be finite and > 0"),
+    (dict(mu="10"), TypeError, "mu must be a float"),
+    (dict(mu_max=0.0), ValueError, "mu_max must be > 0"),
+    (dict(schedule_every=1.5), ValueError, "schedule_every must be an integer"),
+    (dict(dtype=torch.float16), TypeError, r"dtype must be float32 or float64 \(got torch.float16\)"),
+])
+def test_constructor_checks_what_update_would_refuse(kw, exc, match):
+    """Every argument is checked when the object is built, before an optimizer step has changed
+    the model, with the messages the operators use."""
+    with pytest.raises(exc, match=f"^AugmentedLagrangian: {match}"):
+        ee.AugmentedLagrangian(1.0, **kw)
+
+
+@pytest.mark.parametrize("c0", ["a", None, [1.0, 2.0], True])
+def test_c0_of_the_wrong_type_names_c0(c0):
+    with pytest.raises(TypeError, match="AugmentedLagrangian: c0 must be a float or a floating tensor"):
+        ee.AugmentedLagrangian(c0)
+
+
+def test_mu_setter_is_checked():
+    al = ee.AugmentedLagrangian(torch.zeros(2), mu=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="mu must be finite and > 0"):
+        al.mu = torch.tensor([1.0, -1.0])
+    with pytest.raises(ValueError, match="finite float > 0"):
+        al.mu = float("nan")
+    assert al.mu.tolist() == [1.0, 2.0]
+    al.mu = 3.0
+    assert al.mu.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_precision_c0_keeps_float32_state(half):
+    """lam, mu and c0 stay float32 whatever the model dtype; a half loss enters constraint and
+    penalty (computed in float32, gradient back to the half loss) and the update."""
+    al = ee.AugmentedLagrangian(torch.tensor(1.0, dtype=half), mu=torch.tensor(4.0, dtype=half))
+    assert al.dtype == al.c0.dtype == al.mu.dtype == torch.float32
+    loss = torch.tensor(1.5, dtype=half, requires_grad=True)
+    g = al.constraint(loss)
+    al.lam.fill_(0.25)
+    term = al.penalty(g)
+    assert term.dtype == torch.float32 and term.item() == pytest.approx(0.25 * 0.5 + 2.0 * 0.25)
+    term.backward()
+    assert loss.grad.dtype == half and loss.grad.item() == pytest.approx(0.25 + 4.0 * 0.5)
+    al.update()
+    assert al.lam.item() == pytest.approx(0.25 + 4.0 * 0.5)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        al.to(dtype=half)
+
+
+@pytest.mark.parametrize("saved_mu,new_mu", [(torch.tensor([1.0, 2.0]), 5.0),
+                                             (3.0, torch.tensor([1.0, 2.0]))])
+def test_load_state_dict_restores_mu_of_any_shape(saved_mu, new_mu):
+    """The state carries mu: its value and shape are restored whatever the new instance was built
+    with; the schedule's window (shaped like mu) follows."""
+    a = ee.AugmentedLagrangian(torch.tensor([1.0, 2.0]), mu=saved_mu, mu_growth=2.0)
+    for v in ([2.0, 3.0], [2.5, 3.5], [3.0, 4.0]):
+        a.update(torch.tensor(v))
+    b = ee.AugmentedLagrangian(torch.tensor([0.0, 0.0]), mu=new_mu, mu_growth=2.0)
+    b.load_state_dict(a.state_dict())
+    for key, want in a.state_dict().items():
+        if isinstance(want, torch.Tensor):
+            assert torch.equal(b.state_dict()[key], want), key
+    for al in (a, b):
+        al.update(torch.tensor([1.0, 1.0]))
+    assert torch.equal(a.lam, b.lam) and torch.equal(a.mu, b.mu)
+
+
+def test_load_state_dict_refuses_another_number_of_constraints():
+    s = ee.AugmentedLagrangian(torch.tensor([1.0, 2.0]), mu=torch.tensor([1.0, 2.0])).state_dict()
+    with pytest.raises(ValueError, match=r"lam of shape \(2,\), but this instance has 3 constraints"):
+        ee.AugmentedLagrangian(torch.zeros(3)).load_state_dict(s)
+    bad = dict(s, c0=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"c0 of shape \(3,\)"):
+        ee.AugmentedLagrangian(torch.zeros(2)).load_state_dict(bad)
+    bad = dict(s, mu=torch.ones(3), prev_window=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"mu has shape \(3,\), expected \(\) or \(2,\)"):
+        ee.AugmentedLagrangian(torch.zeros(2)).load_state_dict(bad)
+
+
 
 # ------------------------------------------------------------------------------ Stage-1 loop
 def _problem(device, dtype=torch.float32, seed=0):

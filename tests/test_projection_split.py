@@ -123,12 +123,13 @@ def test_scale_argument_of_the_raw_passes():
 
 def test_split_errors():
     a, b = torch.randn(3, 4, dtype=D), torch.randn(5, dtype=D)
+    basis = [[a.clone(), b.clone()]]    # must not alias the gradients
     with pytest.raises(ValueError, match="coeffs must have shape"):
-        ee.projection_apply_([a, b], [[a, b]], torch.zeros(2, dtype=D))
+        ee.projection_apply_([a, b], basis, torch.zeros(2, dtype=D))
     with pytest.raises(TypeError, match="coeffs must be float64"):
-        ee.projection_apply_([a, b], [[a, b]], torch.zeros(1))
+        ee.projection_apply_([a, b], basis, torch.zeros(1))
     with pytest.raises(TypeError, match="coeffs must be a torch.Tensor"):
-        ee.projection_apply_([a, b], [[a, b]], [0.5])
+        ee.projection_apply_([a, b], basis, [0.5])
     with pytest.raises(ValueError, match="scale must have shape"):
         torch.ops.entangle_ext.projection_gram([a], [a], torch.ones(1, dtype=D))
     with pytest.raises(ValueError, match="gram must be"):
@@ -187,3 +188,23 @@ def test_two_process_gloo_sharded_projection_equals_one_process():
                 tol = 1e-5 if mine[0].dtype == torch.float32 else 1e-11
                 assert got.shape == exp.shape and exp.abs().max() > 0
                 assert ((got - exp).abs().max() <= tol * exp.abs().max()).item()
+
+
+@pytest.mark.parametrize("where", ["diag", "lower", "upper", "vg"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_solve_turns_non_finite_input_into_nan(device, where, bad):
+    """A NaN/Inf anywhere in G or b gives NaN coefficients (device-side, no host sync), not the
+    finite, plausible answer of a solve that drops the row (e.g. [0, 1] for a NaN G[0, 0])."""
+    G = torch.tensor([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 3.0]], dtype=D, device=device)
+    b = torch.tensor([1.0, -1.0, 0.5], dtype=D, device=device)
+    good = ee.projection_solve(G, b)
+    assert torch.isfinite(good).all()
+    if where == "vg":
+        b[2] = bad
+    else:
+        G[{"diag": (0, 0), "lower": (2, 1), "upper": (1, 2)}[where]] = bad
+    c = ee.projection_solve(G, b, shift=0.5)
+    assert c.shape == (3,) and c.dtype == D and c.isnan().all()
+    assert c.device == G.device
+    c32 = ee.projection_solve(G.float(), b.float())   # converted to float64 first: same rule
+    assert c32.isnan().all()

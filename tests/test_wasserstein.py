@@ -274,3 +274,15 @@ def test_cpu_only_build_names_the_fix(monkeypatch):
 def test_float_offsets_in_a_list_are_rejected():
     with pytest.raises(TypeError, match="int32 or int64"):
         ee.wasserstein2_1d(torch.arange(5.0), torch.arange(3.0), [0, 2.5, 5], [0, 1, 3])
+
+
+@pytest.mark.parametrize("uo,exc", [
+    (torch.tensor([0.0, 2.0, 4.0]), TypeError),       # float offsets
+    (torch.tensor([[0, 2, 4]]), ValueError),           # 2-D offsets
+    (torch.tensor([], dtype=torch.int64), ValueError),  # no entry at all
+    (["a", "b"], TypeError),                           # not integers
+])
+def test_offset_errors_name_the_operator(uo, exc):
+    """Every argument error of the W2 operator starts with its name, the offset ones too."""
+    with pytest.raises(exc, match="^wasserstein2_1d: u_offsets"):
+        ee.wasserstein2_1d(torch.arange(4.0), torch.arange(4.0), uo, [0, 2, 4])

@@ -1,0 +1,181 @@
+"""Argument checks of the augmented-Lagrangian operators (`entangle_ext.augmented_lagrangian`) and
+of `entangle_ext.AugmentedLagrangian` (`entangle_ext.lagrangian`), in one place so that both raise
+the same messages, the class at construction (before any optimizer step) and the operators at
+every call. docs/algorithm.md §2, §6."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Tuple, Union
+
+import torch
+
+_KINDS = ("equality", "inequality")
+_STATE_DTYPES = (torch.float32, torch.float64)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+Scalar = Union[torch.Tensor, float, int]
+
+
+def check_kind(op: str, kind: str) -> None:
+    if kind not in _KINDS:
+        raise ValueError(f"{op}: kind must be 'equality' or 'inequality', got {kind!r}")
+
+
+def as_real(op: str, name: str, x) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{op}: {name} must be a float, got {type(x).__name__}")
+    return float(x)
+
+
+def check_dual_args(op: str, kind: str, lam_min, lam_max, damping
+                    ) -> Tuple[Optional[float], Optional[float], float]:
+    """The host-side arguments of the dual step (also checked by `AugmentedLagrangian` at
+    construction): damping in [0, 1], lam_min <= lam_max (neither NaN), lam_max >= 0 for
+    inequality constraints. Returns them as floats; TypeError / ValueError otherwise."""
+    check_kind(op, kind)
+    damping = as_real(op, "damping", damping)
+    lo = None if lam_min is None else as_real(op, "lam_min", lam_min)
+    hi = None if lam_max is None else as_real(op, "lam_max", lam_max)
+    if not 0.0 <= damping <= 1.0:
+        raise ValueError(f"{op}: damping must be in [0, 1], got {damping:g}")
+    for name, v in (("lam_min", lo), ("lam_max", hi)):
+        if v is not None and math.isnan(v):
+            raise ValueError(f"{op}: {name} is NaN")
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"{op}: lam_min ({lo:g}) > lam_max ({hi:g})")
+    if kind == "inequality" and hi is not None and hi < 0:
+        raise ValueError(f"{op}: an inequality multiplier is >= 0, so lam_max must be >= 0, "
+                         f"got {hi:g}")
+    return lo, hi, damping
+
+
+def check_state_dtype(op: str, name: str, dtype: torch.dtype) -> None:
+    """Multipliers (and mu, c0) are float32 or float64 whatever the model dtype."""
+    if dtype not in _STATE_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32 or float64 (got {dtype}): keep "
+                        "the multipliers in float32 even for a half-precision model")
+
+
+def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tensor:
+    """mu as a tensor of the dtype of lam. A Python number or a CPU tensor must be > 0, and with
+    ``finite`` also finite (ValueError); a CUDA tensor is not checked here (that would cost a host
+    sync). Without ``finite``, non-finite mu is left to the kernels (`entangle_ext.dual_update_`:
+    ``check_finite``)."""
+    if isinstance(mu, torch.Tensor):
+        if mu.dtype != lam.dtype:
+            raise TypeError(f"{op}: mu is {mu.dtype} but lam is {lam.dtype} (same dtype required)")
+        if mu.device.type == "cpu":
+            bad = (mu <= 0) | ~torch.isfinite(mu) if finite else (mu <= 0) & torch.isfinite(mu)
+            if bool(bad.any()):
+                need = "> 0 and finite" if finite else "> 0"
+                raise ValueError(f"{op}: the penalty mu must be {need}, got {mu.tolist()}")
+        return mu.detach().contiguous()
+    if isinstance(mu, bool) or not isinstance(mu, numbers.Real):
+        raise TypeError(f"{op}: mu must be a tensor or a Python float, got {type(mu).__name__}")
+    mu = float(mu)
+    if (finite and not math.isfinite(mu)) or (math.isfinite(mu) and mu <= 0):
+        need = "> 0 and finite" if finite else "> 0"
+        raise ValueError(f"{op}: the penalty mu must be {need}, got {mu}")
+    # torch.full is a device fill (capturable), but the value is baked into a captured CUDA graph.
+    return torch.full((), mu, dtype=lam.dtype, device=lam.device)
+
+
+def check_tensors(op: str, **named) -> None:
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_same_device(op: str, lam: torch.Tensor, **named) -> None:
+    for name, t in named.items():
+        if t.device != lam.device:
+            raise ValueError(f"{op}: lam is on {lam.device} but {name} is on {t.device} "
+                             "(all tensors must be on one device)")
+
+
+def as_g(op: str, g: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """g in the dtype of lam: float16/bfloat16 is upcast (autograd-connected, like
+    ``g.to(lam.dtype)``); any other mismatch is a TypeError. A scalar constraint value (e.g. a mean
+    loss minus c0) is accepted for m = 1."""
+    if g.dtype != lam.dtype:
+        if g.dtype not in _HALF_DTYPES:
+            raise TypeError(f"{op}: g is {g.dtype} but lam is {lam.dtype} (same dtype required; "
+                            "only float16/bfloat16 g is upcast to the dtype of lam)")
+        g = g.to(lam.dtype)
+    if g.dim() == 0 and lam.dim() == 1 and lam.shape[0] == 1:
+        g = g.reshape(1)
+    return g.contiguous()
+
+
+CLASS = "AugmentedLagrangian"
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """True while a CUDA graph is being captured on t's device (no value check may sync then)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def schedule_args(mu_growth, shrink_ratio, mu_max, schedule_every):
+    """The penalty schedule's settings as (float, float, float, int), or TypeError/ValueError."""
+    growth, shrink, top = (as_real(CLASS, n, x) for n, x in (
+        ("mu_growth", mu_growth), ("shrink_ratio", shrink_ratio), ("mu_max", mu_max)))
+    if not growth >= 1.0:
+        raise ValueError(f"{CLASS}: mu_growth must be >= 1, got {mu_growth}")
+    if not 0.0 < shrink <= 1.0:
+        raise ValueError(f"{CLASS}: shrink_ratio must be in (0, 1], got {shrink_ratio}")
+    if not top > 0.0:
+        raise ValueError(f"{CLASS}: mu_max must be > 0, got {mu_max}")
+    every = as_real(CLASS, "schedule_every", schedule_every)
+    if not (math.isfinite(every) and every >= 1 and every == int(every)):
+        raise ValueError(f"{CLASS}: schedule_every must be an integer >= 1, got {schedule_every!r}")
+    return growth, shrink, top, int(every)
+
+
+def state_dtype(c0, dtype: Optional[torch.dtype]) -> torch.dtype:
+    """float32/float64: ``dtype`` if given (else TypeError), else that of a floating c0 tensor
+    (else the default dtype), float16/bfloat16 raised to float32."""
+    if dtype is not None:
+        check_state_dtype(CLASS, "dtype", dtype)
+        return dtype
+    d = c0.dtype if isinstance(c0, torch.Tensor) else torch.get_default_dtype()
+    return d if d in (torch.float32, torch.float64) else torch.float32
+
+
+def as_c0(c0, device, dtype: torch.dtype) -> torch.Tensor:
+    """c0 as a new ``(m,)`` tensor, m >= 1, finite (a CUDA tensor: checked with one host sync,
+    except during CUDA-graph capture)."""
+    if isinstance(c0, torch.Tensor):
+        if not c0.is_floating_point():
+            raise TypeError(f"{CLASS}: c0 must be a floating tensor, got {c0.dtype}")
+        c0_t = c0.detach().to(device=c0.device if device is None else device,
+                              dtype=dtype).reshape(-1).clone()
+        bad = c0_t.numel() > 0 and not capturing(c0_t) and not bool(torch.isfinite(c0_t).all())
+    else:   # a host float: checked on the host, filled on the device (no copy, no sync)
+        if isinstance(c0, bool) or not isinstance(c0, numbers.Real):
+            raise TypeError(f"{CLASS}: c0 must be a float or a floating tensor, got "
+                            f"{type(c0).__name__}")
+        c0_t = torch.full((1,), float(c0), dtype=dtype, device=device)
+        bad = not math.isfinite(float(c0))
+    if c0_t.numel() == 0:
+        raise ValueError(f"{CLASS}: c0 is empty (need at least one constraint)")
+    if bad:
+        raise ValueError(f"{CLASS}: the pinned values c0 must be finite, got {c0_t.tolist()}")
+    return c0_t
+
+
+def as_state_mu(mu, like: torch.Tensor) -> torch.Tensor:
+    """mu as a ``()`` or ``(m,)`` tensor with the dtype/device of ``like`` (m = like.numel()),
+    finite and > 0 (checked unless a CUDA graph is being captured)."""
+    m = like.numel()
+    if isinstance(mu, torch.Tensor):
+        if not mu.is_floating_point():
+            raise TypeError(f"{CLASS}: mu must be a floating tensor, got {mu.dtype}")
+        if not (mu.dim() == 0 or (mu.dim() == 1 and mu.numel() == m)):
+            raise ValueError(f"{CLASS}: mu must have shape () or ({m},), got {tuple(mu.shape)}")
+        mu_t = mu.detach().to(device=like.device, dtype=like.dtype).clone()
+        if not capturing(mu_t) and not bool(((mu_t > 0) & torch.isfinite(mu_t)).all()):
+            raise ValueError(f"{CLASS}: mu must be finite and > 0, got {mu_t.tolist()}")
+        return mu_t
+    if not (math.isfinite(as_real(CLASS, "mu", mu)) and float(mu) > 0):
+        raise ValueError(f"{CLASS}: mu must be a finite float > 0, got {mu}")
+    return torch.full((), float(mu), dtype=like.dtype, device=like.device)
