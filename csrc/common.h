@@ -21,7 +21,8 @@ namespace entangle_ext {
 inline void check_floating(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op, ": ", name,
                    " must be float32 or float64 (got ", t.scalar_type(),
-                   "); the Python wrapper upcasts float16/bfloat16");
+                   "); the Python wrappers compute float16/bfloat16 data in float32, and "
+                   "multipliers are kept in float32 or float64");
 }
 
 inline void check_contiguous(const at::Tensor& t, const char* op, const char* name) {

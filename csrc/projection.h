@@ -95,6 +95,17 @@ ENTANGLE_HD void jacobi_eigh(double* A, double* Q, int n) {
 // See the header comment. A non-finite or non-positive shifted diagonal drops the row (c_i = 0).
 ENTANGLE_HD void solve_projection_coeffs(const double* gram, const double* vg, int k, double rcond,
                                          const double* shift, double* c) {
+  // Non-finite data (NaN/Inf in the Gram or in V·g) give NaN coefficients: dropping such rows as
+  // rank-deficient would return a finite, wrong projection. Checked here, on the device, no sync.
+  bool finite = true;
+  for (int i = 0; i < k; ++i) {
+    finite = finite && ::fabs(vg[i]) <= kProjDblMax;
+    for (int j = 0; j <= i; ++j) finite = finite && ::fabs(gram[tri_index(i, j)]) <= kProjDblMax;
+  }
+  if (!finite) {
+    for (int i = 0; i < k; ++i) c[i] = ::nan("");
+    return;
+  }
   double C[kProjMaxK * kProjMaxK];
   double Q[kProjMaxK * kProjMaxK];
   double s[kProjMaxK], bs[kProjMaxK], d[kProjMaxK];

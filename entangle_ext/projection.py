@@ -27,11 +27,9 @@ all-reduce (see its docstring, also for FSDP and DeepSpeed ZeRO-3).
 
 NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
 non-finite entry anywhere in ``g`` or ``basis`` makes every coefficient and every output entry
-non-finite (typically NaN), so a NaN check on the loss or the parameters after the step sees it.
-One exception in the fused operators: when the solve keeps no basis row at all (each row
-non-finite, or zero with ridge 0) the coefficients are 0 and only the output entries at the
-non-finite positions are NaN. `projection_solve` (and so the split chain and the sharded path)
-returns NaN coefficients whenever G or b has a non-finite entry (a device-side select). The
+non-finite (typically NaN), so a NaN check on the loss or the parameters after the step sees it:
+the solve (fused or `projection_solve`) returns NaN coefficients whenever G or V g has a
+non-finite entry, a device-side select (a zero row does not hide it). The
 in-place operators check, on the host and from metadata only, that no written tensor shares
 memory with another tensor of the call.
 """
