@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .unlearn import Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
+from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
 from .unlearn.metrics import METRICS, unlearning_metrics
@@ -73,6 +73,8 @@ class ComparisonResult:
         relearn: relearn settings.
         hparams: {method: the `MethodSpec.hparams` it ran with (a registered method's effective
         config without its seed, setting, variant, hparams family)}.
+        failures: {method: {seed: message}} of the runs that stopped on a non-finite loss (their
+        cells are "–"; listed under the table).
     """
     table: str
     summary: Dict[str, Dict[str, Dict[str, Any]]]
@@ -82,11 +84,13 @@ class ComparisonResult:
     paths: Dict[str, str] = field(default_factory=dict)
     relearn: Optional[Dict[str, Any]] = None
     hparams: Dict[str, Any] = field(default_factory=dict)
+    failures: Dict[str, Dict[int, str]] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"methods": self.methods, "seeds": self.seeds, "relearn": self.relearn, "hparams": self.hparams,
                 "metrics": {k: dataclasses.asdict(v) for k, v in METRICS.items()},
                 "summary": self.summary, "runs": {m: {str(s): r for s, r in v.items()} for m, v in self.runs.items()},
+                "failures": {m: {str(s): e for s, e in v.items()} for m, v in self.failures.items()},
                 "table": self.table}
 
 
@@ -341,10 +345,13 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         relearn: `DEFAULT_RELEARN` overrides, or False to skip relearn time.
         mia_max_samples: cap on MIA members / non-members. batch_size: evaluation batch.
         progress: a tqdm bar over the (method, seed) runs.
-    Returns: `ComparisonResult`.
+    Returns: `ComparisonResult`. A run that stops on a non-finite loss (`NonFiniteLossError`, e.g. a
+        baseline whose preset diverges on this model) is recorded, cached and listed under the table
+        ("–" in its cells), and the comparison goes on; Retrain failing leaves its seed without
+        gap metrics.
     Raises: ValueError (unknown or duplicate method, setting, variant or hparams, no seeds, no
         held-out retain split), TypeError (a config of another method), both before any run; and the
-        errors of the methods and metrics (ImportError without scikit-learn / scipy).
+        other errors of the methods and metrics (ImportError without scikit-learn / scipy).
     """
     from tqdm.auto import tqdm
 
@@ -364,6 +371,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     fp, cache = fingerprint(model, splits), _Cache(out_dir)
     runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
     retrained: Dict[int, dict] = {}
+    failures: Dict[str, Dict[int, str]] = {}
     bar = tqdm(total=len(specs) * len(seeds), desc="compare", disable=not progress, dynamic_ncols=True)
     for spec in specs:
         for seed in seeds:
@@ -372,18 +380,24 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             bar.set_postfix_str(f"{spec.name} seed {seed}")
             rec = cache.load(spec.name, seed, key)
             if rec is None:
-                rec = {"key": key, **_run_one(spec, model, splits, seed, device=device,
-                                              retrained=ref and ref["metrics"], metric_kw=metric_kw)}
+                try:
+                    rec = {"key": key, **_run_one(spec, model, splits, seed, device=device,
+                                                  retrained=ref and ref["metrics"], metric_kw=metric_kw)}
+                except NonFiniteLossError as e:   # a diverging method is a result, not a crash of the table
+                    rec = {"key": key, "method": spec.name, "seed": seed, "metrics": {}, "failed": str(e)}
                 cache.save(spec.name, seed, rec)
-            if spec.name == "retrain":
+            if rec.get("failed"):
+                failures.setdefault(spec.name, {})[seed] = rec["failed"]
+            elif spec.name == "retrain":
                 retrained[seed] = rec
             runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
             bar.update(1)
     bar.close()
     order = [s.name for s in specs]
     summary = summarize(runs)
-    res = ComparisonResult(table=format_markdown(summary, seeds=seeds, order=order), summary=summary, runs=runs,
-                           seeds=seeds, methods=order, relearn=rl, hparams={s.name: s.hparams for s in specs})
+    res = ComparisonResult(table=format_markdown(summary, seeds=seeds, order=order, failures=failures),
+                           summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
+                           hparams={s.name: s.hparams for s in specs}, failures=failures)
     if out_dir is not None:
         _write(res, Path(out_dir), fp)
     return res

@@ -225,3 +225,32 @@ def test_cli_compare(tmp_path, capsys, monkeypatch):
     assert cli.main(argv) == 0
     assert cli.main(["compare", "--setting", "digits", "--methods", "nope", "--out", str(out)]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+def test_a_diverging_method_is_recorded_not_fatal(setup, tmp_path):
+    """A run that stops on a non-finite loss is a result: the comparison goes on, the failure is
+    cached (not rerun), its cells are "–" and it is listed under the table and in the JSON."""
+    s, net = setup
+    calls = []
+
+    def run(model, splits, *, seed, device, progress):
+        calls.append(seed)
+        if seed == 1:
+            raise ee.NonFiniteLossError("ga", 7, None)
+        return ee.UnlearnResult(model=model, report={})
+    spec = C.MethodSpec("ga_like", run, {})
+    kw = dict(seeds=[0, 1], out_dir=tmp_path, progress=False, relearn=False)
+    res = ee.compare(net, s, [retrain_spec(), spec], **kw)
+    msg = "non-finite loss in ga at step 7; stopped (no checkpoint was written)"
+    assert calls == [0, 1] and res.failures == {"ga_like": {1: msg}}
+    assert res.runs["ga_like"][1] == {} and res.summary["ga_like"]["acc_forget_test"]["n"] == 1
+    assert "- ga_like, seed 1: non-finite loss in ga at step 7" in res.table
+    js = json.loads((tmp_path / "comparison.json").read_text())
+    assert js["failures"] == {"ga_like": {"1": msg}}
+    again = ee.compare(net, s, [retrain_spec(), spec], **kw)
+    assert calls == [0, 1] and again.failures == res.failures          # cached, not rerun
+
+    def boom(model, splits, *, seed, device, progress):
+        raise RuntimeError("other errors still stop the comparison")
+    with pytest.raises(RuntimeError, match="still stop"):
+        ee.compare(net, s, [retrain_spec(), C.MethodSpec("boom", boom, {})], **kw)

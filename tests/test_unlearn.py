@@ -294,7 +294,7 @@ def test_stage_loop_stops_at_the_first_non_finite_step(small):
         calls.append(i)
         return torch.tensor(float("nan") if i >= 4 else 1.0), []
     stream = BatchStream(small.forget, 2, shuffle=False, seed=0, name="t", device="cpu")
-    with pytest.raises(NonFiniteLossError, match="Stage ga at step 4") as ei:
+    with pytest.raises(NonFiniteLossError, match="non-finite loss in ga at step 4") as ei:
         StageLoop("ga", "t", [], log_every=3, progress=False).run(stream, 1, step, objects={})
     assert ei.value.step == 4 and calls == list(range(6))   # detected at the next log point
 

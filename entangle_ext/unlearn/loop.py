@@ -53,7 +53,8 @@ class NonFiniteLossError(ValueError):
         self.stage, self.step, self.checkpoint = stage, step, checkpoint
         where = f"; last good checkpoint: {checkpoint}" if checkpoint else \
             f" ({note or 'no checkpoint was written'})"
-        super().__init__(f"non-finite loss in Stage {stage} at step {step}; stopped{where}")
+        label = f"Stage {stage}" if isinstance(stage, int) else str(stage)   # a baseline: its name
+        super().__init__(f"non-finite loss in {label} at step {step}; stopped{where}")
 
 
 class RunInterrupted(KeyboardInterrupt):
