@@ -147,6 +147,9 @@ def as_c0(c0, device, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(c0, torch.Tensor):
         if not c0.is_floating_point():
             raise TypeError(f"{CLASS}: c0 must be a floating tensor, got {c0.dtype}")
+        if c0.dim() > 1:
+            raise ValueError(f"{CLASS}: c0 must be a () or (m,) tensor, got shape "
+                             f"{tuple(c0.shape)} (flatten it yourself if that is meant)")
         c0_t = c0.detach().to(device=c0.device if device is None else device,
                               dtype=dtype).reshape(-1).clone()
         bad = c0_t.numel() > 0 and not capturing(c0_t) and not bool(torch.isfinite(c0_t).all())

@@ -86,7 +86,7 @@ class AugmentedLagrangian:
         c0: ``(m,)`` pinned values.
 
     Raises (constructor), before anything has run, so never after an optimizer step:
-        ValueError: an unknown kind/update_with; an empty or non-finite c0; mu not finite and
+        ValueError: an unknown kind/update_with; an empty, non-finite or >1-D c0; mu not finite and
             > 0 (float or tensor; a CUDA tensor is checked too, one host sync, except during
             CUDA-graph capture) or of a shape other than () and (m,); damping outside [0, 1];
             lam_min > lam_max; a NaN bound; lam_max < 0 with kind="inequality"; mu_growth < 1;

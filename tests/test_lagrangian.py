@@ -171,6 +171,13 @@ def test_non_finite_c0_raises():
         ee.AugmentedLagrangian(float("inf"))
 
 
+def test_c0_of_more_than_one_dimension_is_refused_not_flattened():
+    with pytest.raises(ValueError, match=r"^AugmentedLagrangian: c0 must be a \(\) or \(m,\) tensor, got shape \(2, 2\)"):
+        ee.AugmentedLagrangian(torch.ones(2, 2))
+    assert ee.AugmentedLagrangian(torch.ones(())).num_constraints == 1
+    assert ee.AugmentedLagrangian(torch.ones(3)).num_constraints == 3
+
+
 @pytest.mark.parametrize("kw,exc,match", [
     (dict(damping=2.0), ValueError, r"damping must be in \[0, 1\], got 2"),
     (dict(damping=-0.1), ValueError, r"damping must be in \[0, 1\]"),
