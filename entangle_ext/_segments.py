@@ -124,6 +124,9 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
         if S > 0 and (n == 0 or m == 0):
             raise ValueError(f"{op}: W2 to an empty distribution is undefined (u has {n} values "
                              f"per segment, v has {m})")
+        if max_seqlen is not None and S > 0 and int(max_seqlen) < max(n, m):
+            raise ValueError(f"{op}: max_seqlen={max_seqlen} but the longest segment has "
+                             f"{max(n, m)} values")
         uo = dense_offsets(S, n, device)
         vo = dense_offsets(S, m, device)
         return Segments(_flat(u, compute), _flat(v, compute), uo, vo, S, () if u.dim() == 1 else (S,),
@@ -132,7 +135,7 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
     if u.dim() != 1 or v.dim() != 1:
         raise ValueError(f"{op}: with offsets, u and v must be flat 1-D tensors; got shapes "
                          f"{tuple(u.shape)} and {tuple(v.shape)}")
-    if device.type == "cuda":  # host-resident offsets give the longest segment without a sync
+    if device.type == "cuda" or max_seqlen is not None:  # host offsets: longest without a sync
         longest = _host_longest(u_offsets, v_offsets)
         if longest is not None and max_seqlen is not None and int(max_seqlen) < longest:
             raise ValueError(f"{op}: max_seqlen={max_seqlen} but the longest segment has {longest} values")

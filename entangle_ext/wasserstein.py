@@ -50,9 +50,10 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
             variable-length attention APIs; on CUDA it selects the shared-memory kernel without a
             host read of the offsets. Known automatically in the dense form, from offsets given
             as a list or CPU tensor, and when validating. A bound below the longest segment
-            raises ValueError whenever it can be checked without a device sync (host offsets,
-            or ``validate=True``); with CUDA offsets and ``validate=False`` such a segment gets
-            NaN and a zero gradient (never an out-of-range access). The CPU kernels ignore it.
+            raises ValueError whenever it can be checked without a device sync (dense form,
+            host offsets, or ``validate=True``); with CUDA offsets and ``validate=False`` such a
+            segment gets NaN and a zero gradient (never an out-of-range access). The CPU kernels
+            do not need it.
         validate: check the data (finite values, offsets start at 0 / end at N / no empty
             segment). On CPU this is folded into the kernel (nearly free); on CUDA it reads values
             back to the host (one sync), so pass False inside CUDA-graph capture,

@@ -249,6 +249,24 @@ def test_bad_arguments_raise():
         ee.wasserstein2_1d(x.reshape(2, 2), x.reshape(2, 2), [0, 4], [0, 4])
 
 
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_max_seqlen_below_the_longest_segment_is_refused_in_every_form(validate):
+    """The bound is checked wherever that needs no device sync: dense rows (length known),
+    host offsets (list or CPU tensor), with or without data validation; a true bound changes
+    nothing."""
+    u, v = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"max_seqlen=6 but the longest segment has 7 values"):
+        ee.wasserstein2_1d(u, v, max_seqlen=6, validate=validate)
+    torch.testing.assert_close(ee.wasserstein2_1d(u, v, max_seqlen=7, validate=validate),
+                               ee.wasserstein2_1d(u, v))
+    x, y = torch.randn(9, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    for uo, vo in (([0, 2, 9], [0, 3, 6]), (torch.tensor([0, 2, 9]), torch.tensor([0, 3, 6]))):
+        with pytest.raises(ValueError, match=r"max_seqlen=4 but the longest segment has 7 values"):
+            ee.wasserstein2_1d(x, y, uo, vo, max_seqlen=4, validate=validate)
+        torch.testing.assert_close(ee.wasserstein2_1d(x, y, uo, vo, max_seqlen=7, validate=validate),
+                                   ee.wasserstein2_1d(x, y, uo, vo))
+
+
 def test_raw_op_rejects_malformed_inputs():
     op = torch.ops.entangle_ext.wasserstein2_1d
     x = torch.randn(8)
