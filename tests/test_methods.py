@@ -35,6 +35,23 @@ def test_registry_names_and_unknown_name(small):
         ee.unlearn(mlp(), small, method="nope", progress=False)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_missing_split_is_named_before_any_compute(small, name):
+    """Every method declares the train splits its objective reads; without one of them it
+    raises a ValueError naming the split and the method (not a TypeError from deep inside), and
+    without any other split it runs."""
+    required = get_method(name).required_splits
+    assert set(required) <= {"forget", "adjacent", "remote"} and required
+    for miss in ("forget", "adjacent", "remote"):
+        splits = dataclasses.replace(small, **{miss: None})
+        if miss in required:
+            with pytest.raises(ValueError, match=f"^split '{miss}' is required by method '{name}'$"):
+                ee.unlearn(mlp(), splits, method=name, setting="digits", progress=False)
+        else:
+            res = ee.unlearn(mlp(), splits, method=name, setting="digits", progress=False)
+            assert miss not in res.report["evals"]["final"]
+
+
 def test_bad_setting_hparams_and_config_type(small):
     with pytest.raises(ValueError, match="no preset for setting 'mnist'"):
         ee.unlearn(mlp(), small, method="ft", setting="mnist", progress=False)

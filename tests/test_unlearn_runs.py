@@ -115,8 +115,29 @@ def test_reusing_an_out_dir_warns_and_resuming_does_not(small, tmp_path):
            "forget_loss_hist.png, checkpoints/" in msg and f"resume={str(tmp_path)!r}" in msg
     assert f"--resume {tmp_path}" in msg and "\n" not in msg and w.filename == __file__   # points at the call
     (tmp_path / "report.json").unlink()
-    with pytest.warns(ee.OutDirReusedWarning, match="already holds an unfinished run"):
+    with pytest.warns(ee.OutDirReusedWarning, match="already holds an unfinished run") as rec:
         ee.unlearn(mlp(), small, method="ga", setting="digits", out_dir=tmp_path, progress=False)
+    assert [w.filename for w in _reused(rec)] == [__file__]
+
+
+@pytest.mark.parametrize("method", ["two_stage", "ga"])
+def test_a_refused_call_does_not_warn_about_the_out_dir(small, tmp_path, method):
+    """Bad input raises before the reused-out-dir warning: the user sees only the error."""
+    (tmp_path / "report.json").write_text("{}")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with pytest.raises((ValueError, TypeError)):
+            if method == "two_stage":
+                ee.unlearn(mlp(), small, {"stage1": {"lr": 0.1}}, out_dir=tmp_path, progress=False)
+            else:
+                ee.unlearn(mlp(), small, method="ga", setting="no_such_setting", out_dir=tmp_path,
+                           progress=False)
+        with pytest.raises(ValueError):    # splits without the forget part
+            ee.unlearn(mlp(), ee.Splits(adjacent=small.adjacent, remote=small.remote), method=method,
+                       setting="digits",
+                       out_dir=tmp_path, progress=False)
+    assert not _reused(record)
+    assert (tmp_path / "report.json").read_text() == "{}"
 
 
 # -------------------------------------------------------------------------------- resume

@@ -82,6 +82,7 @@ class PGDMean(TwoStage):
 @register_method("stage1_only")
 class Stage1Only(TwoStage):
     """Stage 1 only (the augmented-Lagrangian ascent), no Stage 2."""
+    required_splits = ("forget", "remote")
 
     @staticmethod
     def transform(config):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Sequence, Type
+from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 
@@ -244,13 +244,16 @@ class UnlearningMethod:
     Class attributes: ``name`` (set by `register_method`), ``Config`` (its configuration
     dataclass), ``presets`` = {setting: {"paper_code": {field: value}, "original": {...}}}
     (overrides of the ``Config`` defaults; sources in docs/algorithm.md §10) and ``two_stage``
-    (True for the two-stage family, which runs through the two-stage driver).
+    (True for the two-stage family, which runs through the two-stage driver) and
+    ``required_splits`` (the train splits its objective reads; the runner refuses a `Splits`
+    without one of them before any compute).
     Instances carry ``num_classes`` (C, probed by the runner) and ``model_fn`` (Retrain only).
     """
     name: ClassVar[str] = ""
     Config: ClassVar[type] = MethodConfig
     presets: ClassVar[Dict[str, Dict[str, Dict[str, Any]]]] = {}
     two_stage: ClassVar[bool] = False
+    required_splits: ClassVar[Tuple[str, ...]] = ("forget", "adjacent", "remote")
 
     def __init__(self, num_classes: Optional[int] = None, model_fn: Optional[Callable[[], Any]] = None):
         self.num_classes, self.model_fn = num_classes, model_fn

@@ -40,6 +40,7 @@ class DELETE(UnlearningMethod):
     presets = the original's values (CIFAR-100; Tiny-ImageNet: batch 64; CelebA and ToxiGen have
     no published values and use the CIFAR-100 ones)."""
     Config = DELETEConfig
+    required_splits = ("forget",)
     presets = make_presets(paper_code={"tinyimagenet": dict(forget_batch_size=64)},
                            original={"tinyimagenet": dict(forget_batch_size=64)},
                            digits=dict(epochs=10, forget_batch_size=32))

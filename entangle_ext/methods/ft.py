@@ -19,6 +19,7 @@ class FineTune(UnlearningMethod):
     2.5e-5, 10 epochs, eval mode).
     """
     Config = TrainConfig
+    required_splits = ("adjacent", "remote")
     presets = make_presets(
         paper_code={"cifar100": dict(_ADAM, lr=2.5e-5, batch_size=128),
                     "tinyimagenet": dict(_ADAM, lr=5e-5, batch_size=128),

@@ -25,6 +25,7 @@ class GradientAscent(UnlearningMethod):
     passes over D_f (batches of ``forget_batch_size``). "paper_code" presets: the reference run
     scripts (SGD 1.5e-5 CIFAR, Adam 1.5e-6 Tiny, SGD 2.5e-6 CelebA/ToxiGen; 10 epochs)."""
     Config = GAConfig
+    required_splits = ("forget",)
     presets = make_presets(
         paper_code={"cifar100": dict(_SGD, lr=1.5e-5, forget_batch_size=128),
                     "tinyimagenet": dict(_SGD, optimizer="adam", lr=1.5e-6, forget_batch_size=128),

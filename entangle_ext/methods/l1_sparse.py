@@ -37,6 +37,7 @@ class L1Sparse(UnlearningMethod):
     """Descend mean CE(retain batch) + γ_e·Σ|θ| over D_adj ∪ D_rem, γ_e = γ(1 − e/E) in epoch e
     (all trainable parameters). "paper_code" presets: the reference run scripts."""
     Config = L1SparseConfig
+    required_splits = ("adjacent", "remote")
     presets = make_presets(
         paper_code={"cifar100": dict(_SGD, lr=1e-3, l1=5e-4, batch_size=128),
                     "tinyimagenet": dict(_SGD, optimizer="adam", momentum=0.0, lr=2e-5, l1=2e-4, batch_size=128),

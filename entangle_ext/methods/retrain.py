@@ -59,6 +59,7 @@ class Retrain(UnlearningMethod):
     Unlearn-Sparse's retrain (SGD lr 0.1, 160 epochs; its step schedule at epochs 91/136 becomes
     cosine here)."""
     Config = RetrainConfig
+    required_splits = ("adjacent", "remote")
     presets = _presets()
 
     @staticmethod

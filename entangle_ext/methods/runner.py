@@ -83,7 +83,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
                setting: Optional[str] = None, hparams: str = "paper_code",
                model_fn: Optional[Callable[[], torch.nn.Module]] = None, seed: Optional[int] = None,
                device: Optional[Union[str, torch.device]] = None, out_dir=None, resume=None,
-               progress: bool = True) -> UnlearnResult:
+               progress: bool = True, on_checked: Optional[Callable[[], None]] = None) -> UnlearnResult:
     """Run the baseline ``cls`` on ``model`` (in place) and report it like the two-stage driver.
 
     Report: ``method``, ``hparams`` and ``setting`` (of the preset used; None for an explicit
@@ -93,11 +93,13 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     "loss", "n", ...}}), ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
     Randomness (data order, random labels, Retrain's initialisation) is seeded from ``seed``, which
     replaces ``config.seed`` when given (None keeps it); the caller's generator states are restored.
-    Under several ranks as `entangle_ext.unlearn` (docs/algorithm.md §11).
+    Under several ranks as `entangle_ext.unlearn` (docs/algorithm.md §11). ``on_checked`` is
+    called once the config, splits and model have passed their checks, before any training.
 
     Raises:
         TypeError: a config of another method, a non-`Splits` ``splits``.
-        ValueError: an unknown setting/hparams, bad splits or labels, a checkpoint of another
+        ValueError: an unknown setting/hparams, a missing split of ``cls.required_splits``, an
+            empty split, bad labels, a checkpoint of another
             method; NonFiniteLossError (a ValueError) for a NaN/Inf loss (names the step).
     """
     warm_imports()
@@ -108,12 +110,15 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         config = (config if seed is None else config.replace(seed=seed)).validate()
         if not isinstance(splits, Splits):
             raise TypeError("splits must be an entangle_ext.Splits")
+        splits.check(cls.required_splits, by=f"method {cls.name!r}")
         device = torch.device(device) if device is not None else next(model.parameters()).device
         model.to(device).eval()
         seed_everything(config.seed)
         if ckpt is not None and "rng" in ckpt:
             set_rng_state(ckpt["rng"])
         C = _preflight(model, splits, device)
+        if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
+            on_checked()
         ckpt = ckpt or {}
         evals: Dict[str, Dict[str, dict]] = dict(ckpt.get("evals", {}))
         timings: Dict[str, float] = {}

@@ -106,12 +106,12 @@ class Splits:
             raise ValueError(f"split {name!r} is required here but is None")
         return as_source(d, self.collate_fn, self.num_workers)
 
-    def check(self, required: Iterable[str] = TRAIN) -> None:
-        """Raise ValueError if a ``required`` split is missing, or any present split is empty,
-        unsized or iterable-style."""
+    def check(self, required: Iterable[str] = TRAIN, *, by: Optional[str] = None) -> None:
+        """Raise ValueError if a ``required`` split is missing (the message names ``by``, e.g.
+        ``"method 'ga'"``, when given), or any present split is empty, unsized or iterable-style."""
         for n in required:
             if getattr(self, n) is None:
-                raise ValueError(f"split {n!r} is required")
+                raise ValueError(f"split {n!r} is required" + (f" by {by}" if by else ""))
         for n in self.named():
             ds = self.source(n).dataset
             try:

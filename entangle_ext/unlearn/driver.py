@@ -6,11 +6,12 @@ import contextlib
 import copy
 import dataclasses
 import math
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import torch
 
@@ -120,6 +121,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     Warns:
         OutDirReusedWarning (a UserWarning, ``entangle_ext.OutDirReusedWarning``): ``out_dir``
             already holds a run and no ``resume`` is given; it names what is overwritten.
+            Emitted after the config, splits and model have passed their checks (a call that
+            raises for bad input does not also warn), before any training.
     Raises:
         TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first).
         ValueError: missing/empty splits, labels outside the model's classes or not integer,
@@ -138,32 +141,37 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     spec = get_method(method)
     if not inplace:
         model = _copy(model)
-    if resume is None:
-        _warn_if_reused(out_dir)
+    # warned once the configuration and splits are known to be valid, at the caller's line
+    checked = _reuse_warning(out_dir, sys._getframe(1)) if resume is None else None
     with _training_flags_kept(model):
         if not spec.two_stage:
             return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
-                              seed=seed, device=device, out_dir=out_dir, resume=resume, progress=progress)
+                              seed=seed, device=device, out_dir=out_dir, resume=resume, progress=progress,
+                              on_checked=checked)
         if config is not None or resume is None:
             config = spec.two_stage_config(config, setting, hparams)
         return _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
-                          resume=resume, allow_config_change=allow_config_change, progress=progress)
+                          resume=resume, allow_config_change=allow_config_change, progress=progress,
+                          on_checked=checked)
 
 
 def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_dir, resume,
-               allow_config_change: bool, progress: bool) -> UnlearnResult:
+               allow_config_change: bool, progress: bool,
+               on_checked: Optional[Callable[[], None]] = None) -> UnlearnResult:
     """The two-stage family's run (`unlearn` after the dispatch on ``method``)."""
     with preserved_global_state(), scope(model) as (_, model):
         ckpt = _load_resume(resume)
         config = _resolve_config(config, ckpt, seed)
         required = ("forget", "remote") + (("adjacent",) if config.run_stage2 else ())
-        splits.check(required)
+        splits.check(required, by=f"method {method!r}")
         fingerprint = splits_fingerprint(splits)
         changes = None if ckpt is None else check_resume(
             ckpt, fingerprint, config.to_dict(), allow_config_change=allow_config_change)
         device = torch.device(device) if device is not None else next(model.parameters()).device
         model.to(device).eval()
         num_classes = _preflight(model, splits, device, config.amp)
+        if on_checked is not None:
+            on_checked()
         seed_everything(config.seed, config.deterministic)
         if ckpt is not None and "rng" in ckpt:
             set_rng_state(ckpt["rng"])
@@ -187,18 +195,25 @@ class OutDirReusedWarning(UserWarning):
 _RUN_FILES = ("report.json", "history.json", "forget_loss_hist.png", "checkpoints")
 
 
-def _warn_if_reused(out_dir) -> None:
-    """`OutDirReusedWarning` (rank 0 only) when ``out_dir`` holds a previous run's files."""
+def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
+    """A callable that emits `OutDirReusedWarning` (rank 0 only), attributed to ``frame``'s line,
+    when ``out_dir`` holds a previous run's files; None when there is nothing to warn about. It is
+    called after the run's configuration and splits have been checked, so a call that is refused
+    does not also warn."""
     if out_dir is None or (torch.distributed.is_available() and torch.distributed.is_initialized()
                            and torch.distributed.get_rank() != 0):
-        return
+        return None
     out = Path(out_dir)
     found = [n + ("/" if (out / n).is_dir() else "") for n in _RUN_FILES if (out / n).exists()]
-    if found:
-        state = "a finished run" if "report.json" in found else "an unfinished run"
-        warnings.warn(f"{out} already holds {state}; this run overwrites its {', '.join(found)}. To continue "
-                      f"that run instead, pass resume={str(out)!r} (command line: --resume {out})",
-                      OutDirReusedWarning, stacklevel=3)
+    if not found:
+        return None
+    state = "a finished run" if "report.json" in found else "an unfinished run"
+    msg = (f"{out} already holds {state}; this run overwrites its {', '.join(found)}. To continue "
+           f"that run instead, pass resume={str(out)!r} (command line: --resume {out})")
+    where = dict(filename=frame.f_code.co_filename, lineno=frame.f_lineno,
+                 module=frame.f_globals.get("__name__"), module_globals=frame.f_globals,
+                 registry=frame.f_globals.setdefault("__warningregistry__", {}))
+    return lambda: warnings.warn_explicit(msg, OutDirReusedWarning, **where)
 
 
 def _check_types(model, splits) -> None:
