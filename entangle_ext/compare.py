@@ -349,8 +349,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         baseline whose preset diverges on this model) is recorded, cached and listed under the table
         ("–" in its cells), and the comparison goes on; Retrain failing leaves its seed without
         gap metrics.
-    Raises: ValueError (unknown or duplicate method, setting, variant or hparams, no seeds, no
-        held-out retain split), TypeError (a config of another method), both before any run; and the
+    Raises: ValueError (unknown or duplicate method, setting, variant or hparams, no seeds, a
+        missing or empty forget / adjacent / remote train split, no held-out retain split), TypeError (a config of another method), both before any run; and the
         other errors of the methods and metrics (ImportError without scikit-learn / scipy).
     """
     from tqdm.auto import tqdm
@@ -360,6 +360,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    splits.check(("forget", "adjacent", "remote"), by="compare (its metrics are per split)")
     if splits.adjacent_test is None and splits.remote_test is None:
         raise ValueError("compare needs held-out retain data (adjacent_test / remote_test) for MIA-efficacy")
     specs = _specs(methods, configs=configs, setting=setting, variant=variant, hparams=hparams,

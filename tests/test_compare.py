@@ -158,6 +158,9 @@ def test_bad_input(setup):
         ee.compare(net, s, ["two_stage", "two_stage"], progress=False)
     with pytest.raises(ValueError, match="held-out"):
         ee.compare(net, dataclasses.replace(s, adjacent_test=None, remote_test=None), ["two_stage"], progress=False)
+    for miss in ("forget", "adjacent", "remote"):       # even for methods that would not read it
+        with pytest.raises(ValueError, match=f"split '{miss}' is required by compare"):
+            ee.compare(net, dataclasses.replace(s, **{miss: None}), ["ga"], setting="digits", progress=False)
     with pytest.raises(ValueError, match="hparams"):
         ee.compare(net, s, ["ga"], setting="digits", hparams="blog", progress=False)
     with pytest.raises(ValueError, match="no variant 'huge'"):
