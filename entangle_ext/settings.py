@@ -336,7 +336,9 @@ def _cifar_model(info, arch="resnet18"):
     return resnet18_cifar(info["num_classes"])
 
 
-def _vit_model(info, arch="small", weights=None, image_size=64):
+def _vision_model(info, arch="small", weights=None, image_size=64):
+    """The tinyimagenet / celeba model: a ViT (``arch`` "small"/"b32", optional local weights) or,
+    for ``arch="lite0"``, the pretrained EfficientNet-Lite0 classifier of the CPU preset."""
     if arch == "lite0":
         if weights is not None:
             raise ValueError("the lite0 variant brings its own ImageNet weights; it takes no weights option")
@@ -395,7 +397,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                         data={"image_size": 16}, model={"arch": "small"}, stage2={"lr": 3e-4}, cpu=True)),
             data_options=_CAPS + ("superclasses", "forget")),
     Setting("tinyimagenet", "Tiny-ImageNet WordNet superclasses: forget dog class(es), adjacent their siblings",
-            "tinyimagenet", _load_tinyimagenet, _vit_model, _vision_variants(
+            "tinyimagenet", _load_tinyimagenet, _vision_model, _vision_variants(
                 {"max_train_per_class": 100}, _VIT_SCRATCH.replace(epochs=15, batch_size=64),
                 stage1=dict(epochs=3, lr=2e-4, remote_batch_size=64, forget_batch_size=32),
                 stage2=dict(epochs=2, lr=2e-3, adjacent_batch_size=64), extra=(
@@ -405,7 +407,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                             model={"arch": "lite0", "image_size": 96}, cpu=True),)),
             data_options=_CAPS + ("superclasses", "forget"), model_options=("weights",)),
     Setting("celeba", "CelebA (Male, Smiling) targets: forget female-not-smiling-not-young-no-glasses",
-            "celeba", _load_celeba, _vit_model, _vision_variants(
+            "celeba", _load_celeba, _vision_model, _vision_variants(
                 {"max_train_per_class": 300, "max_test_per_class": 50}, _VIT_SCRATCH.replace(epochs=5),
                 stage2=dict(epochs=1, forget_batch_limit=2, remote_batch_limit=2)),
             data_options=_CAPS + ("forget",), model_options=("weights",)),
