@@ -13,7 +13,10 @@ per cell for one seed; rows = methods, columns = metrics with their direction, b
 in bold when two or more unlearning methods are compared), ``comparison.json`` and ``comparison.png``, and
 ``cache/<method>/seed<k>.json``: one file per finished run, keyed on the method, the seed, its
 effective hyperparameters and a fingerprint of the splits and the original model, so a rerun after an
-interruption (or with more methods / seeds) only runs what is missing.
+interruption (or with more methods / seeds) only runs what is missing. The key does not hold the
+device or the torch version (a cache made on one machine serves another); each record notes them,
+and a record made with another torch version or device type is reused with a `UserWarning` that
+names the file to delete to recompute it.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import json
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
@@ -236,8 +240,9 @@ def fingerprint(model: torch.nn.Module, splits: Splits) -> str:
 class _Cache:
     """``out_dir/cache/<method>/seed<k>.json``, written atomically; None dir = no cache."""
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, device=None):
         self.root = None if out_dir is None else Path(out_dir) / "cache"
+        self.device = device
 
     def path(self, method: str, seed: int) -> Optional[Path]:
         return None if self.root is None else self.root / re.sub(r"[^A-Za-z0-9_.-]", "_", method) / f"seed{seed}.json"
@@ -250,7 +255,14 @@ class _Cache:
             rec = json.loads(p.read_text())
         except (OSError, ValueError):
             return None   # unreadable: run again
-        return rec if rec.get("key") == key else None
+        if rec.get("key") != key:
+            return None
+        env, here = rec.get("env"), _env(self.device)
+        if env is not None and env != here:
+            warnings.warn(f"compare: reusing the cached {method} seed {seed} made with torch {env.get('torch')} "
+                          f"on {env.get('device')} (this run: torch {here['torch']} on {here['device']}); "
+                          f"delete {p} to recompute it", UserWarning, stacklevel=3)
+        return rec
 
     def save(self, method: str, seed: int, rec: dict) -> None:
         p = self.path(method, seed)
@@ -258,8 +270,13 @@ class _Cache:
             return
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec))
+        tmp.write_text(json.dumps({**rec, "env": _env(self.device)}))
         os.replace(tmp, p)
+
+
+def _env(device) -> Dict[str, str]:
+    """What a cached record notes about where it was computed (not part of its key)."""
+    return {"torch": torch.__version__, "device": "cpu" if device is None else torch.device(device).type}
 
 
 def _key(*parts) -> str:
@@ -369,7 +386,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     model.to(device).eval()
     rl = _relearn_settings(relearn, model, splits, device, batch_size)
     metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
-    fp, cache = fingerprint(model, splits), _Cache(out_dir)
+    fp, cache = fingerprint(model, splits), _Cache(out_dir, device)
     runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
     retrained: Dict[int, dict] = {}
     failures: Dict[str, Dict[int, str]] = {}

@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import importlib
 import json
+import warnings
 
 import pytest
 import torch
@@ -131,8 +132,17 @@ def test_cache_resume_and_invalidation(setup, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("should have come from the cache")
     monkeypatch.setattr(C, "_run_one", boom)
-    again = ee.compare(net, s, [retrain_spec(calls), noise_spec(calls)], **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                # same torch, same device: silent
+        again = ee.compare(net, s, [retrain_spec(calls), noise_spec(calls)], **kw)
     assert again.summary == first.summary and again.table == first.table
+    rec_path = tmp_path / "cache" / "noise" / "seed1.json"
+    rec = json.loads(rec_path.read_text())
+    assert rec["env"] == {"torch": torch.__version__, "device": "cpu"}   # noted, not in the key
+    rec_path.write_text(json.dumps(dict(rec, env={"torch": "2.0.0", "device": "cuda"})))
+    with pytest.warns(UserWarning, match=r"cached noise seed 1 made with torch 2.0.0 on cuda .*delete .*seed1.json"):
+        again = ee.compare(net, s, [retrain_spec(calls), noise_spec(calls)], **kw)
+    assert again.summary == first.summary                             # reused all the same
     monkeypatch.undo()
     calls.clear()
     ee.compare(net, s, [retrain_spec(calls), noise_spec(calls, scale=0.1)], **kw)   # new hyperparameters
