@@ -37,13 +37,13 @@ inline int64_t check_al_inputs(const at::Tensor& lam, const at::Tensor& g, const
   check_contiguous(lam, op, "lam");
   const int64_t m = lam.size(0);
   TORCH_CHECK_VALUE(g.dim() == 1 && g.size(0) == m, op, ": g must have shape (m,) = (", m,
-                    ",) like lam, got ", g.sizes());
+                    ",) like lam, got ", shape_str(g));
   TORCH_CHECK_VALUE(mu.dim() <= 1 && (mu.numel() == 1 || (mu.dim() == 1 && mu.numel() == m)), op,
-                    ": mu must have shape () or (m,) = (", m, ",), got ", mu.sizes());
-  TORCH_CHECK_TYPE(g.scalar_type() == lam.scalar_type(), op, ": g is ", g.scalar_type(),
-                   " but lam is ", lam.scalar_type(), " (same dtype required)");
-  TORCH_CHECK_TYPE(mu.scalar_type() == lam.scalar_type(), op, ": mu is ", mu.scalar_type(),
-                   " but lam is ", lam.scalar_type(), " (same dtype required)");
+                    ": mu must have shape () or (m,) = (", m, ",), got ", shape_str(mu));
+  TORCH_CHECK_TYPE(g.scalar_type() == lam.scalar_type(), op, ": g is ", dtype_name(g),
+                   " but lam is ", dtype_name(lam), " (same dtype required)");
+  TORCH_CHECK_TYPE(mu.scalar_type() == lam.scalar_type(), op, ": mu is ", dtype_name(mu),
+                   " but lam is ", dtype_name(lam), " (same dtype required)");
   check_contiguous(g, op, "g");
   check_contiguous(mu, op, "mu");
   check_same_device(lam, g, op, "lam", "g");
@@ -72,9 +72,9 @@ inline int64_t check_al_backward_inputs(const at::Tensor& grad, const at::Tensor
                                         const at::Tensor& lam, const at::Tensor& mu, const char* op) {
   const int64_t mu_stride = check_al_inputs(lam, g, mu, op);
   TORCH_CHECK_VALUE(grad.numel() == 1 && grad.dim() == 0, op, ": grad must be a 0-d tensor, got ",
-                    grad.sizes());
-  TORCH_CHECK_TYPE(grad.scalar_type() == lam.scalar_type(), op, ": grad is ", grad.scalar_type(),
-                   " but lam is ", lam.scalar_type());
+                    shape_str(grad));
+  TORCH_CHECK_TYPE(grad.scalar_type() == lam.scalar_type(), op, ": grad is ", dtype_name(grad),
+                   " but lam is ", dtype_name(lam));
   check_same_device(lam, grad, op, "lam", "grad");
   return mu_stride;
 }

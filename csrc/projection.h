@@ -284,25 +284,25 @@ inline int64_t check_projection_lists(at::TensorList grads, at::TensorList basis
                     kProjMaxK, "], got ", k);
   const at::Tensor& g0 = grads[0];
   TORCH_CHECK_TYPE(proj_dtype_ok(g0.scalar_type()), op,
-                   ": tensors must be float32, float64, float16 or bfloat16, got ", g0.scalar_type());
+                   ": tensors must be float32, float64, float16 or bfloat16, got ", dtype_name(g0));
   for (int64_t t = 0; t < T; ++t) {
     const at::Tensor& g = grads[t];
     TORCH_CHECK_TYPE(g.scalar_type() == g0.scalar_type(), op, ": grads[", t, "] is ",
-                     g.scalar_type(), " but grads[0] is ", g0.scalar_type(),
+                     dtype_name(g), " but grads[0] is ", dtype_name(g0),
                      "; all tensors must share one dtype");
     TORCH_CHECK_VALUE(g.device() == g0.device(), op, ": grads[", t, "] is on ", g.device(),
                       " but grads[0] is on ", g0.device());
-    TORCH_CHECK_VALUE(g.is_non_overlapping_and_dense(), op, ": grads[", t, "] (shape ", g.sizes(),
+    TORCH_CHECK_VALUE(g.is_non_overlapping_and_dense(), op, ": grads[", t, "] (shape ", shape_str(g),
                       ", strides ", g.strides(), ") is not dense and non-overlapping (an expanded, "
                       "strided or sliced view); pass a tensor that owns its memory");
     for (int64_t i = 0; i < k; ++i) {
       const at::Tensor& v = basis[i * T + t];
       TORCH_CHECK_TYPE(v.scalar_type() == g0.scalar_type(), op, ": basis[", i, "][", t, "] is ",
-                       v.scalar_type(), " but grads are ", g0.scalar_type());
+                       dtype_name(v), " but grads are ", dtype_name(g0));
       TORCH_CHECK_VALUE(v.device() == g0.device(), op, ": basis[", i, "][", t, "] is on ",
                         v.device(), " but grads are on ", g0.device());
       TORCH_CHECK_VALUE(v.sizes() == g.sizes(), op, ": basis[", i, "][", t, "] has shape ",
-                        v.sizes(), " but grads[", t, "] has shape ", g.sizes());
+                        shape_str(v), " but grads[", t, "] has shape ", shape_str(g));
       TORCH_CHECK_VALUE(v.is_non_overlapping_and_dense() && proj_same_layout(v, g), op, ": basis[",
                         i, "][", t, "] (strides ", v.strides(), ") does not share the memory layout "
                         "of grads[", t, "] (strides ", g.strides(), "); give both the same layout, "
@@ -316,11 +316,11 @@ inline int64_t check_projection_flat(const at::Tensor& g, const at::Tensor& basi
   check_dim(g, 1, op, "g");
   check_dim(basis, 2, op, "basis");
   TORCH_CHECK_TYPE(proj_dtype_ok(g.scalar_type()), op,
-                   ": g must be float32, float64, float16 or bfloat16, got ", g.scalar_type());
-  TORCH_CHECK_TYPE(basis.scalar_type() == g.scalar_type(), op, ": basis is ", basis.scalar_type(),
-                   " but g is ", g.scalar_type());
+                   ": g must be float32, float64, float16 or bfloat16, got ", dtype_name(g));
+  TORCH_CHECK_TYPE(basis.scalar_type() == g.scalar_type(), op, ": basis is ", dtype_name(basis),
+                   " but g is ", dtype_name(g));
   check_same_device(g, basis, op, "g", "basis");
-  TORCH_CHECK_VALUE(basis.size(1) == g.size(0), op, ": basis has shape ", basis.sizes(),
+  TORCH_CHECK_VALUE(basis.size(1) == g.size(0), op, ": basis has shape ", shape_str(basis),
                     " but g has ", g.size(0), " elements; expected (k, ", g.size(0), ")");
   const int64_t k = basis.size(0);
   TORCH_CHECK_VALUE(k >= 1 && k <= kProjMaxK, op, ": the number of basis vectors k must be in [1, ",
@@ -356,9 +356,9 @@ inline const double* proj_scale_ptr(const std::optional<at::Tensor>& scale) {
 inline void check_proj_vector(const at::Tensor& x, int64_t n, const at::Device& dev, const char* op,
                               const char* name) {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kDouble, op, ": ", name, " must be float64, got ",
-                   x.scalar_type());
+                   dtype_name(x));
   TORCH_CHECK_VALUE(x.dim() == 1 && x.size(0) == n, op, ": ", name, " must have shape (", n,
-                    ",), got ", x.sizes());
+                    ",), got ", shape_str(x));
   TORCH_CHECK_VALUE(x.device() == dev, op, ": ", name, " is on ", x.device(),
                     " but the tensors are on ", dev);
   check_contiguous(x, op, name);
@@ -369,9 +369,9 @@ inline int64_t check_projection_solve(const at::Tensor& gram, const at::Tensor& 
   check_dim(gram, 2, op, "gram");
   const int64_t k = gram.size(0);
   TORCH_CHECK_VALUE(gram.size(1) == k && k >= 1 && k <= kProjMaxK, op,
-                    ": gram must be (k, k) with k in [1, ", kProjMaxK, "], got ", gram.sizes());
+                    ": gram must be (k, k) with k in [1, ", kProjMaxK, "], got ", shape_str(gram));
   TORCH_CHECK_TYPE(gram.scalar_type() == at::kDouble, op, ": gram must be float64, got ",
-                   gram.scalar_type());
+                   dtype_name(gram));
   check_contiguous(gram, op, "gram");
   check_proj_vector(vg, k, gram.device(), op, "vg");
   check_ridge(shift, op, "shift");

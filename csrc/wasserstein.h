@@ -271,8 +271,8 @@ inline void check_w2_inputs(const at::Tensor& u, const at::Tensor& v, const at::
   check_dim(u, 1, op, "u");
   check_dim(v, 1, op, "v");
   check_floating(u, op, "u");
-  TORCH_CHECK_TYPE(u.scalar_type() == v.scalar_type(), op, ": u is ", u.scalar_type(), " but v is ",
-                   v.scalar_type());
+  TORCH_CHECK_TYPE(u.scalar_type() == v.scalar_type(), op, ": u is ", dtype_name(u), " but v is ",
+                   dtype_name(v));
   check_contiguous(u, op, "u");
   check_contiguous(v, op, "v");
   check_offsets(u_offsets, op, "u_offsets");
@@ -294,8 +294,8 @@ inline void check_w2_backward_inputs(const at::Tensor& grad, const at::Tensor& d
   check_dim(dv, 1, op, "dv");
   check_floating(grad, op, "grad");
   TORCH_CHECK_TYPE(du.scalar_type() == grad.scalar_type() && dv.scalar_type() == grad.scalar_type(),
-                   op, ": grad, du and dv must share one dtype, got ", grad.scalar_type(), ", ",
-                   du.scalar_type(), " and ", dv.scalar_type());
+                   op, ": grad, du and dv must share one dtype, got ", dtype_name(grad), ", ",
+                   dtype_name(du), " and ", dtype_name(dv));
   check_contiguous(grad, op, "grad");
   check_contiguous(du, op, "du");
   check_contiguous(dv, op, "dv");
