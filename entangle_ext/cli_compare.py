@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-
-import torch
+from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
@@ -46,10 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--relearn-steps", type=int, default=None, help="cap of the relearn-time fine-tuning")
     ap.add_argument("--no-relearn", action="store_true", help="skip relearn time")
     ap.add_argument("--mia-max-samples", type=int, default=None)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: the setting's "
+                    "own, else OMP_NUM_THREADS, else the physical cores); the previous count is restored")
     ap.add_argument("--no-progress", action="store_true")
     return ap
+
+
+def _fail(e: BaseException) -> int:
+    print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
+    return 2
 
 
 def _methods(spec: str):
@@ -61,37 +66,60 @@ def _methods(spec: str):
     return names
 
 
+def _check_flags(args, out: str) -> None:
+    """The flags that need no data, checked before anything is loaded or trained (ValueError)."""
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.relearn_steps is not None and args.relearn_steps < 1:
+        raise ValueError(f"--relearn-steps must be >= 1, got {args.relearn_steps}")
+    if args.mia_max_samples is not None and args.mia_max_samples < 1:
+        raise ValueError(f"--mia-max-samples must be >= 1, got {args.mia_max_samples}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+
+
 def main(argv=None) -> int:
-    """Entry point of ``entangle-unlearn compare``. Returns the exit code (0 success, 2 bad input:
-    a ValueError / FileNotFoundError / missing-package message is printed)."""
+    """Entry point of ``entangle-unlearn compare``. Returns the exit code: 0 success; 2 bad input
+    (one ``entangle-unlearn compare: error: ...`` line on stderr: a ValueError / TypeError /
+    FileNotFoundError / missing package; flags are checked before any data is loaded); 130
+    interrupted (rerunning the same command resumes from the per-run cache)."""
+    from .cli import _device
     from .compare import compare
     from .settings import get_setting, prepare
+    from .threads import default_threads, torch_threads
 
     args = build_parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     out = args.out or f"runs/compare_{args.setting}"
     t0 = time.perf_counter()
     try:
-        if args.seeds < 1:
-            raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+        _check_flags(args, out)
+        device = _device(args.device)
         setting = get_setting(args.setting)
         opts = {"weights": args.weights, "model_path": args.model_path}
         data = {k: v for k, v in opts.items() if v is not None and k in setting.data_options}
         model = {k: v for k, v in opts.items() if v is not None and k in setting.model_options}
         variant = setting.variant(args.variant, given=set(data) | set(model))
         methods = _methods(args.methods)
-        run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=args.device,
-                      cache_dir=out, progress=not args.no_progress, data=data, model=model)
-
-        relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
-        res = compare(run.model, run.splits, methods, list(range(args.first_seed, args.first_seed + args.seeds)),
-                      setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out,
-                      device=args.device, model_fn=run.fresh_model, relearn=relearn,
-                      mia_max_samples=args.mia_max_samples, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
-        return 2
+        threads = args.threads or default_threads(setting.threads)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        return _fail(e)
+    try:
+        with torch_threads(threads):
+            run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
+                          cache_dir=out, progress=not args.no_progress, data=data, model=model)
+            relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
+            res = compare(run.model, run.splits, methods, list(range(args.first_seed, args.first_seed + args.seeds)),
+                          setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out,
+                          device=device, model_fn=run.fresh_model, relearn=relearn,
+                          mia_max_samples=args.mia_max_samples, progress=not args.no_progress)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        return _fail(e)
+    except KeyboardInterrupt:
+        print(f"\nentangle-unlearn compare: interrupted; finished runs are cached in {out}/cache: rerun the "
+              "same command to go on from there", file=sys.stderr)
+        return 130
     print(f"{args.setting} ({variant.name}: {variant.summary}), {len(res.seeds)} seed(s)\n")
     print(res.table)
     print(f"\nwrote {res.paths['markdown']}, {res.paths['json']}, {res.paths['png']} "

@@ -25,13 +25,14 @@ import dataclasses
 import hashlib
 import io
 import json
+import numbers
 import os
 import re
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ import torch
 from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
-from .unlearn.metrics import METRICS, unlearning_metrics
+from .unlearn.metrics import METRICS, check_relearn_args, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "available_methods", "fingerprint",
@@ -330,6 +331,36 @@ def _specs(methods, *, configs, **kw) -> List[MethodSpec]:
     return retrain + [_original_spec()] + [s for s in specs if s.name != "retrain"]
 
 
+def _seed_list(seeds) -> List[int]:
+    """``seeds`` as a list of distinct ints (ValueError / TypeError otherwise)."""
+    if isinstance(seeds, (numbers.Integral, str)) or not isinstance(seeds, Iterable):
+        raise TypeError(f"seeds must be a sequence of integers such as [0, 1, 2] or range(3), got "
+                        f"{type(seeds).__name__} {seeds!r} (the command line's --seeds N means range(N))")
+    seeds = list(seeds)
+    bad = [x for x in seeds if not isinstance(x, numbers.Integral) or isinstance(x, bool)]
+    if bad:
+        raise TypeError(f"seeds must be integers, got {bad}")
+    seeds = [int(x) for x in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    return seeds
+
+
+def _check_relearn(relearn) -> None:
+    """The relearn argument of `compare`, checked before any run (ValueError / TypeError)."""
+    if relearn is None or relearn is False:
+        return
+    if not isinstance(relearn, Mapping):
+        raise TypeError(f"relearn must be None, False or a dict of {sorted(DEFAULT_RELEARN)}, got {relearn!r}")
+    unknown = sorted(set(relearn) - set(DEFAULT_RELEARN))
+    if unknown:
+        raise ValueError(f"relearn has unknown keys {unknown}; known: {sorted(DEFAULT_RELEARN)}")
+    rl = {**DEFAULT_RELEARN, **relearn}
+    if not (isinstance(rl["fraction"], numbers.Real) and 0 < rl["fraction"] <= 1):
+        raise ValueError(f"relearn: fraction must be in (0, 1], got {rl['fraction']!r}")
+    check_relearn_args(**{k: v for k, v in rl.items() if k != "fraction"})
+
+
 def _relearn_settings(relearn, model, splits, device, batch_size) -> Optional[dict]:
     if relearn is False:
         return None
@@ -366,22 +397,28 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         baseline whose preset diverges on this model) is recorded, cached and listed under the table
         ("–" in its cells), and the comparison goes on; Retrain failing leaves its seed without
         gap metrics.
-    Raises: ValueError (unknown or duplicate method, setting, variant or hparams, no seeds, a
-        missing or empty forget / adjacent / remote train split, no held-out retain split), TypeError (a config of another method), both before any run; and the
-        other errors of the methods and metrics (ImportError without scikit-learn / scipy).
+    Raises, before any run: ValueError (unknown or duplicate method, setting, variant or hparams;
+        no seeds or repeated seeds; a ``configs`` entry for a method not compared; an unknown
+        ``relearn`` key or a bad relearn value; a missing or empty forget / adjacent / remote train
+        split; no held-out retain split), TypeError (a config of another method; ``seeds`` not a
+        sequence of integers, e.g. a bare int). Later: the other errors of the methods and metrics
+        (ImportError without scikit-learn / scipy).
     """
     from tqdm.auto import tqdm
 
     if not isinstance(splits, Splits):
         raise TypeError("splits must be an entangle_ext.Splits")
-    seeds = [int(s) for s in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    seeds = _seed_list(seeds)
     splits.check(("forget", "adjacent", "remote"), by="compare (its metrics are per split)")
     if splits.adjacent_test is None and splits.remote_test is None:
         raise ValueError("compare needs held-out retain data (adjacent_test / remote_test) for MIA-efficacy")
     specs = _specs(methods, configs=configs, setting=setting, variant=variant, hparams=hparams,
                    model_fn=model_fn, retrain_recipe=retrain_recipe)
+    stray = sorted(set(configs or {}) - {sp.name for sp in specs})
+    if stray:
+        raise ValueError(f"configs has entries for methods that are not compared: {stray} "
+                         f"(compared: {[sp.name for sp in specs if sp.name != 'original']})")
+    _check_relearn(relearn)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device).eval()
     rl = _relearn_settings(relearn, model, splits, device, batch_size)

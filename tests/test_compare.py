@@ -168,6 +168,20 @@ def test_bad_input(setup):
         ee.compare(net, s, ["two_stage", "two_stage"], progress=False)
     with pytest.raises(ValueError, match="held-out"):
         ee.compare(net, dataclasses.replace(s, adjacent_test=None, remote_test=None), ["two_stage"], progress=False)
+    with pytest.raises(TypeError, match=r"seeds must be a sequence of integers.*--seeds N means range\(N\)"):
+        ee.compare(net, s, ["ga"], seeds=2, setting="digits", progress=False)
+    with pytest.raises(TypeError, match=r"seeds must be integers, got \[0.7\]"):
+        ee.compare(net, s, ["ga"], seeds=[0.7], setting="digits", progress=False)
+    with pytest.raises(ValueError, match=r"configs has entries for methods that are not compared: \['gaa'\]"):
+        ee.compare(net, s, ["ga"], setting="digits", configs={"gaa": get_method("ga").Config()}, progress=False)
+    with pytest.raises(ValueError, match=r"relearn has unknown keys \['steps'\]"):
+        ee.compare(net, s, ["ga"], setting="digits", relearn={"steps": 5}, progress=False)
+    with pytest.raises(ValueError, match=r"max_steps must be an int >= 0, got -1"):
+        ee.compare(net, s, ["ga"], setting="digits", relearn={"max_steps": -1}, progress=False)
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\]"):
+        ee.compare(net, s, ["ga"], setting="digits", relearn={"fraction": 1.5}, progress=False)
+    assert ee.compare(net, s, ["ga"], seeds=range(1), setting="digits", relearn=False,
+                      progress=False).seeds == [0]                              # any integer sequence
     for miss in ("forget", "adjacent", "remote"):       # even for methods that would not read it
         with pytest.raises(ValueError, match=f"split '{miss}' is required by compare"):
             ee.compare(net, dataclasses.replace(s, **{miss: None}), ["ga"], setting="digits", progress=False)
@@ -238,6 +252,36 @@ def test_cli_compare(tmp_path, capsys, monkeypatch):
     assert cli.main(argv) == 0
     assert cli.main(["compare", "--setting", "digits", "--methods", "nope", "--out", str(out)]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--threads", "-3"], "--threads must be >= 1, got -3"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    (["--relearn-steps", "0"], "--relearn-steps must be >= 1"),
+    (["--mia-max-samples", "0"], "--mia-max-samples must be >= 1"),
+    (["--device", "gpu0"], "--device 'gpu0' is not a device"),
+    (["--device", "cuda:99"], "--device cuda:99"),
+])
+def test_cli_compare_flags_are_one_line_errors_before_any_data(tmp_path, capsys, monkeypatch, flags, message):
+    import entangle_ext.settings as S
+    monkeypatch.setattr(S, "prepare", lambda *a, **k: pytest.fail("data loaded before the flags were checked"))
+    before = torch.get_num_threads()
+    assert cli.main(["compare", "--setting", "digits", "--out", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("entangle-unlearn compare: error: ") and message in err and err.count("\n") == 1
+    assert torch.get_num_threads() == before
+
+
+def test_cli_compare_out_must_be_a_directory_and_threads_are_restored(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert cli.main(["compare", "--setting", "digits", "--out", str(f)]) == 2
+    assert f"--out {f} exists and is not a directory" in capsys.readouterr().err
+    before = torch.get_num_threads()
+    argv = ["compare", "--setting", "digits", "--variant", "reduced", "--methods", "delete", "--seeds", "1",
+            "--out", str(tmp_path / "cmp"), "--no-progress", "--no-relearn", "--threads", str(before + 1)]
+    assert cli.main(argv) == 0 and torch.get_num_threads() == before
 
 
 def test_a_diverging_method_is_recorded_not_fatal(setup, tmp_path):

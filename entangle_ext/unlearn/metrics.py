@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
@@ -219,6 +220,23 @@ def _subset(ds: Dataset, idx: torch.Tensor) -> Dataset:
     return Subset(ds, idx.tolist())
 
 
+def check_relearn_args(*, subset: Union[int, float] = 0.1, lr: float = 1e-3, max_steps: int = 100,
+                       batch_size: int = 64) -> None:
+    """ValueError unless ``subset`` is an int >= 1 or a fraction in (0, 1], ``lr`` finite and > 0,
+    ``max_steps`` an int >= 0 and ``batch_size`` an int >= 1 (the `relearn_time` settings)."""
+    def whole(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    sub_ok = (0 < subset <= 1) if isinstance(subset, float) else (whole(subset) and subset >= 1)
+    if not sub_ok:
+        raise ValueError(f"relearn_time: subset must be an int >= 1 or a fraction in (0, 1], got {subset!r}")
+    if not (isinstance(lr, numbers.Real) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"relearn_time: lr must be finite and > 0, got {lr!r}")
+    if not (whole(max_steps) and max_steps >= 0):
+        raise ValueError(f"relearn_time: max_steps must be an int >= 0, got {max_steps!r}")
+    if not (whole(batch_size) and batch_size >= 1):
+        raise ValueError(f"relearn_time: batch_size must be an int >= 1, got {batch_size!r}")
+
+
 def relearn_time(model: torch.nn.Module, forget: Dataset, *, threshold: float, subset: Union[int, float] = 0.1,
                  lr: float = 1e-3, max_steps: int = 100, batch_size: int = 64, seed: int = 0, device=None,
                  eval_batch_size: int = 512) -> Dict[str, Any]:
@@ -235,9 +253,7 @@ def relearn_time(model: torch.nn.Module, forget: Dataset, *, threshold: float, s
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"relearn_time: threshold must be an accuracy fraction in (0, 1], got {threshold}")
-    if max_steps < 0 or (isinstance(subset, float) and not 0 < subset <= 1) or \
-            (not isinstance(subset, float) and int(subset) < 1):
-        raise ValueError("relearn_time: need max_steps >= 0 and subset an int >= 1 or a fraction in (0, 1]")
+    check_relearn_args(subset=subset, lr=lr, max_steps=max_steps, batch_size=batch_size)
     N = len(forget)
     if N == 0:
         raise ValueError("relearn_time: the forget set is empty")
