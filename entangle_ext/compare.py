@@ -40,7 +40,7 @@ import torch
 from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
-from .unlearn.metrics import METRICS, check_relearn_args, unlearning_metrics
+from .unlearn.metrics import METRICS, NonFiniteOutputError, check_relearn_args, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "available_methods", "fingerprint",
@@ -301,6 +301,11 @@ def _unlearn_seconds(report: Mapping[str, Any], wall: float) -> float:
     return float(sum(parts)) if parts else wall
 
 
+class _Diverged(ValueError):
+    """A run whose unlearned model cannot be scored (non-finite outputs): recorded like a
+    `NonFiniteLossError`."""
+
+
 def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, metric_kw) -> dict:
     m = copy.deepcopy(model)
     t = time.perf_counter()
@@ -311,9 +316,15 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, m
     report = dict(getattr(res, "report", None) or {})
     seconds = None if spec.name == "original" else _unlearn_seconds(report, wall)
     with preserved_rng():
-        metrics = unlearning_metrics(res.model, splits, retrained=retrained, evals=_final_evals(report),
-                                     seconds=seconds, device=device, seed=seed,
-                                     keep_losses=spec.name == "retrain", **metric_kw)
+        try:
+            metrics = unlearning_metrics(res.model, splits, retrained=retrained, evals=_final_evals(report),
+                                         seconds=seconds, device=device, seed=seed,
+                                         keep_losses=spec.name == "retrain", **metric_kw)
+        except NonFiniteOutputError as e:
+            if spec.name == "original":
+                raise
+            raise _Diverged(f"{spec.name}: the unlearned model returns non-finite logits ({e}); the run "
+                            "diverged without a non-finite loss at a checked step") from e
     slim = {k: report[k] for k in ("method", "hparams", "setting", "config", "evals", "timings_s", "steps")
             if k in report}
     return {"method": spec.name, "seed": seed, "metrics": metrics, "report": _jsonable(slim), "wall_s": wall}
@@ -394,7 +405,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         mia_max_samples: cap on MIA members / non-members. batch_size: evaluation batch.
         progress: a tqdm bar over the (method, seed) runs.
     Returns: `ComparisonResult`. A run that stops on a non-finite loss (`NonFiniteLossError`, e.g. a
-        baseline whose preset diverges on this model) is recorded, cached and listed under the table
+        baseline whose preset diverges on this model), or whose unlearned model returns non-finite
+        logits when scored (weights grown past float range without a NaN loss), is recorded, cached and listed under the table
         ("–" in its cells), and the comparison goes on; Retrain failing leaves its seed without
         gap metrics.
     Raises, before any run: ValueError (unknown or duplicate method, setting, variant or hparams;
@@ -438,7 +450,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                 try:
                     rec = {"key": key, **_run_one(spec, model, splits, seed, device=device,
                                                   retrained=ref and ref["metrics"], metric_kw=metric_kw)}
-                except NonFiniteLossError as e:   # a diverging method is a result, not a crash of the table
+                except (NonFiniteLossError, _Diverged) as e:   # a diverging method is a result, not a crash
                     rec = {"key": key, "method": spec.name, "seed": seed, "metrics": {}, "failed": str(e)}
                 cache.save(spec.name, seed, rec)
             if rec.get("failed"):

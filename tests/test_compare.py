@@ -307,6 +307,16 @@ def test_a_diverging_method_is_recorded_not_fatal(setup, tmp_path):
     again = ee.compare(net, s, [retrain_spec(), spec], **kw)
     assert calls == [0, 1] and again.failures == res.failures          # cached, not rerun
 
+    def overflow(model, splits, *, seed, device, progress):     # weights past float range, no NaN loss
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(3e38)
+        return ee.UnlearnResult(model=model, report={})
+    res = ee.compare(net, s, [retrain_spec(), C.MethodSpec("overflow", overflow, {})], seeds=[0],
+                     progress=False, relearn=False)
+    assert list(res.failures) == ["overflow"]
+    assert "overflow: the unlearned model returns non-finite logits" in res.failures["overflow"][0]
+
     def boom(model, splits, *, seed, device, progress):
         raise RuntimeError("other errors still stop the comparison")
     with pytest.raises(RuntimeError, match="still stop"):

@@ -82,6 +82,10 @@ def _device(model, device):
     return torch.device(device) if device is not None else next(model.parameters()).device
 
 
+class NonFiniteOutputError(ValueError):
+    """The scored model returns NaN/Inf logits (e.g. the weights of a diverged run overflow)."""
+
+
 @torch.no_grad()
 def per_sample(model: torch.nn.Module, dataset: Dataset, *, device=None, batch_size: int = 512,
                name: str = "split") -> Dict[str, torch.Tensor]:
@@ -89,8 +93,8 @@ def per_sample(model: torch.nn.Module, dataset: Dataset, *, device=None, batch_s
 
     Returns: {"loss": (N,) float64 CE in nats, "p_true": (N,) float64 softmax probability of the
     label (= exp(-loss)), "correct": (N,) bool argmax == label}, all on the CPU.
-    Raises: ValueError for an empty dataset, labels outside [0, C), or non-finite logits (``name``
-    names the split in the message).
+    Raises: ValueError for an empty dataset or labels outside [0, C); `NonFiniteOutputError` (a
+    ValueError) for non-finite logits (``name`` names the split in the message).
     """
     if len(dataset) == 0:
         raise ValueError(f"split {name!r} is empty")
@@ -106,7 +110,7 @@ def per_sample(model: torch.nn.Module, dataset: Dataset, *, device=None, batch_s
         if bool(((y < 0) | (y >= logits.shape[1])).any()):
             raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
         if not bool(torch.isfinite(logits).all()):
-            raise ValueError(f"split {name!r}: the model returned non-finite logits")
+            raise NonFiniteOutputError(f"split {name!r}: the model returned non-finite logits")
         loss.append(F.cross_entropy(logits, y, reduction="none").cpu())
         correct.append((logits.argmax(1) == y).cpu())
     model.train(was_training)
