@@ -22,7 +22,11 @@ original-model files) is checked before any data is loaded or model trained: bad
 ``entangle-unlearn: error: ...`` line and exits with code 2.
 
 Reusing an ``--out`` that holds a run without ``--resume`` overwrites it, after a one-line
-warning. Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
+warning. ``--resume`` continues a run with the same ``--method``, data and configuration: another
+method is refused before any data is loaded; other data, or another configuration without
+``--allow-config-change``, once the data is known (the same checks as ``entangle_ext.unlearn``).
+
+Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
 original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
 original model ``original_*.pt`` (its name hashes everything that produced it, see
 `entangle_ext.settings.prepare`; ``--original PATH`` uses a given file instead) under ``--out``.
@@ -94,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
     ap.add_argument("--resume", default=None, help="checkpoint file, OUT/checkpoints/latest.pt or out dir OUT "
-                    "(its latest checkpoint) to resume from")
+                    "(its latest checkpoint) to resume from, with the --method, data flags and configuration of "
+                    "the run that wrote it")
+    ap.add_argument("--allow-config-change", action="store_true", help="with --resume: accept a configuration "
+                    "that differs from the checkpoint's (e.g. another --set lr=...), applied from the resume point "
+                    "on and recorded in report.json (\"resume\": \"config_changes\"); the data must still be the same")
     g = ap.add_argument_group("data selection and run size")
     g.add_argument("--forget", default=None, help="what to forget: digits: a digit 0-9; cifar100: a fine class; "
                    "tinyimagenet: a class or hypernym; celeba: Attr=0|1 pairs, e.g. Young=1,Eyeglasses=0; "
@@ -171,6 +179,7 @@ def _plan(args) -> _Plan:
     from .settings import get_setting
     from .threads import default_threads
     from .unlearn import load_checkpoint
+    from .unlearn.checkpoint import check_method
 
     device = _device(args.device)
     setting = get_setting(args.setting)
@@ -187,18 +196,13 @@ def _plan(args) -> _Plan:
         raise FileNotFoundError(f"--original {args.original}: no such file or directory")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
+    if args.allow_config_change and args.resume is None:
+        raise ValueError("--allow-config-change applies to a resumed run only: give --resume too")
     resume = None if args.resume is None else load_checkpoint(args.resume)
-    if resume is not None and not _same_method(resume, args.method):
-        raise ValueError(f"--resume {args.resume}: the checkpoint was written by method "
-                         f"{resume.get('method', 'two_stage')!r}, not {args.method!r}")
+    if resume is not None:
+        check_method(resume, args.method, where=f"--resume {args.resume}: the checkpoint")
     threads = args.threads or default_threads(setting.threads)
     return _Plan(device, setting, variant, data, model, train, cfg, hparams, threads, resume)
-
-
-def _same_method(ckpt: dict, method: str) -> bool:
-    """A baseline's checkpoint names its method; the two-stage driver's (any of its family) does not."""
-    from .methods import get_method
-    return ckpt["method"] == method if "method" in ckpt else get_method(method).two_stage
 
 
 def _jsonable(info: dict) -> dict:
@@ -255,7 +259,8 @@ def _run(args, plan: _Plan) -> int:
     with _deterministic(args.deterministic and baseline):
         res = unlearn(run.model, run.splits, plan.config, method=args.method, setting=args.setting,
                       hparams=plan.hparams, model_fn=run.fresh_model if args.method == "retrain" else None,
-                      device=device, out_dir=args.out, resume=plan.resume, progress=not args.no_progress)
+                      device=device, out_dir=args.out, resume=plan.resume,
+                      allow_config_change=args.allow_config_change, progress=not args.no_progress)
     if not procs.is_main:
         return 0
     rep = res.report

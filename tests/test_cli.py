@@ -48,6 +48,7 @@ def _no_prepare(monkeypatch):
     (["--set", "nope=1"], "unknown key"), (["--set", "stage2.lr"], "KEY=VALUE"),
     (["--set", "eval_batch_size=0"], "eval_batch_size"), (["--micro-batch", "0"], "micro_batch"),
     (["--resume", "/nonexistent/ckpt.pt"], "not found"), (["--original", "/nonexistent/o.pt"], "--original"),
+    (["--allow-config-change"], "--allow-config-change applies to a resumed run only"),
     (["--superclasses", "fish"], "superclasses")])
 def test_bad_configuration_is_one_line_before_any_training(tmp_path, capsys, monkeypatch, flags, msg):
     _no_prepare(monkeypatch)
@@ -316,6 +317,39 @@ def test_resume_from_the_out_dir(tmp_path, capsys):
     assert cli.main(_argv(tmp_path, "--resume", str(tmp_path))) == 0
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["evals"]["stage2"] == first and rep["run"]["resumed_from"] == str(tmp_path)
+
+
+@needs_ext
+def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp_path, capsys):
+    """A baseline resumed from the command line gets the two-stage driver's checks: other data
+    (--forget) is refused, another configuration too unless --allow-config-change, which the
+    refusal names (not a Python-only keyword); the change is recorded in report.json."""
+    pytest.importorskip("sklearn")
+    run = _argv(tmp_path, "--method", "salun", "--set", "epochs=1", caps=BASE)
+    assert cli.main(run) == 0
+    capsys.readouterr()
+    assert cli.main(run + ["--forget", "5", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: resume: the splits differ" in err and len(err.strip().splitlines()) == 1, err
+    assert cli.main(run + ["--set", "lr=0.5", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: resume: the config differs from the checkpoint's: lr:" in err and "0.5 now" in err, err
+    assert "(command line: --allow-config-change)" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(run + ["--set", "lr=0.5", "--resume", str(tmp_path), "--allow-config-change"]) == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["resume"]["config_changes"]["lr"][1] == 0.5 and rep["config"]["lr"] == 0.5
+
+
+@needs_ext
+def test_resume_under_another_method_is_one_line_before_any_training(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("sklearn")
+    assert cli.main(_argv(tmp_path)) == 0                  # a two_stage run
+    capsys.readouterr()
+    _no_prepare(monkeypatch)
+    assert cli.main(_argv(tmp_path, "--method", "no_w2", "--resume", str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {tmp_path}: the checkpoint was written by method 'two_stage', not 'no_w2'" in err
+    assert "(command line: --method two_stage)" in err and len(err.strip().splitlines()) == 1, err
 
 
 @needs_ext

@@ -196,6 +196,67 @@ def test_baseline_checkpoint_and_resume_bit_identical(small, tmp_path, name, ove
         ee.unlearn(mlp(), small, method="ft", resume=mid, progress=False)
 
 
+@pytest.fixture(scope="module")
+def ft_run(small, tmp_path_factory):
+    """An ft run on ``small`` with mid-run checkpoints (12 steps, one every 2): (out dir, result)."""
+    out = tmp_path_factory.mktemp("ft")
+    cfg = get_method("ft").config_for("digits", checkpoint_every=2, epochs=2, batch_size=32)
+    return out, ee.unlearn(mlp(), small, cfg, method="ft", out_dir=out, progress=False)
+
+
+def test_baseline_resume_refuses_other_splits(small, ft_run):
+    """A baseline's checkpoint holds the splits fingerprint; a resume on other data is refused (as
+    for the two-stage driver), whatever the config."""
+    out, full = ft_run
+    assert load_checkpoint(out)["fingerprint"] == full.report["fingerprint"]
+    assert set(full.report["fingerprint"]["splits"]) == set(SPLITS) and full.report["resume"] is None
+    x, y = small.forget.tensors
+    other = dataclasses.replace(small, forget=TensorDataset(x[:10], y[:10]))
+    for cfg in (None, full.report["config"]):
+        cfg = cfg and get_method("ft").Config.from_dict(cfg)
+        with pytest.raises(ValueError, match=r"resume: the splits differ.*split 'forget': 20 samples in the "
+                                             r"checkpoint vs 10 samples now"):
+            ee.unlearn(mlp(), other, cfg, method="ft", resume=out, allow_config_change=True, progress=False)
+
+
+def test_baseline_resume_refuses_another_config_unless_allowed(small, ft_run):
+    out, full = ft_run
+    mid = out / "checkpoints" / "stageft_step000006.pt"
+    cfg = get_method("ft").Config.from_dict(full.report["config"]).replace(weight_decay=0.5)
+    with pytest.raises(ValueError, match=r"config differs.*weight_decay: 0\.0 in the checkpoint vs 0\.5 now.*"
+                                         r"allow_config_change=True \(command line: --allow-config-change\)"):
+        ee.unlearn(mlp(), small, cfg, method="ft", resume=mid, progress=False)
+    same = ee.unlearn(mlp(seed=9), small, method="ft", resume=mid, progress=False)
+    assert same.report["resume"] == {"from": str(mid), "config_changes": {}}
+    torch.testing.assert_close(params(same.model), params(full.model), rtol=0, atol=0)
+    from entangle_ext.unlearn.checkpoint import Checkpointer   # an interrupted run's hint names the method
+    assert f"unlearn(model, splits, method='ft', resume={str(out)!r}" in Checkpointer(out, {"method": "ft"}).resume_hint
+    changed = ee.unlearn(mlp(seed=9), small, cfg, method="ft", resume=mid, allow_config_change=True, progress=False)
+    assert changed.report["resume"]["config_changes"] == {"weight_decay": [0.0, 0.5]}
+    assert changed.report["config"]["weight_decay"] == 0.5
+    # the new weight decay is applied from the resume point on (not the optimizer's saved one)
+    assert not torch.equal(params(changed.model), params(full.model))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("split, value", [("forget", float("nan")), ("remote", float("inf"))])
+def test_non_finite_loss_of_the_original_is_named_before_any_training(small, name, split, value):
+    """Every method checks the original model's per-sample losses first: a NaN/Inf input is a
+    ValueError naming the split and sample (not a NonFiniteLossError blaming the method, nor a run
+    that completes with a NaN loss), and the model is left as it was."""
+    x, y = getattr(small, split).tensors
+    x = x.clone()
+    x[5, 3] = value
+    model = mlp()
+    before = params(model).clone()
+    with pytest.raises(ValueError, match=rf"^split '{split}': the model's cross-entropy is non-finite .NaN/Inf. "
+                                         r"for 1 of \d+ samples, dataset indices \[5\]") as ei:
+        ee.unlearn(model, dataclasses.replace(small, **{split: TensorDataset(x, y)}), method=name,
+                   setting="digits", progress=False)
+    assert type(ei.value) is ValueError
+    assert torch.equal(params(model), before)
+
+
 @pytest.mark.parametrize("name", ["ga", "scrub", "munba", "ssd"])
 def test_non_finite_loss_names_method_and_step(small, name):
     with pytest.raises(NonFiniteLossError, match=f"non-finite loss in {name}(/[a-z]+)? at step") as ei:

@@ -127,6 +127,25 @@ def test_config_types_and_choices_are_checked_at_construction():
     assert ee.Stage2Config().rcond is None   # the projection operator's own default
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: ee.Stage2Config(epochs=2.0), "Stage2Config.epochs must be int (an integer: write 2, not 2.0), got 2.0 (float)"),
+    (lambda: ee.Stage2Config(epochs=1.5), "Stage2Config.epochs must be int (an integer, not a float), got 1.5 (float)"),
+    (lambda: ee.Stage2Config(micro_batch=4.0), "Stage2Config.micro_batch must be int or 'auto' or None (an integer: "
+                                               "write 4, not 4.0), got 4.0 (float)"),
+    (lambda: ee.Stage1Config(lr=float("inf")), "Stage1Config.lr must be float (finite: NaN/Inf are refused), got inf"),
+    (lambda: ee.Stage1Config(adam_betas=(0.9, "x")), "Stage1Config.adam_betas must be (float, float) (finite: "
+                                                     "NaN/Inf are refused), got (0.9, 'x') (tuple)"),
+    (lambda: ee.Stage2Config(use_momentum="yes"), "Stage2Config.use_momentum must be bool, got 'yes' (str)"),
+    (lambda: ee.UnlearnConfig(stage1={}), "UnlearnConfig.stage1 must be Stage1Config, got {} (dict)"),
+])
+def test_config_type_errors_say_what_is_accepted(make, message):
+    """The type error of a config field says what the field takes and nothing untrue: an int field
+    refuses a whole float (and says to write the int), only a float field mentions finiteness."""
+    with pytest.raises(TypeError) as ei:
+        make()
+    assert str(ei.value).startswith(message), str(ei.value)
+
+
 # ---------------------------------------------------------------------------------- bad inputs
 def test_empty_split_raises(small):
     empty = TensorDataset(torch.zeros(0, 64), torch.zeros(0, dtype=torch.long))

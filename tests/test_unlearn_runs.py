@@ -213,6 +213,29 @@ def test_resume_with_another_config_raises_unless_allowed(small, full_run, tmp_p
     assert torch.equal(params(r.model), params(full.model))
 
 
+def test_resume_under_another_method_is_refused_naming_both(small, full_run, tmp_path):
+    """A checkpoint names its method: a two_stage one is not continued as an ablation (which would
+    run the checkpoint's config under the ablation's name), a stage1_only one not as two_stage, and
+    a baseline's not by the two-stage driver (nor the reverse), whatever the config."""
+    out, _ = full_run
+    assert {load_checkpoint(p)["method"] for p in (out / "checkpoints").glob("stage*.pt")} == {"two_stage"}
+    s1 = tmp_path / "s1"
+    ee.unlearn(mlp(), small, tiny_config(), method="stage1_only", out_dir=s1, progress=False)
+    ft = tmp_path / "ft"
+    ee.unlearn(mlp(), small, method="ft", setting="digits", out_dir=ft, progress=False)
+    for ckpt, written, method, cfg in [
+            (out / "checkpoints" / "stage1_done.pt", "two_stage", "no_w2", None),
+            (out, "two_stage", "pgd_mean", tiny_config()),
+            (s1, "stage1_only", "two_stage", None),
+            (s1, "stage1_only", "two_stage", tiny_config()),
+            (ft, "ft", "two_stage", None),
+            (out, "two_stage", "ft", None),
+            (load_checkpoint(out), "two_stage", "stage1_only", None)]:
+        with pytest.raises(ValueError, match=rf"written by method '{written}', not '{method}': resume it with "
+                                             rf"method='{written}' \(command line: --method {written}\)"):
+            ee.unlearn(mlp(), small, cfg, method=method, resume=ckpt, allow_config_change=True, progress=False)
+
+
 # ----------------------------------------------------------------------------- interrupts
 def _uninterrupted(small):
     return params(ee.unlearn(Net(), small, tiny_config(), progress=False).model)

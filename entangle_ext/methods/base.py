@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Seque
 import torch
 
 from ..train import _union
+from ..unlearn.checkpoint import optimizer_entry
 from ..unlearn.config import _at_least, _check_fields, _require
 from ..unlearn.data import BatchStream, Splits
 from ..unlearn.distributed import current
@@ -319,7 +320,10 @@ class UnlearningMethod:
              keys: Sequence[str] = (), device=None, stage: Optional[str] = None):
         """Run ``step`` over ``epochs`` passes of ``stream`` with a `StageLoop` (stage id
         ``stage`` or the method name); resumes from ``loop_args["resume_state"]`` when it belongs
-        to that stage. Returns the history records."""
+        to that stage (an optimizer among ``objects`` gets its saved state back but keeps the
+        hyperparameters it was built with, i.e. the run's config: `optimizer_entry`). Returns the
+        history records."""
+        objects = {k: optimizer_entry(v) if isinstance(v, torch.optim.Optimizer) else v for k, v in objects.items()}
         la = dict(loop_args)
         stage = stage or self.name
         resume = la.pop("resume_state", None)

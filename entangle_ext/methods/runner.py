@@ -10,10 +10,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 
-from ..unlearn.checkpoint import (Checkpointer, load_checkpoint, preserved_rng, restore_objects, seed_everything,
-                                  set_rng_state)
+from ..unlearn.checkpoint import (Checkpointer, check_resume, load_resume, preserved_rng, restore_objects,
+                                  seed_everything, set_rng_state, splits_fingerprint)
 from ..unlearn.data import Splits
-from ..unlearn.distributed import check_world_size, scope
+from ..unlearn.distributed import scope
 from ..unlearn.driver import UnlearnResult, _preflight
 from ..unlearn.evaluate import evaluate
 from ..unlearn.report import build_report, format_table, write_report
@@ -38,17 +38,6 @@ def resolve_config(cls: Type[UnlearningMethod], config, setting: Optional[str], 
         raise TypeError(f"method {cls.name!r} takes a {cls.Config.__module__}.{cls.Config.__qualname__} "
                         f"config (or None for its preset), got {type(config).__name__}")
     return config
-
-
-def _load(resume, name: str) -> Optional[Dict[str, Any]]:
-    if resume is None:
-        return None
-    ckpt = resume if isinstance(resume, dict) else load_checkpoint(resume)
-    if ckpt.get("method", "two_stage") != name:
-        raise ValueError(f"the checkpoint was written by method {ckpt.get('method', 'two_stage')!r}, "
-                         f"not {name!r}")
-    check_world_size(ckpt)
-    return ckpt
 
 
 def _sync(device: torch.device) -> None:
@@ -79,38 +68,57 @@ def _unlearn(cls, model, splits, config, ckpt: Dict[str, Any], saver: Checkpoint
     return history, seconds
 
 
+def _checked(cls, splits, config, ckpt, *, setting, hparams, seed, allow_config_change: bool):
+    """(validated config, splits fingerprint, accepted config changes of a resume or None): the
+    checks of `run_method` that need no model, in the two-stage driver's order."""
+    config = resolve_config(cls, config, setting, hparams, ckpt)
+    config = (config if seed is None else config.replace(seed=seed)).validate()
+    if not isinstance(splits, Splits):
+        raise TypeError("splits must be an entangle_ext.Splits")
+    splits.check(cls.required_splits, by=f"method {cls.name!r}")
+    fingerprint = splits_fingerprint(splits)
+    changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
+                                                     allow_config_change=allow_config_change)
+    return config, fingerprint, changes
+
+
 def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Splits, config=None, *,
                setting: Optional[str] = None, hparams: str = "paper_code",
                model_fn: Optional[Callable[[], torch.nn.Module]] = None, seed: Optional[int] = None,
                device: Optional[Union[str, torch.device]] = None, out_dir=None, resume=None,
-               progress: bool = True, on_checked: Optional[Callable[[], None]] = None) -> UnlearnResult:
+               allow_config_change: bool = False, progress: bool = True,
+               on_checked: Optional[Callable[[], None]] = None) -> UnlearnResult:
     """Run the baseline ``cls`` on ``model`` (in place) and report it like the two-stage driver.
 
     Report: ``method``, ``hparams`` and ``setting`` (of the preset used; None for an explicit
     or resumed config), ``config``, ``num_classes``, ``steps``
     ({method: steps}), ``timings_s`` (``unlearn`` = wall clock of the method, evaluation
     excluded; ``eval_original``, ``eval_final``), ``evals`` ({"original", "final"}: {split: {"acc",
-    "loss", "n", ...}}), ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
+    "loss", "n", ...}}), ``fingerprint`` ({"splits": `splits_fingerprint`}), ``resume`` (None, or
+    {"from": checkpoint path, "config_changes": {field: [checkpoint value, new value]}}),
+    ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
     Randomness (data order, random labels, Retrain's initialisation) is seeded from ``seed``, which
     replaces ``config.seed`` when given (None keeps it); the caller's generator states are restored.
     Under several ranks as `entangle_ext.unlearn` (docs/algorithm.md §11). ``on_checked`` is
     called once the config, splits and model have passed their checks, before any training.
+    ``resume`` / ``allow_config_change``: as `entangle_ext.unlearn` (the same checks, `load_resume`
+    and `check_resume` of ``entangle_ext/unlearn/checkpoint.py``).
 
     Raises:
         TypeError: a config of another method, a non-`Splits` ``splits``.
         ValueError: an unknown setting/hparams, a missing split of ``cls.required_splits``, an
-            empty split, bad labels, a checkpoint of another
-            method; NonFiniteLossError (a ValueError) for a NaN/Inf loss (names the step).
+            empty split, bad labels, a non-finite loss of the original model on any split (names
+            the split and the sample indices; raised before any training), a checkpoint of
+            another method, a resume whose splits differ, or whose config differs without
+            ``allow_config_change``; NonFiniteLossError (a ValueError) for a NaN/Inf loss during
+            unlearning (names the step).
     """
     warm_imports()
     with preserved_rng(), scope(model) as (d, model):
-        ckpt = _load(resume, cls.name)
+        ckpt = load_resume(resume, cls.name)
         from_preset = config is None and ckpt is None
-        config = resolve_config(cls, config, setting, hparams, ckpt)
-        config = (config if seed is None else config.replace(seed=seed)).validate()
-        if not isinstance(splits, Splits):
-            raise TypeError("splits must be an entangle_ext.Splits")
-        splits.check(cls.required_splits, by=f"method {cls.name!r}")
+        config, fingerprint, changes = _checked(cls, splits, config, ckpt, setting=setting, hparams=hparams,
+                                                seed=seed, allow_config_change=allow_config_change)
         device = torch.device(device) if device is not None else next(model.parameters()).device
         model.to(device).eval()
         seed_everything(config.seed)
@@ -119,6 +127,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         C = _preflight(model, splits, device)
         if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
             on_checked()
+        resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
         ckpt = ckpt or {}
         evals: Dict[str, Dict[str, dict]] = dict(ckpt.get("evals", {}))
         timings: Dict[str, float] = {}
@@ -126,13 +135,14 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         def ev(tag):
             t = time.perf_counter()
             evals[tag] = evaluate(model, splits, device=device, batch_size=config.eval_batch_size,
-                                  num_classes=C)
+                                  num_classes=C, check_finite=tag == "original")
             timings[f"eval_{tag}"] = time.perf_counter() - t
 
         if "original" not in evals:
             ev("original")
         out = Path(out_dir) if out_dir is not None else None
-        saver = Checkpointer(out, {"method": cls.name, "config": config.to_dict(), "evals": evals})
+        saver = Checkpointer(out, {"method": cls.name, "config": config.to_dict(), "evals": evals,
+                                   "fingerprint": {"splits": fingerprint}})
         saver.last_path = ckpt.get("path")   # until this run writes one: the one resumed from
         history, timings["unlearn"] = _unlearn(cls, model, splits, config, ckpt, saver, num_classes=C,
                                                device=device, out=out, progress=progress, model_fn=model_fn)
@@ -141,7 +151,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
                               timings=timings, evals=evals, checkpoint=saver.last_path)
         report.update(method=cls.name, hparams=hparams if from_preset else None,
                       setting=setting if from_preset else None, steps={cls.name: len(history)},
-                      world_size=d.world)
+                      world_size=d.world, fingerprint=saver.common["fingerprint"], resume=resumed)
         if out is not None and d.is_main:
             out.mkdir(parents=True, exist_ok=True)
             write_report(out, report, history, evals, bins=40, num_classes=C)

@@ -3,7 +3,7 @@ settings a run changes (`preserved_global_state`), the checkpoint writer/reader,
 (models, optimizers, multipliers, data streams, tensor lists) are saved into and restored from a
 checkpoint, and the fingerprints that stop a resume from mixing two different runs.
 
-A checkpoint is one ``torch.save`` dict: the run-wide entries (``config``, ``fingerprint``,
+A checkpoint is one ``torch.save`` dict: the run-wide entries (``method``, ``config``, ``fingerprint``,
 ``evals``, ``c0``, ``done`` (what the completed stages handed to the report: their history, the
 final λ), ``timings``), the stage entries (``stage``, ``step``, ``history``, one entry per run
 object), ``rng`` (python, numpy, torch and CUDA generator states), ``world_size`` (ranks of the
@@ -25,23 +25,25 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 import numpy as np
 import torch
 
-from .distributed import current
+from .distributed import check_world_size, current
 from .files import POINTER_NAME, open_checkpoint
 from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
            "capture_state", "restore_state", "restore_objects", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
-           "splits_fingerprint", "check_resume", "RESUMABLE_CONFIG_FIELDS", "Reconfigured",
-           "optimizer_entry"]
+           "splits_fingerprint", "check_resume", "check_method", "load_resume", "RESUMABLE_CONFIG_FIELDS",
+           "Reconfigured", "optimizer_entry"]
 
 # 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict; 3: fingerprint, done, timings;
-# 4: world_size, sharded entries, Stage 2 keeps the reference losses instead of a model copy
-CHECKPOINT_FORMAT = 4
+# 4: world_size, sharded entries, Stage 2 keeps the reference losses instead of a model copy;
+# 5: every checkpoint names its method (the two-stage family's did not), baselines' hold the fingerprint
+CHECKPOINT_FORMAT = 5
 #: Environment variables a run may set (restored by `preserved_global_state`).
 ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
-#: UnlearnConfig fields that may differ between a checkpoint and the run resuming it (they change
-#: logging, checkpointing or plots, or add Stage 2 to a Stage-1-only run; not the computation;
-#: stage2.micro_batch changes the gradients' float round-off only).
+#: Config fields that may differ between a checkpoint and the run resuming it (they change
+#: logging, checkpointing or plots, or add Stage 2 to a Stage-1-only two_stage run; not the
+#: computation; stage2.micro_batch changes the gradients' float round-off only). The first two
+#: are fields of every method's config, the others of `UnlearnConfig`.
 RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "run_stage2",
                            "stage2.micro_batch")
 
@@ -207,8 +209,9 @@ class Checkpointer:
     def resume_hint(self) -> Optional[str]:
         if self.dir is None:
             return None
-        out = str(self.dir.parent)
-        return f"entangle_ext.unlearn(model, splits, resume={out!r}, out_dir={out!r})"
+        out, method = str(self.dir.parent), self.common.get("method", "two_stage")
+        named = "" if method == "two_stage" else f", method={method!r}"
+        return f"entangle_ext.unlearn(model, splits{named}, resume={out!r}, out_dir={out!r})"
 
     def no_checkpoint_note(self, checkpoint_every: int) -> str:
         """Why ``last_path`` is None when a stage stops, and what keeps a checkpoint next time."""
@@ -339,18 +342,20 @@ def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def check_resume(ckpt: Dict[str, Any], fingerprint: Dict[str, Any], config: Dict[str, Any], *,
                  allow_config_change: bool = False) -> Dict[str, List[Any]]:
-    """Compare a checkpoint with the run resuming it.
+    """Compare a checkpoint with the run resuming it (any method: the two-stage driver and
+    `entangle_ext.methods.run_method` both call this).
 
     Args:
         ckpt: the checkpoint. fingerprint: `splits_fingerprint` of the resuming run's splits.
-        config: the resuming run's ``UnlearnConfig.to_dict()``.
+        config: the resuming run's config as ``to_dict()`` (`UnlearnConfig` or a baseline's Config).
         allow_config_change: accept config differences (other than `RESUMABLE_CONFIG_FIELDS`,
             which are always accepted) instead of raising.
     Returns:
         {"stage2.lr": [checkpoint value, new value], ...}: the accepted config differences.
     Raises:
         ValueError: the splits differ (names, sizes or content hash: always), or the config
-            differs and ``allow_config_change`` is False; the message names every difference.
+            differs and ``allow_config_change`` is False; the message names every difference and
+            what to do (in Python and on the command line).
     """
     old_fp = ckpt.get("fingerprint", {}).get("splits", {})
     bad = []
@@ -370,7 +375,41 @@ def check_resume(ckpt: Dict[str, Any], fingerprint: Dict[str, Any], config: Dict
             if old.get(k) != new.get(k) and k not in RESUMABLE_CONFIG_FIELDS}
     if diff and not allow_config_change:
         lines = "; ".join(f"{k}: {a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items())
-        raise ValueError(f"resume: the config differs from the checkpoint's: {lines}. Resume with "
-                         "config=None to use the checkpoint's config, or pass "
-                         "allow_config_change=True to change it deliberately (recorded in the report)")
+        raise ValueError(f"resume: the config differs from the checkpoint's: {lines}. To continue the "
+                         "checkpoint's run, resume with config=None (command line: the flags of the run "
+                         "that wrote it); to change it deliberately (recorded in the report), pass "
+                         "allow_config_change=True (command line: --allow-config-change)")
     return diff
+
+
+def check_method(ckpt: Dict[str, Any], method: str, where: str = "resume: the checkpoint") -> None:
+    """ValueError when ``ckpt`` was written by another method than ``method`` (e.g. a two_stage
+    checkpoint resumed as no_w2, or a baseline's as two_stage): the run would continue the
+    checkpoint's method and config under another name. The message names both methods."""
+    written = ckpt.get("method")
+    if written is None:
+        raise ValueError(f"{where} names no method (not written by entangle_ext.unlearn): cannot resume it")
+    if written != method:
+        raise ValueError(f"{where} was written by method {written!r}, not {method!r}: resume it with "
+                         f"method={written!r} (command line: --method {written}), or start a new run")
+
+
+def load_resume(resume: Union[None, str, Path, Dict[str, Any]], method: str) -> Optional[Dict[str, Any]]:
+    """The checkpoint a run of ``method`` resumes from (None when ``resume`` is None): a path or
+    out dir read by `load_checkpoint`, or an already loaded dict (its format checked), written by
+    ``method`` on this run's number of ranks.
+
+    Raises:
+        FileNotFoundError, ValueError: as `load_checkpoint`; ValueError: written by another method
+            (`check_method`) or on another number of ranks.
+    """
+    if resume is None:
+        return None
+    if isinstance(resume, dict):
+        check_format(resume)
+        ckpt = resume
+    else:
+        ckpt = load_checkpoint(resume)
+    check_method(ckpt, method)
+    check_world_size(ckpt)
+    return ckpt

@@ -82,14 +82,37 @@ def _choices(hint) -> tuple:
 
 
 def _hint_name(hint) -> str:
-    """A readable name of an annotation: "int", "None", "'auto'", "int or 'auto' or None"."""
+    """A readable name of an annotation: "int", "None", "'auto'", "int or 'auto' or None",
+    "(float, float)"."""
     if hint is type(None):
         return "None"
     if typing.get_origin(hint) is Literal:
         return " or ".join(repr(c) for c in typing.get_args(hint))
     if typing.get_origin(hint) is typing.Union:
         return " or ".join(_hint_name(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return "(" + ", ".join(_hint_name(a) for a in typing.get_args(hint)) + ")"
     return getattr(hint, "__name__", str(hint))
+
+
+def _members(hint) -> set:
+    """The plain types an annotation is made of (through Optional/Union and Tuple)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, tuple):
+        return set().union(*(_members(a) for a in args))
+    return {hint}
+
+
+def _expected(hint, value) -> str:
+    """What a field of annotation ``hint`` accepts, in words that are true for ``value``: a float
+    field takes a finite int or float; an int field no float, not even a whole one (2.0 → 2)."""
+    parts, members = [_hint_name(hint)], _members(hint)
+    if float in members:
+        parts.append("(finite: NaN/Inf are refused)")
+    if int in members and float not in members and isinstance(value, float):
+        whole = math.isfinite(value) and value.is_integer()
+        parts.append(f"(an integer: write {int(value)}, not {value!r})" if whole else "(an integer, not a float)")
+    return " ".join(parts)
 
 
 def _check_fields(cfg) -> None:
@@ -104,8 +127,7 @@ def _check_fields(cfg) -> None:
         choices = _choices(hint)
         if choices:
             raise ValueError(f"{where} must be one of {choices}, got {value!r}")
-        raise TypeError(f"{where} must be {_hint_name(hint)} (finite when a float), "
-                        f"got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{where} must be {_expected(hint, value)}, got {value!r} ({type(value).__name__})")
 
 
 def _require(cfg, ok: bool, name: str, rule: str) -> None:

@@ -15,12 +15,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import torch
 
-from .checkpoint import (Checkpointer, check_format, check_resume, load_checkpoint,
-                         preserved_global_state, restore_objects, seed_everything, set_rng_state,
-                         splits_fingerprint)
+from .checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
+                         seed_everything, set_rng_state, splits_fingerprint)
 from .config import UnlearnConfig
 from .data import BatchStream, Splits, forward_logits, split_batch
-from .distributed import check_world_size, current, scope, unwrap
+from .distributed import current, scope, unwrap
 from .evaluate import evaluate
 from .losses import trainable_params
 from .precision import amp_scope, model_dtype
@@ -97,10 +96,15 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             Ctrl-C / SIGTERM). A directory that already holds a run (its report.json or
             checkpoints/) is overwritten, with an `OutDirReusedWarning`, unless ``resume`` is given.
         resume: checkpoint path / out dir / loaded dict; continues from that point (``config``
-            None: the checkpoint's config). The splits must be those of the checkpoint, and the
-            config too (except logging/checkpoint intervals, histogram bins, run_stage2).
+            None: the checkpoint's config), for every method. The checkpoint must have been
+            written by ``method`` itself (not by another member of the two-stage family, nor a
+            baseline), the splits must be those of the checkpoint, and the config too (except
+            logging/checkpoint intervals, histogram bins, run_stage2); ``report["resume"]``
+            records where the run resumed from.
         allow_config_change: accept a config that differs from the checkpoint's (the differences
-            are recorded in ``report["resume"]["config_changes"]``).
+            are recorded in ``report["resume"]["config_changes"]``) and apply it from the resume
+            point on (run objects saved in the checkpoint, e.g. optimizer state, a SalUn mask,
+            keep their saved values; optimizer hyperparameters are the new config's).
         inplace: True (default): ``model`` itself is updated (its weights change); False: a deep
             copy is unlearned and returned, ``model`` is left untouched (not for FSDP models,
             which cannot be copied).
@@ -126,9 +130,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     Raises:
         TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first).
         ValueError: missing/empty splits, labels outside the model's classes or not integer,
-            non-finite losses of the original model (names split and samples), non 2-D logits,
-            no trainable parameters, an invalid config, a resume whose splits or config differ
-            (TypeError for a wrong field type).
+            non-finite losses of the original model (every method, before any training; names
+            split and samples), non 2-D logits, no trainable parameters, an invalid config, a
+            resume from a checkpoint of another method (names both), or whose splits or config
+            differ (TypeError for a wrong field type).
         NonFiniteLossError (a ValueError; ``entangle_ext.NonFiniteLossError``): NaN/Inf loss;
             names the stage and step; the last good checkpoint is kept (without one, the message
             says why none was written and what keeps one).
@@ -146,8 +151,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     with _training_flags_kept(model):
         if not spec.two_stage:
             return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
-                              seed=seed, device=device, out_dir=out_dir, resume=resume, progress=progress,
-                              on_checked=checked)
+                              seed=seed, device=device, out_dir=out_dir, resume=resume,
+                              allow_config_change=allow_config_change, progress=progress, on_checked=checked)
         if config is not None or resume is None:
             config = spec.two_stage_config(config, setting, hparams)
         return _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
@@ -160,7 +165,7 @@ def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_
                on_checked: Optional[Callable[[], None]] = None) -> UnlearnResult:
     """The two-stage family's run (`unlearn` after the dispatch on ``method``)."""
     with preserved_global_state(), scope(model) as (_, model):
-        ckpt = _load_resume(resume)
+        ckpt = load_resume(resume, method)
         config = _resolve_config(config, ckpt, seed)
         required = ("forget", "remote") + (("adjacent",) if config.run_stage2 else ())
         splits.check(required, by=f"method {method!r}")
@@ -175,8 +180,7 @@ def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_
         seed_everything(config.seed, config.deterministic)
         if ckpt is not None and "rng" in ckpt:
             set_rng_state(ckpt["rng"])
-        run = _Run(model, splits, config, device, num_classes, out_dir, ckpt, progress, fingerprint)
-        run.method = method
+        run = _Run(model, splits, config, device, num_classes, out_dir, ckpt, progress, fingerprint, method)
         if "original" not in run.evals:
             run.evaluate("original", check_finite=True)
         c0 = run.constraint_target()
@@ -244,18 +248,6 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model)
 
 
-def _load_resume(resume) -> Optional[Dict[str, Any]]:
-    if resume is None:
-        return None
-    if isinstance(resume, dict):
-        check_format(resume)
-        ckpt = resume
-    else:
-        ckpt = load_checkpoint(resume)
-    check_world_size(ckpt)
-    return ckpt
-
-
 def _resolve_config(config, ckpt, seed: Optional[int] = None) -> UnlearnConfig:
     if config is None:
         config = UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else UnlearnConfig()
@@ -291,11 +283,11 @@ class _Run:
     completed stages, "lambda_final"}); it and the evaluations go into every checkpoint, with
     the timings so far, so a resumed run reports the whole run.
     """
-    method = "two_stage"
 
     def __init__(self, model, splits, config: UnlearnConfig, device, num_classes: int, out_dir,
-                 ckpt: Optional[Dict[str, Any]], progress: bool, fingerprint):
+                 ckpt: Optional[Dict[str, Any]], progress: bool, fingerprint, method: str = "two_stage"):
         self.model, self.splits, self.config, self.device = model, splits, config, device
+        self.method = method
         self.num_classes, self.progress = num_classes, progress
         self.out = Path(out_dir) if out_dir is not None else None
         if self.out is not None:
@@ -306,8 +298,8 @@ class _Run:
                                                                           "lambda_final": None}))
         self.timings: Dict[str, float] = dict(self.ckpt.get("timings", {}))
         self._running: Optional[tuple] = None   # (name, start, seconds before this process)
-        self.saver = Checkpointer(self.out, {"config": config.to_dict(), "evals": self.evals,
-                                             "done": self.done,
+        self.saver = Checkpointer(self.out, {"method": method, "config": config.to_dict(),
+                                             "evals": self.evals, "done": self.done,
                                              "fingerprint": {"splits": fingerprint}},
                                   dynamic=lambda: {"timings": self._timings_now()})
         self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
