@@ -300,3 +300,16 @@ def test_zip_stream_lengths_cycling_and_resume():
     assert [s["b"] is None for s in nz] == [False, False, True, True, True]
     with pytest.raises(ValueError, match="length"):
         ZipStream({"a": a}, length="c")
+
+
+def test_a_run_whose_unlearned_model_overflows_is_a_non_finite_loss_error(tmp_path):
+    """GA with its digits preset on the digits 'reduced' model: no checked training loss is NaN,
+    but the weights grow past float range (logits overflow), so every final loss is NaN. That is
+    a diverged run (NonFiniteLossError), not a report with NaN in it."""
+    pytest.importorskip("sklearn")
+    from entangle_ext.settings import prepare
+    run = prepare("digits", "reduced", device="cpu", cache_dir=tmp_path, progress=False)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss in ga: the unlearned model's loss on "
+                       r"'adjacent'.* is NaN/Inf after its last step \(\d+\); the run diverged") as info:
+        ee.unlearn(run.model, run.splits, method="ga", setting="digits", out_dir=tmp_path / "ga", progress=False)
+    assert info.value.stage == "ga" and not (tmp_path / "ga" / "report.json").exists()

@@ -16,6 +16,7 @@ from ..unlearn.data import Splits
 from ..unlearn.distributed import scope
 from ..unlearn.driver import UnlearnResult, _preflight
 from ..unlearn.evaluate import evaluate
+from ..unlearn.loop import check_final_losses
 from ..unlearn.report import build_report, format_table, write_report
 from .base import UnlearningMethod, warm_imports
 
@@ -111,7 +112,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             the split and the sample indices; raised before any training), a checkpoint of
             another method, a resume whose splits differ, or whose config differs without
             ``allow_config_change``; NonFiniteLossError (a ValueError) for a NaN/Inf loss during
-            unlearning (names the step).
+            unlearning (names the step) or in the final evaluation (the run diverged).
     """
     warm_imports()
     with preserved_rng(), scope(model) as (d, model):
@@ -147,6 +148,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         history, timings["unlearn"] = _unlearn(cls, model, splits, config, ckpt, saver, num_classes=C,
                                                device=device, out=out, progress=progress, model_fn=model_fn)
         ev("final")
+        check_final_losses(cls.name, evals["final"], len(history), saver.last_path)
         report = build_report(config=config.to_dict(), num_classes=C, c0=None, lam=None, history=history,
                               timings=timings, evals=evals, checkpoint=saver.last_path)
         report.update(method=cls.name, hparams=hparams if from_preset else None,

@@ -21,6 +21,7 @@ from .config import UnlearnConfig
 from .data import BatchStream, Splits, forward_logits, split_batch
 from .distributed import current, scope, unwrap
 from .evaluate import evaluate
+from .loop import check_final_losses
 from .losses import trainable_params
 from .precision import amp_scope, model_dtype
 from .report import build_report, format_table, write_report
@@ -136,7 +137,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             differ (TypeError for a wrong field type).
         NonFiniteLossError (a ValueError; ``entangle_ext.NonFiniteLossError``): NaN/Inf loss;
             names the stage and step; the last good checkpoint is kept (without one, the message
-            says why none was written and what keeps one).
+            says why none was written and what keeps one). Also when the final evaluation gives
+            a NaN/Inf loss on a split (the weights diverged after the last checked step; no
+            report is written).
         RunInterrupted (a KeyboardInterrupt; ``entangle_ext.RunInterrupted``): Ctrl-C / SIGTERM
             during a stage; a checkpoint of the last completed step is written (with out_dir) and
             the message gives the call that resumes.
@@ -388,6 +391,7 @@ class _Run:
         report["resume"] = resumed
         last = next(t for t in ("stage2", "stage1", "original") if t in report["evals"])
         report["method"], report["evals"]["final"] = self.method, copy.deepcopy(report["evals"][last])
+        check_final_losses(self.method, report["evals"]["final"], len(history), self.saver.last_path)
         tm = report["timings_s"]
         tm["unlearn"] = tm.get("stage1", 0.0) + tm.get("stage2", 0.0)
         report["world_size"] = current().world

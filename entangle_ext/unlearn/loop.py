@@ -26,6 +26,7 @@ point (``log_every``), where the ranks agree on it, so that they checkpoint the 
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -49,12 +50,25 @@ class NonFiniteLossError(ValueError):
     a checkpoint the message says why none was written (``note``) and what keeps one.
     Importable as ``entangle_ext.NonFiniteLossError``."""
 
-    def __init__(self, stage, step: int, checkpoint: Optional[str], note: Optional[str] = None):
+    def __init__(self, stage, step: int, checkpoint: Optional[str], note: Optional[str] = None, *,
+                 message: Optional[str] = None):
         self.stage, self.step, self.checkpoint = stage, step, checkpoint
         where = f"; last good checkpoint: {checkpoint}" if checkpoint else \
             f" ({note or 'no checkpoint was written'})"
         label = f"Stage {stage}" if isinstance(stage, int) else str(stage)   # a baseline: its name
-        super().__init__(f"non-finite loss in {label} at step {step}; stopped{where}")
+        super().__init__(message or f"non-finite loss in {label} at step {step}; stopped{where}")
+
+
+def check_final_losses(method: str, final: Dict[str, dict], step: int, checkpoint: Optional[str]) -> None:
+    """`NonFiniteLossError` when a split's mean loss in the final evaluation (``final`` =
+    {split: {"loss", ...}}) is NaN/Inf: the weights left float range although no checked training
+    loss was non-finite (e.g. gradient ascent whose logits overflow after its last step)."""
+    bad = sorted(n for n, r in final.items() if not math.isfinite(float(r.get("loss", 0.0))))
+    if bad:
+        raise NonFiniteLossError(method, step, checkpoint, message=(
+            f"non-finite loss in {method}: the unlearned model's loss on {', '.join(map(repr, bad))} is "
+            f"NaN/Inf after its last step ({step}); the run diverged (its logits overflow) although no "
+            "checked training loss was non-finite" + (f"; last checkpoint: {checkpoint}" if checkpoint else "")))
 
 
 class RunInterrupted(KeyboardInterrupt):
