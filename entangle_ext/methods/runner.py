@@ -16,6 +16,7 @@ from ..unlearn.data import Splits
 from ..unlearn.distributed import check_world_size, scope
 from ..unlearn.driver import UnlearnResult, _preflight
 from ..unlearn.evaluate import evaluate
+from ..unlearn.inputs import check_model_and_splits, model_device, require_trainable
 from ..unlearn.report import build_report, format_table, write_report
 from .base import UnlearningMethod, warm_imports
 
@@ -26,7 +27,9 @@ def resolve_config(cls: Type[UnlearningMethod], config, setting: Optional[str], 
                    ckpt: Optional[Dict[str, Any]] = None):
     """The method's config: ``config`` itself (exactly a ``cls.Config``), else the one stored in the
     checkpoint being resumed, else the ``hparams`` preset of ``setting`` (None: the defaults).
-    Raises TypeError for a config of another type, ValueError for an unknown setting/hparams."""
+    Raises TypeError for a config of another type, ValueError for an unknown setting/hparams
+    (checked also when they are unused)."""
+    cls.check_arguments(setting, hparams)
     if config is None:
         if ckpt is not None:
             return cls.Config.from_dict(ckpt["config"])
@@ -97,21 +100,24 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     called once the config, splits and model have passed their checks, before any training.
 
     Raises:
-        TypeError: a config of another method, a non-`Splits` ``splits``.
-        ValueError: an unknown setting/hparams, a missing split of ``cls.required_splits``, an
-            empty split, bad labels, a checkpoint of another
+        TypeError: a config of another method, a non-Module ``model``, a non-`Splits` ``splits``,
+            a ``model_fn`` that is not callable (or, for Retrain, returns no Module).
+        ValueError: an unknown setting/hparams (also when a config is given), a ``model_fn`` for
+            a method other than Retrain, a missing split of ``cls.required_splits``, an empty
+            split, bad labels, no trainable parameters, a checkpoint of another
             method; NonFiniteLossError (a ValueError) for a NaN/Inf loss (names the step).
     """
     warm_imports()
+    check_model_and_splits(model, splits, "unlearn")
+    cls.check_arguments(setting, hparams, model_fn)
     with preserved_rng(), scope(model) as (d, model):
         ckpt = _load(resume, cls.name)
         from_preset = config is None and ckpt is None
         config = resolve_config(cls, config, setting, hparams, ckpt)
         config = (config if seed is None else config.replace(seed=seed)).validate()
-        if not isinstance(splits, Splits):
-            raise TypeError("splits must be an entangle_ext.Splits")
         splits.check(cls.required_splits, by=f"method {cls.name!r}")
-        device = torch.device(device) if device is not None else next(model.parameters()).device
+        require_trainable(model)
+        device = model_device(model, device)
         model.to(device).eval()
         seed_everything(config.seed)
         if ckpt is not None and "rng" in ckpt:
