@@ -39,6 +39,7 @@ import torch
 
 from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
 from .unlearn.checkpoint import preserved_rng, seed_everything
+from .unlearn.inputs import model_device
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
 from .unlearn.metrics import METRICS, NonFiniteOutputError, check_relearn_args, unlearning_metrics
 
@@ -218,13 +219,15 @@ def _update_tensor(h, t: torch.Tensor) -> None:
 
 
 def fingerprint(model: torch.nn.Module, splits: Splits) -> str:
-    """SHA-256 (hex, 16 chars) of the model's state dict and of the splits: every tensor of
-    datasets exposing ``.tensors``; for other datasets the length and 16 evenly spaced items."""
+    """SHA-256 (hex, 16 chars) of the model's state dict and of the splits' datasets (of a
+    DataLoader split, the dataset it loads: `Splits.source`): every tensor of datasets exposing
+    ``.tensors``; for other datasets the length and 16 evenly spaced items."""
     h = hashlib.sha256()
     for k, v in model.state_dict().items():
         h.update(k.encode())
         _update_tensor(h, v)
-    for name, ds in splits.named().items():
+    for name in splits.named():
+        ds = splits.source(name).dataset
         h.update(f"{name}:{len(ds)}".encode())
         tensors = getattr(ds, "tensors", None)
         if tensors is not None:
@@ -391,7 +394,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     the metrics of docs/algorithm.md §10 (mean ± std over seeds).
 
     Args:
-        model: the original model θ0 ((B, C) logits); never modified (each run gets a deep copy).
+        model: the original model θ0 ((B, C) logits); never modified (each run gets a deep copy;
+            its train/eval flags are left as they are), only moved to ``device``.
         splits: `Splits` with held-out retain data (the MIA non-members).
         methods: names (see `available_methods`; "retrain" is run first and is the reference of
             "avg_gap" and "forget_quality") or `MethodSpec` objects.
@@ -414,7 +418,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         ``relearn`` key or a bad relearn value; a missing or empty forget / adjacent / remote train
         split; no held-out retain split), TypeError (a config of another method; ``seeds`` not a
         sequence of integers, e.g. a bare int). Later: the other errors of the methods and metrics
-        (ImportError without scikit-learn / scipy).
+        (ImportError without scikit-learn / scipy); a ValueError for a model without
+        parameters or buffers when ``device`` is None.
     """
     from tqdm.auto import tqdm
 
@@ -431,8 +436,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         raise ValueError(f"configs has entries for methods that are not compared: {stray} "
                          f"(compared: {[sp.name for sp in specs if sp.name != 'original']})")
     _check_relearn(relearn)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    model.to(device).eval()
+    device = model_device(model, device)
+    model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
     rl = _relearn_settings(relearn, model, splits, device, batch_size)
     metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
     fp, cache = fingerprint(model, splits), _Cache(out_dir, device)

@@ -413,13 +413,15 @@ def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, bat
         data: a (N, ...) tensor, a Dataset of ``(x, y)`` tuples or of dicts (dict items are passed
             as ``model(**inputs)``, minus ``labels``).
         batch_size: samples per forward pass. device: where to run (default: the model's device or CPU).
+    Floating inputs are cast to a module's dtype; a module runs in eval mode and every submodule's
+    ``training`` flag is set back afterwards (also on error).
     Returns:
         (N, D) float32 CPU tensor (flattened per sample).
     Raises:
         ValueError: a module without ``nn.Linear`` and no ``layer`` given, or the hook never fired.
     """
-    from torch.utils.data.dataloader import default_collate
-    from .unlearn.data import move_batch, split_batch
+    from .unlearn.inputs import training_flags_kept
+    from .unlearn.precision import model_dtype
 
     is_module = isinstance(model_or_fn, torch.nn.Module)
     if device is None:
@@ -434,35 +436,51 @@ def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, bat
                 raise ValueError("the model has no nn.Linear layer; pass layer= or a feature function")
             layer = lin[-1]
         handle = layer.register_forward_hook(lambda m, inp, out: captured.append(inp[0].detach()))
-        model_or_fn.eval()
-    feats = []
+    dtype = model_dtype(model_or_fn) if is_module else None
     try:
-        n = data.shape[0] if isinstance(data, torch.Tensor) else len(data)
-        for s in range(0, n, batch_size):
-            if isinstance(data, torch.Tensor):
-                x = data[s:s + batch_size]
-            else:
-                b = default_collate([data[i] for i in range(s, min(n, s + batch_size))])
-                if isinstance(b, dict):
-                    x = {k: v for k, v in b.items() if k != "labels"}
-                else:
-                    x = split_batch(b)[0] if isinstance(b, (tuple, list)) else b
-            x = move_batch(x, device)
-            captured.clear()
-            out = model_or_fn(**x) if isinstance(x, dict) else model_or_fn(x)
+        with training_flags_kept(model_or_fn if is_module else None):
             if is_module:
-                if not captured:
-                    raise ValueError("the feature layer was not called in forward()")
-                f = captured[-1]
-            else:
-                f = out
-            if f.dim() == 3:          # (B, T, D) token features: take the first token (CLS)
-                f = f[:, 0]
-            feats.append(f.reshape(f.shape[0], -1).float().cpu())
+                model_or_fn.eval()
+            feats = [_features_of(model_or_fn, x, captured if is_module else None)
+                     for x in _input_batches(data, batch_size, device, dtype)]
     finally:
         if handle is not None:
             handle.remove()
     return torch.cat(feats) if feats else torch.zeros(0, 0)
+
+
+def _input_batches(data, batch_size: int, device, dtype):
+    """The model inputs of ``data`` (a tensor or a Dataset of (x, y) / dict items), ``batch_size``
+    samples at a time, on ``device``, floating tensors cast to ``dtype`` (None: as they are)."""
+    from torch.utils.data.dataloader import default_collate
+    from .unlearn.data import _cast_floating, move_batch, split_batch
+
+    n = data.shape[0] if isinstance(data, torch.Tensor) else len(data)
+    for s in range(0, n, batch_size):
+        if isinstance(data, torch.Tensor):
+            x = data[s:s + batch_size]
+        else:
+            b = default_collate([data[i] for i in range(s, min(n, s + batch_size))])
+            if isinstance(b, dict):
+                x = {k: v for k, v in b.items() if k != "labels"}
+            else:
+                x = split_batch(b)[0] if isinstance(b, (tuple, list)) else b
+        yield _cast_floating(move_batch(x, device), dtype)
+
+
+def _features_of(model_or_fn, x, captured: Optional[List[torch.Tensor]]) -> torch.Tensor:
+    """(B, D) float32 CPU features of one input batch: the hooked layer's input (``captured``
+    given) or the function's output; (B, T, D) token features keep their first token."""
+    if captured is not None:
+        captured.clear()
+    out = model_or_fn(**x) if isinstance(x, dict) else model_or_fn(x)
+    if captured is not None:
+        if not captured:
+            raise ValueError("the feature layer was not called in forward()")
+        out = captured[-1]
+    if out.dim() == 3:          # (B, T, D) token features: take the first token (CLS)
+        out = out[:, 0]
+    return out.reshape(out.shape[0], -1).float().cpu()
 
 
 def subset_splits(dataset, split: IndexSplit, *, test_dataset=None, test_split: Optional[IndexSplit] = None):

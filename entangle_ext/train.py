@@ -18,12 +18,13 @@ from typing import Literal, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import ConcatDataset, Dataset, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import Dataset
 
 from .unlearn import seed_everything
-from .unlearn.data import forward_logits, move_batch, split_batch
+from .unlearn.data import BatchStream, forward_logits, split_batch, union_source
 from .unlearn.files import open_checkpoint
+from .unlearn.inputs import model_device
+from .unlearn.precision import model_dtype
 
 __all__ = ["TrainRecipe", "train_original", "load_model_file", "cifar_augment"]
 
@@ -105,20 +106,6 @@ def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None, 
     return pad.gather(3, cols)
 
 
-def _union(datasets: Sequence[Dataset]) -> Dataset:
-    """One dataset over all of ``datasets`` (concatenated tensors when every one has ``.tensors``)."""
-    if all(getattr(d, "tensors", None) is not None for d in datasets):
-        return TensorDataset(*[torch.cat([d.tensors[i] for d in datasets]) for i in range(len(datasets[0].tensors))])
-    return ConcatDataset(list(datasets))
-
-
-def _batch(data: Dataset, idx: torch.Tensor, device: torch.device):
-    tensors = getattr(data, "tensors", None)
-    if tensors is not None:
-        return move_batch(tuple(t[idx.to(t.device)] for t in tensors), device)
-    return move_batch(default_collate([data[int(i)] for i in idx]), device)
-
-
 def _optimizer(model: torch.nn.Module, r: TrainRecipe) -> torch.optim.Optimizer:
     params = model.parameters()
     if r.optimizer == "sgd":
@@ -197,37 +184,42 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
 
     Args:
         model: any module returning (B, C) logits (or HF-style ``.logits``); moved to ``device``.
-        datasets: (x, y) or dict (``"labels"`` + model inputs) datasets, e.g. the train parts of
-            `Splits`; labels are int64 class indices.
+        datasets: (x, y) or dict (``"labels"`` + model inputs) datasets, DataLoaders over them
+            or `Source` s (e.g. ``splits.source("adjacent")``, which keeps the splits' collate
+            function), batched together as `union_source` does; labels are integer class
+            indices (any integer dtype), floating inputs are cast to the model's dtype.
         recipe: `TrainRecipe`. seed: seeds python/numpy/torch (dropout) and the data-order and
             augmentation generator. device: default = the model's device.
         progress: tqdm bar per step (loss shown once per epoch).
     Returns:
         ``model`` in eval mode on ``device``.
     Raises:
-        ValueError: ``datasets`` empty or holding no sample; a ``cache`` file that does not fit
-            ``model`` (see `load_model_file`).
+        ValueError: ``datasets`` empty or holding no sample; labels that are not integer class
+            indices; no ``device`` for a model without parameters or buffers; a ``cache`` file
+            that does not fit ``model`` (see `load_model_file`).
     """
     from tqdm.auto import tqdm
 
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = model_device(model, device)
     model.to(device)
     if cache is not None and Path(cache).exists():
         return load_model_file(model, cache, device=device).eval()
-    if not datasets or sum(len(d) for d in datasets) == 0:
+    data = union_source(datasets) if datasets else None
+    if data is None or len(data.dataset) == 0:
         raise ValueError("train_original needs at least one non-empty dataset")
     seed_everything(seed)
-    data = _union(datasets)
+    stream = BatchStream(data, recipe.batch_size, shuffle=False, seed=seed, name="train/original", device=device,
+                         input_dtype=model_dtype(model))
     gen = torch.Generator().manual_seed(seed)
     opt = _optimizer(model, recipe)
-    steps = -(-len(data) // recipe.batch_size)
+    steps = len(stream)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(recipe.epochs * steps, 1)) \
         if recipe.schedule == "cosine" else None
     bar = tqdm(total=recipe.epochs * steps, desc="original model", disable=not progress, dynamic_ncols=True)
     model.train()
     for e in range(recipe.epochs):
-        for idx in torch.randperm(len(data), generator=gen).split(recipe.batch_size):
-            inputs, y = split_batch(_batch(data, idx, device))
+        for idx in torch.randperm(stream.n, generator=gen).split(recipe.batch_size):
+            inputs, y = split_batch(stream.fetch(idx))
             if recipe.augment and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
                 inputs = cifar_augment(inputs, gen, recipe.crop_padding)
             loss = F.cross_entropy(forward_logits(model, inputs), y)

@@ -1,6 +1,7 @@
 """Small things the tests share (one home): the 64-32-2 MLP on the digits miniature, a two-stage
-config of a few steps, parameter flattening, a model that turns NaN, a dict-item dataset, and the
-random tensors / tensor lists of the projection tests. Fixtures (``small``, ``one_thread``) live in
+config of a few steps, parameter flattening, a model that turns NaN, a dict-item dataset,
+variable-length token data with its collate function and model, and the random tensors / tensor
+lists of the projection tests. Fixtures (``small``, ``one_thread``) live in
 conftest.py."""
 import dataclasses
 
@@ -64,6 +65,47 @@ class DictDS(Dataset):
 
     def __getitem__(self, i):
         return {self.inputs: self.x[i], self.label: self.y[i]}
+
+
+class Tokens(Dataset):
+    """Variable-length token sequences; dict items with the Hugging Face column name "label"."""
+
+    def __init__(self, n, label, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.seqs = [torch.randint(0, 20, (int(torch.randint(2, 9, (), generator=g)),), generator=g)
+                     for _ in range(n)]
+        self.label = label
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.seqs[i], "label": self.label}
+
+
+def pad_collate(items):
+    """`Tokens` items → {input_ids (B, L) int64 zero-padded, attention_mask (B, L), label (B,) int32}."""
+    n = max(len(it["input_ids"]) for it in items)
+    ids = torch.zeros(len(items), n, dtype=torch.long)
+    mask = torch.zeros(len(items), n)
+    for j, it in enumerate(items):
+        ids[j, :len(it["input_ids"])] = it["input_ids"]
+        mask[j, :len(it["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask,
+            "label": torch.tensor([it["label"] for it in items], dtype=torch.int32)}
+
+
+class BagOfTokens(torch.nn.Module):
+    """Mean of 8-d token embeddings (vocabulary 20) over the mask → 2 logits; keyword inputs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, input_ids, attention_mask):
+        e = (self.emb(input_ids) * attention_mask[..., None]).sum(1) / attention_mask.sum(1, keepdim=True)
+        return self.out(e)
 
 
 # ------------------------------------------------------------------ projection tests: random tensors

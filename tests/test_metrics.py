@@ -1,5 +1,6 @@
 """Unlearning metrics (entangle_ext.unlearn.metrics): MIA-efficacy on known answers, the KS forget
 quality, the average gap, relearn time, the combined dict and the errors of each."""
+import dataclasses
 import math
 import sys
 
@@ -121,6 +122,25 @@ def test_mia_errors(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn.svm", None)
     with pytest.raises(ImportError, match=r"entangle_ext\[metrics\].*scikit-learn"):
         M.mia_efficacy_from_features(torch.ones(3), torch.zeros(3), {"t": torch.ones(1)})
+
+
+def test_mia_with_absent_splits():
+    """Without D_adj / D_adj-test the members and non-members are the remote ones; an absent
+    target, or no retain-train split at all, is a ValueError naming it."""
+    pytest.importorskip("sklearn")
+    seen, retain, held = _data(10, 1), _data(40, 2), _data(20, 3)
+    model = Lookup(retain[0], retain[1], 10)      # memorises all of D_adj and D_rem
+    s = _splits(seen, retain, held)
+    remote_only = dataclasses.replace(s, adjacent=None, adjacent_test=None, remote_test=s.adjacent_test)
+    assert M.mia_efficacy(model, remote_only, targets=("forget", "remote")) == {"forget": 100.0, "remote": 0.0}
+    with pytest.raises(ValueError, match=r"target 'adjacent' is absent.*targets=\('forget', 'remote'\)"):
+        M.mia_efficacy(model, remote_only)
+    with pytest.raises(ValueError, match="needs retain-train samples"):
+        M.mia_efficacy(model, dataclasses.replace(remote_only, remote=None), targets=("forget",))
+    out = M.unlearning_metrics(model, remote_only)
+    assert out["mia_adjacent"] is None and out["mia_remote"] == 0.0 and out["mia_forget"] == 100.0
+    with pytest.raises(ValueError, match="needs the forget train split"):
+        M.unlearning_metrics(model, dataclasses.replace(remote_only, forget=None))
 
 
 # ---------------------------------------------------------------------- gap, KS, relearn time

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import entangle_ext as ee
 from entangle_ext.unlearn import load_checkpoint
 
-from _tiny import DictDS, mlp, params, tiny_config
+from _tiny import BagOfTokens, DictDS, Tokens, mlp, pad_collate, params, tiny_config
 
 pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
               pytest.mark.usefixtures("one_thread")]
@@ -195,44 +195,6 @@ def test_dataloader_splits_with_workers_match_tensor_splits(small, tmp_path):
     b = ee.unlearn(mlp(), ee.Splits(**loaders), tiny_config(), progress=False)
     assert torch.equal(params(a.model), params(b.model))
     assert a.report["evals"] == b.report["evals"]
-
-
-class Tokens(Dataset):
-    """Variable-length token sequences; dict items with the Hugging Face column name "label"."""
-
-    def __init__(self, n, label, seed):
-        g = torch.Generator().manual_seed(seed)
-        self.seqs = [torch.randint(0, 20, (int(torch.randint(2, 9, (), generator=g)),), generator=g)
-                     for _ in range(n)]
-        self.label = label
-
-    def __len__(self):
-        return len(self.seqs)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.seqs[i], "label": self.label}
-
-
-def pad_collate(items):
-    n = max(len(it["input_ids"]) for it in items)
-    ids = torch.zeros(len(items), n, dtype=torch.long)
-    mask = torch.zeros(len(items), n)
-    for j, it in enumerate(items):
-        ids[j, :len(it["input_ids"])] = it["input_ids"]
-        mask[j, :len(it["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": mask,
-            "label": torch.tensor([it["label"] for it in items], dtype=torch.int32)}
-
-
-class BagOfTokens(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb, self.out = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 2)
-
-    def forward(self, input_ids, attention_mask):
-        e = (self.emb(input_ids) * attention_mask[..., None]).sum(1) / attention_mask.sum(1, keepdim=True)
-        return self.out(e)
 
 
 @pytest.mark.parametrize("form", ["collate_fn", "dataloader"])

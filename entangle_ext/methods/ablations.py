@@ -8,7 +8,7 @@ import dataclasses
 from typing import Optional
 
 from ..unlearn.config import PRESETS, UnlearnConfig
-from .base import HPARAMS, UnlearningMethod, register_method, warm_imports
+from .base import UnlearningMethod, register_method, warm_imports
 
 __all__ = ["TwoStage", "NoW2", "PGDMean", "Stage1Only", "RECIPE_OF_HPARAMS"]
 
@@ -38,11 +38,18 @@ class TwoStage(UnlearningMethod):
         return config
 
     @classmethod
+    def check_arguments(cls, setting: Optional[str] = None, hparams: str = "paper_code", model_fn=None) -> None:
+        """As `UnlearningMethod.check_arguments`; ``setting`` may be any name of the settings
+        registry (`entangle_ext.settings`) or of `PRESETS`."""
+        super().check_arguments(None, hparams, model_fn)
+        if setting is not None:
+            _preset_name(setting)
+
+    @classmethod
     def config_for(cls, setting: Optional[str] = None, hparams: str = "paper_code", **overrides) -> UnlearnConfig:
         """The ``hparams`` recipe of ``setting``'s preset (None: ``UnlearnConfig()``), with top-level
         ``overrides``, rewritten by `transform`. Raises ValueError for an unknown setting/hparams."""
-        if hparams not in HPARAMS:
-            raise ValueError(f"hparams must be one of {HPARAMS}, got {hparams!r}")
+        cls.check_arguments(setting, hparams)
         recipe = RECIPE_OF_HPARAMS[hparams]
         cfg = UnlearnConfig(**overrides).with_recipe(recipe) if setting is None else \
             UnlearnConfig.preset(_preset_name(setting), recipe=recipe, **overrides)

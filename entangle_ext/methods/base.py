@@ -22,18 +22,19 @@ its steps with `descend` / `step_along` / ``grads_of``, which average the gradie
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 
-from ..train import _union
 from ..unlearn.checkpoint import optimizer_entry
 from ..unlearn.config import _at_least, _check_fields, _require
-from ..unlearn.data import BatchStream, Splits
+from ..unlearn.data import BatchStream, Source, Splits, union_source
 from ..unlearn.distributed import current
 from ..unlearn.loop import StageLoop
+from ..unlearn.precision import model_dtype
 
 __all__ = ["METHODS", "HPARAMS", "PAPER_SETTINGS", "register_method", "get_method",
            "available_methods", "MethodConfig", "TrainConfig", "UnlearningMethod", "ZipStream",
@@ -180,17 +181,31 @@ class TrainConfig(MethodConfig):
 
 
 # --------------------------------------------------------------------------------- data
-def retain_set(splits: Splits):
-    """D_adj ∪ D_rem as one dataset (concatenated tensors when both are tensor datasets)."""
-    return _union([splits.adjacent, splits.remote])
+def retain_set(splits: Splits) -> Source:
+    """D_adj ∪ D_rem as one `Source` (`union_source` of ``splits.source("adjacent")`` and
+    ``splits.source("remote")``: concatenated tensors when both are tensor datasets, else a
+    ConcatDataset batched with the splits' collate function)."""
+    return union_source([splits.source("adjacent"), splits.source("remote")])
 
 
 class IndexedStream(BatchStream):
     """A `BatchStream` whose batches come with their dataset indices: ``(batch, idx)``, idx a
-    (B,) int64 CPU tensor (e.g. to tell forget from retain samples in a union)."""
+    (B,) int64 CPU tensor (e.g. to tell forget from retain samples in a union), for every kind of
+    split (tensors indexed directly, other datasets loaded through a DataLoader)."""
 
     def fetch(self, idx: torch.Tensor):
         return super().fetch(idx), idx
+
+    def _load(self, plan: Iterable[torch.Tensor]) -> Iterator[Any]:
+        if getattr(self.dataset, "tensors", None) is not None:
+            return super()._load(plan)          # batches come from `fetch`, with their indices
+        sent: collections.deque = collections.deque()   # FIFO: the loader delivers in order
+
+        def kept():
+            for idx in plan:
+                sent.append(idx)
+                yield idx
+        return ((b, sent.popleft()) for b in super()._load(kept()))
 
 
 class ZipStream:
@@ -248,6 +263,7 @@ class UnlearningMethod:
     (True for the two-stage family, which runs through the two-stage driver) and
     ``required_splits`` (the train splits its objective reads; the runner refuses a `Splits`
     without one of them before any compute).
+    ``uses_model_fn`` (True for Retrain only, which builds a fresh model with it).
     Instances carry ``num_classes`` (C, probed by the runner) and ``model_fn`` (Retrain only).
     """
     name: ClassVar[str] = ""
@@ -255,22 +271,43 @@ class UnlearningMethod:
     presets: ClassVar[Dict[str, Dict[str, Dict[str, Any]]]] = {}
     two_stage: ClassVar[bool] = False
     required_splits: ClassVar[Tuple[str, ...]] = ("forget", "adjacent", "remote")
+    uses_model_fn: ClassVar[bool] = False
 
     def __init__(self, num_classes: Optional[int] = None, model_fn: Optional[Callable[[], Any]] = None):
         self.num_classes, self.model_fn = num_classes, model_fn
 
     @classmethod
-    def config_for(cls, setting: Optional[str] = None, hparams: str = "paper_code", **overrides):
-        """``Config`` with the ``hparams`` preset of ``setting`` (None: the defaults) and
-        ``overrides``. Raises ValueError for an unknown setting or hparams."""
+    def check_arguments(cls, setting: Optional[str] = None, hparams: str = "paper_code",
+                        model_fn: Optional[Callable[[], Any]] = None) -> None:
+        """Check the run arguments besides the config, whether or not they are used (an explicit
+        or resumed config makes ``setting`` / ``hparams`` unused).
+
+        Raises:
+            ValueError: ``hparams`` not in `HPARAMS`; a ``setting`` without a preset of this
+                method; a ``model_fn`` for a method that does not use one (all but Retrain).
+            TypeError: a ``model_fn`` that is not callable.
+        """
         if hparams not in HPARAMS:
             raise ValueError(f"hparams must be one of {HPARAMS}, got {hparams!r}")
-        values: Dict[str, Any] = {}
-        if setting is not None:
-            if setting not in cls.presets:
-                raise ValueError(f"method {cls.name!r} has no preset for setting {setting!r}; "
-                                 f"choose from {sorted(cls.presets)}")
-            values = dict(cls.presets[setting][hparams])
+        if setting is not None and setting not in cls.presets:
+            raise ValueError(f"method {cls.name!r} has no preset for setting {setting!r}; "
+                             f"choose from {sorted(cls.presets)}")
+        if model_fn is None:
+            return
+        if not cls.uses_model_fn:
+            users = [n for n, m in METHODS.items() if m.uses_model_fn]
+            raise ValueError(f"model_fn is used by method {' / '.join(map(repr, users))} only (it builds the "
+                             f"fresh model); method {cls.name!r} takes none: drop model_fn=")
+        if not callable(model_fn):
+            raise TypeError(f"model_fn must be a callable returning a fresh torch.nn.Module, got "
+                            f"{type(model_fn).__name__}")
+
+    @classmethod
+    def config_for(cls, setting: Optional[str] = None, hparams: str = "paper_code", **overrides):
+        """``Config`` with the ``hparams`` preset of ``setting`` (None: the defaults) and
+        ``overrides``. Raises ValueError for an unknown setting or hparams (`check_arguments`)."""
+        cls.check_arguments(setting, hparams)
+        values = dict(cls.presets[setting][hparams]) if setting is not None else {}
         return cls.Config(**{**values, **overrides})
 
     def run(self, model: torch.nn.Module, splits: Splits, config, *, device: torch.device, seed: int,
@@ -279,9 +316,14 @@ class UnlearningMethod:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for run()
-    def stream(self, dataset, batch_size: int, name: str, seed: int, device, cls=BatchStream) -> BatchStream:
-        """A shuffled, seeded stream named ``"<method>/<name>"``."""
-        return cls(dataset, batch_size, shuffle=True, seed=seed, name=f"{self.name}/{name}", device=device)
+    def stream(self, model: torch.nn.Module, data, batch_size: int, name: str, seed: int, device,
+               cls=BatchStream, shuffle: bool = True) -> BatchStream:
+        """A seeded stream named ``"<method>/<name>"`` over ``data`` (a `Source`, e.g.
+        ``splits.source("forget")`` or `retain_set`, so the splits' collate function is kept),
+        shuffled unless ``shuffle`` is False; its floating inputs are cast to ``model``'s dtype
+        (`model_dtype`), as in the two-stage driver."""
+        return cls(data, batch_size, shuffle=shuffle, seed=seed, name=f"{self.name}/{name}", device=device,
+                   input_dtype=model_dtype(model))
 
     @staticmethod
     def set_epoch_lr(opt: torch.optim.Optimizer, cfg: TrainConfig, step: int, steps_per_epoch: int) -> None:

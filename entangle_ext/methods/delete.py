@@ -51,7 +51,7 @@ class DELETE(UnlearningMethod):
         params = trainable_params(model)
         self.teacher = teacher = frozen_copy(model)
         opt = make_optimizer(params, config)
-        stream = self.stream(splits.forget, config.forget_batch_size, "forget", seed, device)
+        stream = self.stream(model, splits.source("forget"), config.forget_batch_size, "forget", seed, device)
 
         def step(i, batch):
             self.set_epoch_lr(opt, config, i, len(stream))

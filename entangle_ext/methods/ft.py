@@ -31,7 +31,7 @@ class FineTune(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         params = trainable_params(model)
         opt = make_optimizer(params, config)
-        stream = self.stream(retain_set(splits), config.batch_size, "retain", seed, device)
+        stream = self.stream(model, retain_set(splits), config.batch_size, "retain", seed, device)
 
         def step(i, batch):
             self.set_epoch_lr(opt, config, i, len(stream))

@@ -37,7 +37,7 @@ class GradientAscent(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         params = trainable_params(model)
         opt = make_optimizer(params, config)
-        stream = self.stream(splits.forget, config.forget_batch_size, "forget", seed, device)
+        stream = self.stream(model, splits.source("forget"), config.forget_batch_size, "forget", seed, device)
 
         def step(i, batch):
             self.set_epoch_lr(opt, config, i, len(stream))

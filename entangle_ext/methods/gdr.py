@@ -119,8 +119,8 @@ class GDR(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         params = trainable_params(model)
         opt = make_optimizer(params, config)
-        forget = self.stream(splits.forget, config.forget_batch_size, "forget", seed, device)
-        stream = ZipStream({"forget": forget, "retain": self.stream(retain_set(splits), config.batch_size,
+        forget = self.stream(model, splits.source("forget"), config.forget_batch_size, "forget", seed, device)
+        stream = ZipStream({"forget": forget, "retain": self.stream(model, retain_set(splits), config.batch_size,
                                                                     "retain", seed, device)}, length="min")
         bank = MemoryBank(len(forget))
 

@@ -49,7 +49,7 @@ class L1Sparse(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         params = trainable_params(model)
         opt = make_optimizer(params, config)
-        stream = self.stream(retain_set(splits), config.batch_size, "retain", seed, device)
+        stream = self.stream(model, retain_set(splits), config.batch_size, "retain", seed, device)
         epochs = max(config.epochs, 1)
 
         def step(i, batch):

@@ -79,8 +79,9 @@ class MUNBa(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         params = trainable_params(model)
         opt = make_optimizer(params, config)
-        stream = ZipStream({"retain": self.stream(retain_set(splits), config.batch_size, "retain", seed, device),
-                            "forget": self.stream(splits.forget, config.forget_batch_size, "forget", seed, device)},
+        stream = ZipStream({"retain": self.stream(model, retain_set(splits), config.batch_size, "retain", seed, device),
+                            "forget": self.stream(model, splits.source("forget"), config.forget_batch_size, "forget",
+                                                  seed, device)},
                            length="retain", cycle=config.forget_cycle)
         one = torch.ones((), dtype=torch.float64, device=device)
 

@@ -49,9 +49,9 @@ class NegGradPlus(UnlearningMethod):
         params = trainable_params(model)
         theta0 = [p.detach().clone() for p in params]
         opt = make_optimizer(params, config)
-        stream = ZipStream({"retain": self.stream(retain_set(splits), config.batch_size, "retain", seed, device),
-                            "forget": self.stream(splits.forget, config.forget_batch_size, "forget", seed,
-                                                  device)}, length="retain")
+        stream = ZipStream({"retain": self.stream(model, retain_set(splits), config.batch_size, "retain", seed, device),
+                            "forget": self.stream(model, splits.source("forget"), config.forget_batch_size, "forget",
+                                                  seed, device)}, length="retain")
 
         def step(i, b):
             self.set_epoch_lr(opt, config, i, len(stream))

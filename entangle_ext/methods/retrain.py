@@ -8,6 +8,7 @@ import torch
 
 from ..settings import SETTINGS
 from ..train import TrainRecipe, train_original
+from ..unlearn.checkpoint import seed_everything
 from .base import MethodConfig, UnlearningMethod, register_method
 
 __all__ = ["Retrain", "RetrainConfig", "reset_parameters_"]
@@ -53,13 +54,15 @@ def _presets():
 class Retrain(UnlearningMethod):
     """A fresh model (``model_fn()``, or ``model`` re-initialised by `reset_parameters_`) trained
     by `entangle_ext.train.train_original` on ``[splits.adjacent, splits.remote]`` — the forget
-    split is never read — with ``config.recipe`` and ``config.seed``; the weights are then loaded
+    split is never read — with ``config.recipe`` and ``config.seed`` (which also seeds the global
+    generators just before the fresh weights are drawn); the weights are then loaded
     into ``model`` (updated in place like every method). Presets: the setting's original-model
     recipe (`entangle_ext.settings`, default variant) under both keys; "original" on cifar100 is
     Unlearn-Sparse's retrain (SGD lr 0.1, 160 epochs; its step schedule at epochs 91/136 becomes
-    cosine here)."""
+    cosine here). A ``model_fn`` that returns anything but a `torch.nn.Module` is a TypeError."""
     Config = RetrainConfig
     required_splits = ("adjacent", "remote")
+    uses_model_fn = True
     presets = _presets()
 
     @staticmethod
@@ -68,12 +71,15 @@ class Retrain(UnlearningMethod):
         return RetrainConfig(recipe=config) if isinstance(config, TrainRecipe) else config
 
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
+        seed_everything(seed)   # the initial weights: a function of the seed alone (not of what ran before)
         fresh = self.model_fn() if self.model_fn is not None else None
         if fresh is None:
             reset_parameters_(model)
+        elif not isinstance(fresh, torch.nn.Module):
+            raise TypeError(f"model_fn must return a fresh torch.nn.Module, it returned {type(fresh).__name__}")
         target = model if fresh is None else fresh
-        train_original(target, [splits.adjacent, splits.remote], config.recipe, device=device, seed=seed,
-                       progress=progress)
+        train_original(target, [splits.source("adjacent"), splits.source("remote")], config.recipe, device=device,
+                       seed=seed, progress=progress)
         if fresh is not None:
             try:
                 model.load_state_dict(fresh.state_dict())

@@ -8,8 +8,7 @@ from typing import Callable, Literal, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..train import _union
-from ..unlearn.data import _stream_seed, forward_logits, split_batch
+from ..unlearn.data import _stream_seed, forward_logits, split_batch, union_source
 from ..unlearn.distributed import current
 from ..unlearn.losses import trainable_params
 from .base import IndexedStream, TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method
@@ -59,10 +58,11 @@ class RandomLabel(UnlearningMethod):
     presets = make_presets(paper_code={}, original=every(label_mode="uniform", train_mode=True),
                            digits=dict(optimizer="adam", lr=1e-3, weight_decay=0.0, epochs=5, batch_size=64))
 
-    def rl_stream(self, splits, config, seed, device) -> IndexedStream:
-        """The stream over the union, forget samples first (indices < len(splits.forget))."""
-        data = _union([splits.forget, splits.adjacent, splits.remote])
-        return self.stream(data, config.batch_size, "train", seed, device, cls=IndexedStream)
+    def rl_stream(self, model, splits, config, seed, device) -> IndexedStream:
+        """The stream over the union of D_f, D_adj, D_rem (`union_source`), forget samples first
+        (indices < the forget split's length); batches ``(batch, idx)``, for every kind of split."""
+        data = union_source([splits.source(n) for n in ("forget", "adjacent", "remote")])
+        return self.stream(model, data, config.batch_size, "train", seed, device, cls=IndexedStream)
 
     def rl_step(self, model, params, opt, config, stream, n_forget: int, seed: int,
                 before_step: Optional[Callable[[], None]] = None,
@@ -88,7 +88,7 @@ class RandomLabel(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         params = trainable_params(model)
         opt = make_optimizer(params, config)
-        stream = self.rl_stream(splits, config, seed, device)
-        step = self.rl_step(model, params, opt, config, stream, len(splits.forget), seed)
+        stream = self.rl_stream(model, splits, config, seed, device)
+        step = self.rl_step(model, params, opt, config, stream, len(splits.source("forget").dataset), seed)
         return self.loop(stream, config.epochs, step, {"model": model, "optimizer": opt}, loop_args,
                          device=device)

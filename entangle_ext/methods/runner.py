@@ -17,6 +17,7 @@ from ..unlearn.distributed import scope
 from ..unlearn.driver import UnlearnResult, _preflight
 from ..unlearn.evaluate import evaluate
 from ..unlearn.loop import check_final_losses
+from ..unlearn.inputs import check_model_and_splits, model_device, require_trainable
 from ..unlearn.report import build_report, format_table, write_report
 from .base import UnlearningMethod, warm_imports
 
@@ -27,7 +28,9 @@ def resolve_config(cls: Type[UnlearningMethod], config, setting: Optional[str], 
                    ckpt: Optional[Dict[str, Any]] = None):
     """The method's config: ``config`` itself (exactly a ``cls.Config``), else the one stored in the
     checkpoint being resumed, else the ``hparams`` preset of ``setting`` (None: the defaults).
-    Raises TypeError for a config of another type, ValueError for an unknown setting/hparams."""
+    Raises TypeError for a config of another type, ValueError for an unknown setting/hparams
+    (checked also when they are unused)."""
+    cls.check_arguments(setting, hparams)
     if config is None:
         if ckpt is not None:
             return cls.Config.from_dict(ckpt["config"])
@@ -106,21 +109,26 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     and `check_resume` of ``entangle_ext/unlearn/checkpoint.py``).
 
     Raises:
-        TypeError: a config of another method, a non-`Splits` ``splits``.
-        ValueError: an unknown setting/hparams, a missing split of ``cls.required_splits``, an
-            empty split, bad labels, a non-finite loss of the original model on any split (names
-            the split and the sample indices; raised before any training), a checkpoint of
-            another method, a resume whose splits differ, or whose config differs without
-            ``allow_config_change``; NonFiniteLossError (a ValueError) for a NaN/Inf loss during
-            unlearning (names the step) or in the final evaluation (the run diverged).
+        TypeError: a config of another method, a non-Module ``model``, a non-`Splits` ``splits``,
+            a ``model_fn`` that is not callable (or, for Retrain, returns no Module).
+        ValueError: an unknown setting/hparams (also when a config is given), a ``model_fn`` for
+            a method other than Retrain, a missing split of ``cls.required_splits``, an empty
+            split, bad labels, no trainable parameters, a non-finite loss of the original model
+            on any split (names the split and the sample indices; raised before any training), a
+            checkpoint of another method, a resume whose splits differ, or whose config differs
+            without ``allow_config_change``; NonFiniteLossError (a ValueError) for a NaN/Inf loss
+            during unlearning (names the step) or in the final evaluation (the run diverged).
     """
     warm_imports()
+    check_model_and_splits(model, splits, "unlearn")
+    cls.check_arguments(setting, hparams, model_fn)
     with preserved_rng(), scope(model) as (d, model):
         ckpt = load_resume(resume, cls.name)
         from_preset = config is None and ckpt is None
         config, fingerprint, changes = _checked(cls, splits, config, ckpt, setting=setting, hparams=hparams,
                                                 seed=seed, allow_config_change=allow_config_change)
-        device = torch.device(device) if device is not None else next(model.parameters()).device
+        require_trainable(model)
+        device = model_device(model, device)
         model.to(device).eval()
         seed_everything(config.seed)
         if ckpt is not None and "rng" in ckpt:

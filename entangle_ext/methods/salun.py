@@ -9,7 +9,6 @@ from typing import List, Literal, Optional, Sequence
 import torch
 
 from ..unlearn.config import _require
-from ..unlearn.data import BatchStream
 from ..unlearn.losses import grads_of, mean_ce, trainable_params
 from .base import ZipStream, every, make_optimizer, make_presets, register_method
 from .rl import RandomLabel, RLConfig
@@ -131,8 +130,7 @@ class SalUn(RandomLabel):
         params = trainable_params(model)
         mode = model.training
         model.eval()
-        f = BatchStream(splits.forget, config.forget_batch_size, shuffle=True, seed=seed, name="salun/mask",
-                        device=device)
+        f = self.stream(model, splits.source("forget"), config.forget_batch_size, "mask", seed, device)
         self.mask = mask = saliency_mask(model, params, f.fetch_pass(0, config.mask_batches or len(f)),
                              config.mask_fraction, config.mask_granularity)
         model.train(mode)
@@ -141,14 +139,13 @@ class SalUn(RandomLabel):
         masked = MaskedUpdate(params, mask, theta0, opt)
         objects = {"model": model, "optimizer": opt, "mask": mask, "theta0": theta0}
         if config.objective == "rl":
-            stream = self.rl_stream(splits, config, seed, device)
-            step = self.rl_step(model, params, opt, config, stream, len(splits.forget), seed,
+            stream = self.rl_stream(model, splits, config, seed, device)
+            step = self.rl_step(model, params, opt, config, stream, len(splits.source("forget").dataset), seed,
                                 before_step=masked.zero_grads, after_step=masked.restore)
             return self.loop(stream, config.epochs, step, objects, loop_args, device=device)
-        stream = ZipStream({"forget": self.stream(splits.forget, config.forget_batch_size, "forget", seed, device),
-                            "adjacent": self.stream(splits.adjacent, config.adjacent_batch_size or config.batch_size,
-                                                    "adjacent", seed, device),
-                            "remote": self.stream(splits.remote, config.batch_size, "remote", seed, device)})
+        stream = ZipStream({n: self.stream(model, splits.source(n), bs, n, seed, device) for n, bs in (
+            ("forget", config.forget_batch_size), ("adjacent", config.adjacent_batch_size or config.batch_size),
+            ("remote", config.batch_size))})
 
         def step(i, b):
             self.set_epoch_lr(opt, config, i, len(stream))

@@ -87,8 +87,8 @@ class SCRUB(UnlearningMethod):
         params = trainable_params(model)
         self.teacher = teacher = frozen_copy(model)
         opt = make_optimizer(params, config)
-        retain = self.stream(retain_set(splits), config.batch_size, "retain", seed, device)
-        forget = self.stream(splits.forget, config.forget_batch_size, "forget", seed, device)
+        retain = self.stream(model, retain_set(splits), config.batch_size, "retain", seed, device)
+        forget = self.stream(model, splits.source("forget"), config.forget_batch_size, "forget", seed, device)
         T, last_max = config.temperature, [torch.zeros((), device=device)]
 
         def kl(batch):

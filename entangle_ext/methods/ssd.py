@@ -7,9 +7,8 @@ from typing import List, Sequence
 
 import torch
 
-from ..train import _union
 from ..unlearn.config import _require
-from ..unlearn.data import BatchStream
+from ..unlearn.data import union_source
 from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
 from .base import MethodConfig, UnlearningMethod, every, make_presets, register_method
 
@@ -70,7 +69,7 @@ class SSD(UnlearningMethod):
 
     def importance(self, model, params, dataset, config, device, seed, name, loop_args) -> List[torch.Tensor]:
         """(1/B) Σ_b (∇ mean CE_b)² over the batches of ``dataset``, one tensor per parameter."""
-        stream = BatchStream(dataset, config.batch_size, shuffle=False, seed=seed, name=f"ssd/{name}", device=device)
+        stream = self.stream(model, dataset, config.batch_size, name, seed, device, shuffle=False)
         imp = [torch.zeros_like(p) for p in params]
 
         def step(_, batch):
@@ -88,8 +87,8 @@ class SSD(UnlearningMethod):
         params = trainable_params(model)
         model.eval()
         self.history: List[dict] = []
-        i_f = self.importance(model, params, splits.forget, config, device, seed, "forget", loop_args)
-        full = _union([splits.forget, splits.adjacent, splits.remote])
+        i_f = self.importance(model, params, splits.source("forget"), config, device, seed, "forget", loop_args)
+        full = union_source([splits.source(n) for n in ("forget", "adjacent", "remote")])
         i_d = self.importance(model, params, full, config, device, seed, "full", loop_args)
         self.dampened = dampen_(params, i_d, i_f, config.lam, config.alpha, config.exponent, config.lower_bound)
         return self.history

@@ -16,18 +16,20 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from .distributed import Dist, current
 from .precision import autocast_for
 
 __all__ = ["Splits", "Source", "BatchStream", "forward_logits", "move_batch", "batch_size_of",
-           "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES"]
+           "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
+           "check_batch_size"]
 
 #: Label dtypes accepted (cast to int64 where batches are made).
 LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16,
@@ -65,6 +67,35 @@ def as_source(data, collate_fn: Optional[Callable] = None, num_workers: int = 0)
         raise ValueError(f"a split must be a map-style Dataset (indexable, with a length) or a "
                          f"DataLoader over one; got {type(src.dataset).__name__}")
     return src
+
+
+def union_source(parts: Sequence[Any]) -> Source:
+    """One `Source` over several splits (Datasets, DataLoaders or Sources, `as_source`), in order:
+    item i of part k is item ``len(part 0) + ... + len(part k-1) + i`` of the union. When every
+    dataset exposes ``.tensors``: a `TensorDataset` of the concatenated tensors (batched by
+    indexing); otherwise a `ConcatDataset`. The union is batched with the collate function and
+    DataLoader options of the first part (its batches mix items of every part, so the parts must
+    collate alike, as the splits of one `Splits` do).
+
+    Raises ValueError for no parts or an iterable-style part (as `as_source`).
+    """
+    if not parts:
+        raise ValueError("union_source needs at least one split")
+    srcs = [as_source(p) for p in parts]
+    data = [s.dataset for s in srcs]
+    if all(getattr(d, "tensors", None) is not None for d in data):
+        union = TensorDataset(*[torch.cat([d.tensors[i] for d in data]) for i in range(len(data[0].tensors))])
+    else:
+        union = ConcatDataset(data)
+    return Source(union, srcs[0].collate_fn, srcs[0].loader_kwargs)
+
+
+def check_batch_size(value, what: str) -> int:
+    """``value`` as an int when it is an integer >= 1 (not a bool); else ValueError naming ``what``
+    (e.g. "evaluate: batch_size")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1 (samples per batch), got {value!r}")
+    return int(value)
 
 
 @dataclass
@@ -160,7 +191,8 @@ class BatchStream:
                  dist: Optional[Dist] = None):
         self.source = as_source(data)
         self.dataset = self.source.dataset
-        self.batch_size, self.shuffle, self.replay_first = int(batch_size), shuffle, replay_first
+        self.batch_size = check_batch_size(batch_size, f"the batch size of stream {name!r}")
+        self.shuffle, self.replay_first = shuffle, replay_first
         self.seed, self.name, self.device, self.input_dtype = seed, name, device, input_dtype
         self.dist = dist if dist is not None else current()
         self.n = len(self.dataset)

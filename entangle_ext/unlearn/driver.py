@@ -2,7 +2,6 @@
 → report (docs/algorithm.md §2, §3)."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import math
@@ -11,7 +10,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 
@@ -21,8 +20,8 @@ from .config import UnlearnConfig
 from .data import BatchStream, Splits, forward_logits, split_batch
 from .distributed import current, scope, unwrap
 from .evaluate import evaluate
+from .inputs import check_model_and_splits, model_device, require_trainable, training_flags_kept
 from .loop import check_final_losses
-from .losses import trainable_params
 from .precision import amp_scope, model_dtype
 from .report import build_report, format_table, write_report
 from .stages import stage1, stage2
@@ -74,8 +73,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             with ``.logits``); moved to ``device`` (it stays there); in eval mode during the run
             (a baseline may train some steps in train mode), and every submodule's ``training``
             flag is set back to what it was when ``unlearn`` returns or raises. float32/float64,
-            or float16/bfloat16 (optimizer state, λ, c0, μ in float32); any memory format (e.g.
-            channels_last).
+            or float16/bfloat16 (two-stage family: float32 master weights, optimizer state, λ,
+            c0, μ; a baseline's torch optimizer updates the weights in their own dtype); floating
+            inputs are cast to the model's dtype; any memory format (e.g. channels_last).
         splits: `Splits` (forget/adjacent/remote train + optional held-out; Datasets or
             DataLoaders; ``adjacent`` may be None when ``config.run_stage2`` is False).
         config: `UnlearnConfig` (None: the preset of ``setting``, else ``UnlearnConfig()``, i.e.
@@ -88,7 +88,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         setting, hparams: when ``config`` is None, the preset of that setting ("digits",
             "cifar100", ...) in the family "paper_code" (the released code; recipe "reference")
             or "original" (the baseline authors' defaults; the paper's recipe for the two-stage
-            family). model_fn: "retrain" only: builds a fresh model.
+            family). Both are checked even when a config (or a resumed one) leaves them unused.
+        model_fn: "retrain" only (a ValueError for any other method): a callable building a
+            fresh `torch.nn.Module` (None: Retrain re-initialises ``model``).
         seed: the run's seed, replacing ``config.seed`` (of an explicit, preset or resumed
             config; None keeps it): data order, random labels, re-initialisation, every stream.
         device: "cpu"/"cuda"/torch.device (default: the model's device).
@@ -129,12 +131,15 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             Emitted after the config, splits and model have passed their checks (a call that
             raises for bad input does not also warn), before any training.
     Raises:
-        TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first).
-        ValueError: missing/empty splits, labels outside the model's classes or not integer,
+        TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first);
+            a ``model_fn`` that is not callable or (Retrain) returns no `torch.nn.Module`.
+        ValueError: an unknown method, setting or hparams (checked before anything else, also
+            when a config is given), ``model_fn`` for a method other than "retrain",
+            missing/empty splits, labels outside the model's classes or not integer,
             non-finite losses of the original model (every method, before any training; names
-            split and samples), non 2-D logits, no trainable parameters, an invalid config, a
-            resume from a checkpoint of another method (names both), or whose splits or config
-            differ (TypeError for a wrong field type).
+            split and samples), non 2-D logits, no trainable parameters (also a model without
+            any parameter), an invalid config, a resume from a checkpoint of another method
+            (names both), or whose splits or config differ (TypeError for a wrong field type).
         NonFiniteLossError (a ValueError; ``entangle_ext.NonFiniteLossError``): NaN/Inf loss;
             names the stage and step; the last good checkpoint is kept (without one, the message
             says why none was written and what keeps one). Also when the final evaluation gives
@@ -145,13 +150,14 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             the message gives the call that resumes.
     """
     from ..methods import get_method, run_method   # lazy: the methods package builds on this module
-    _check_types(model, splits)
+    check_model_and_splits(model, splits, "unlearn")
     spec = get_method(method)
+    spec.check_arguments(setting, hparams, model_fn)
     if not inplace:
         model = _copy(model)
     # warned once the configuration and splits are known to be valid, at the caller's line
     checked = _reuse_warning(out_dir, sys._getframe(1)) if resume is None else None
-    with _training_flags_kept(model):
+    with training_flags_kept(model):
         if not spec.two_stage:
             return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
                               seed=seed, device=device, out_dir=out_dir, resume=resume,
@@ -175,7 +181,8 @@ def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_
         fingerprint = splits_fingerprint(splits)
         changes = None if ckpt is None else check_resume(
             ckpt, fingerprint, config.to_dict(), allow_config_change=allow_config_change)
-        device = torch.device(device) if device is not None else next(model.parameters()).device
+        require_trainable(model)
+        device = model_device(model, device)
         model.to(device).eval()
         num_classes = _preflight(model, splits, device, config.amp)
         if on_checked is not None:
@@ -223,25 +230,6 @@ def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
     return lambda: warnings.warn_explicit(msg, OutDirReusedWarning, **where)
 
 
-def _check_types(model, splits) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"unlearn: model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(splits, Splits):
-        raise TypeError(f"unlearn: splits must be an entangle_ext.Splits, got {type(splits).__name__}")
-
-
-@contextlib.contextmanager
-def _training_flags_kept(model: torch.nn.Module) -> Iterator[None]:
-    """Context manager: every submodule's ``training`` flag is set back on exit (also on error),
-    one by one (``train()`` overrides, e.g. frozen blocks kept in eval mode, are respected)."""
-    flags = [(m, m.training) for m in model.modules()]
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
-
-
 def _copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``model`` (of the module a DDP wrapper holds); ValueError for FSDP."""
     model = unwrap(model)
@@ -263,11 +251,8 @@ def _resolve_config(config, ckpt, seed: Optional[int] = None) -> UnlearnConfig:
 
 @torch.no_grad()
 def _preflight(model, splits: Splits, device, amp=None) -> int:
-    """Probe one batch per split (integer 1-D labels, 2-D logits) and the trainable parameters,
-    before any compute. Returns C."""
-    if not trainable_params(model):
-        raise ValueError("the model has no trainable parameters (requires_grad is False for all of "
-                         "them): nothing for unlearning to change")
+    """Probe one batch per split (integer 1-D labels, 2-D logits) before any compute (the caller
+    has checked the trainable parameters, `require_trainable`). Returns C."""
     C = None
     with amp_scope(amp):
         for name in splits.named():

@@ -9,8 +9,9 @@ from typing import Dict, Optional
 
 import torch
 
-from .data import BatchStream, Splits, forward_logits, split_batch
+from .data import BatchStream, Splits, check_batch_size, forward_logits, split_batch
 from .distributed import Dist, scope
+from .inputs import check_model_and_splits, model_device, training_flags_kept
 from .precision import LOW_PRECISION, amp_scope, model_dtype
 
 __all__ = ["evaluate"]
@@ -74,11 +75,15 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
     """Accuracy and mean cross-entropy of ``model`` (eval mode, no grad) on every present split.
 
     Per-sample CE is computed in the logits' dtype (float32 for float16/bfloat16 logits; float64
-    stays float64) and summed in float64.
+    stays float64) and summed in float64. Floating inputs are cast to the model's dtype. The
+    model runs in eval mode; every submodule's ``training`` flag is set back on return (also on
+    error).
 
     Args:
-        model: returns (B, C) logits. splits: `Splits`. device: default = the model's device.
-        batch_size: evaluation batch (samples). num_classes: expected C (default: from logits).
+        model: returns (B, C) logits. splits: `Splits` with at least one split. device: default =
+            the model's device (its first parameter's, else buffer's).
+        batch_size: evaluation batch (samples, int >= 1). num_classes: expected C (default: from
+            logits).
         keep_forget_losses: also return the per-sample CE of the forget train split.
         check_finite: raise when a per-sample CE is NaN/Inf (the driver's check of the data
             before unlearning).
@@ -88,21 +93,29 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
         entry also has "retained" (fraction of forget samples still classified correctly, = acc)
         and, if requested, "losses" (list of floats, per-sample CE in dataset order).
     Raises:
-        ValueError: empty split, non 2-D logits, labels outside [0, C) or not integer, and with
-            ``check_finite`` a non-finite per-sample CE (naming the split and the dataset
-            indices of those samples).
+        TypeError: ``model`` not a `torch.nn.Module`, ``splits`` not a `Splits` (e.g. a bare
+            Dataset: wrap it, ``Splits(forget=dataset)``).
+        ValueError: a ``splits`` without any split, an empty split, ``batch_size`` not an
+            integer >= 1, no ``device`` for a model without parameters or buffers, non 2-D
+            logits, labels outside [0, C) or not integer, and with ``check_finite`` a non-finite
+            per-sample CE (naming the split and the dataset indices of those samples).
     """
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    model.eval()
+    check_model_and_splits(model, splits, "evaluate")
+    batch_size = check_batch_size(batch_size, "evaluate: batch_size")
     splits.check(required=())
+    if not splits.named():
+        raise ValueError("evaluate: the Splits holds no split to evaluate (every split is None)")
+    device = model_device(model, device)
     out, C = {}, num_classes
-    with scope(model) as (d, model), amp_scope(amp):
-        for name in splits.named():
-            stream = BatchStream(splits.source(name), batch_size, shuffle=False, seed=0,
-                                 name=f"eval/{name}", device=device, input_dtype=model_dtype(model))
-            keep = name == "forget" and keep_forget_losses
-            r, C = _evaluate_split(model, name, stream, C, keep, check_finite, d)
-            if name == "forget":
-                r["retained"] = r["acc"]
-            out[name] = r
+    with training_flags_kept(model):
+        model.eval()
+        with scope(model) as (d, model), amp_scope(amp):
+            for name in splits.named():
+                stream = BatchStream(splits.source(name), batch_size, shuffle=False, seed=0,
+                                     name=f"eval/{name}", device=device, input_dtype=model_dtype(model))
+                keep = name == "forget" and keep_forget_losses
+                r, C = _evaluate_split(model, name, stream, C, keep, check_finite, d)
+                if name == "forget":
+                    r["retained"] = r["acc"]
+                out[name] = r
     return out

@@ -23,10 +23,12 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import Subset, TensorDataset
 
-from .data import BatchStream, Splits, forward_logits, split_batch
+from .data import BatchStream, Source, Splits, as_source, check_batch_size, forward_logits, split_batch
 from .evaluate import evaluate
+from .inputs import model_device, training_flags_kept
+from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
            "average_gap", "forget_quality_ks", "relearn_time", "unlearning_metrics"]
@@ -78,42 +80,42 @@ def _optional(module: str, what: str):
                           f"pip install 'entangle_ext[metrics]' (or pip install {pkg})") from e
 
 
-def _device(model, device):
-    return torch.device(device) if device is not None else next(model.parameters()).device
-
-
 class NonFiniteOutputError(ValueError):
     """The scored model returns NaN/Inf logits (e.g. the weights of a diverged run overflow)."""
 
 
 @torch.no_grad()
-def per_sample(model: torch.nn.Module, dataset: Dataset, *, device=None, batch_size: int = 512,
+def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int = 512,
                name: str = "split") -> Dict[str, torch.Tensor]:
-    """Per-sample quantities of ``model`` (eval mode, no grad) on ``dataset``, in dataset order.
+    """Per-sample quantities of ``model`` (eval mode, no grad; every submodule's ``training`` flag
+    is set back afterwards, also on error) on ``dataset`` (a Dataset, DataLoader or `Source`,
+    e.g. ``splits.source("forget")``), in dataset order. Floating inputs are cast to the model's
+    dtype.
 
     Returns: {"loss": (N,) float64 CE in nats, "p_true": (N,) float64 softmax probability of the
     label (= exp(-loss)), "correct": (N,) bool argmax == label}, all on the CPU.
-    Raises: ValueError for an empty dataset or labels outside [0, C); `NonFiniteOutputError` (a
+    Raises: ValueError for an empty dataset, ``batch_size`` not an integer >= 1, no ``device`` for
+    a model without parameters or buffers, or labels outside [0, C); `NonFiniteOutputError` (a
     ValueError) for non-finite logits (``name`` names the split in the message).
     """
-    if len(dataset) == 0:
+    batch_size = check_batch_size(batch_size, "per_sample: batch_size")
+    device = model_device(model, device)
+    stream = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="metrics", device=device,
+                         input_dtype=model_dtype(model))
+    if stream.n == 0:
         raise ValueError(f"split {name!r} is empty")
-    device = _device(model, device)
-    was_training = model.training
-    model.eval()
-    stream = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="metrics", device=device)
     loss, correct = [], []
-    for b in stream.epoch_batches(0):
-        inputs, y = split_batch(b)
-        logits = forward_logits(model, inputs).double()
-        y = y.long()
-        if bool(((y < 0) | (y >= logits.shape[1])).any()):
-            raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
-        if not bool(torch.isfinite(logits).all()):
-            raise NonFiniteOutputError(f"split {name!r}: the model returned non-finite logits")
-        loss.append(F.cross_entropy(logits, y, reduction="none").cpu())
-        correct.append((logits.argmax(1) == y).cpu())
-    model.train(was_training)
+    with training_flags_kept(model):
+        model.eval()
+        for b in stream.epoch_batches(0):
+            inputs, y = split_batch(b)
+            logits = forward_logits(model, inputs).double()
+            if bool(((y < 0) | (y >= logits.shape[1])).any()):
+                raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
+            if not bool(torch.isfinite(logits).all()):
+                raise NonFiniteOutputError(f"split {name!r}: the model returned non-finite logits")
+            loss.append(F.cross_entropy(logits, y, reduction="none").cpu())
+            correct.append((logits.argmax(1) == y).cpu())
     loss_t = torch.cat(loss)
     return {"loss": loss_t, "p_true": torch.exp(-loss_t), "correct": torch.cat(correct)}
 
@@ -143,17 +145,24 @@ def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
             for k, v in targets.items()}
 
 
+_MIA_SIDES = {"members": (("adjacent", "remote"), "retain-train samples (adjacent and/or remote)"),
+              "non-members": (("adjacent_test", "remote_test"),
+                              "held-out retain samples (adjacent_test and/or remote_test)")}
+
+
 def _retain_features(model, splits: Splits, feats: Dict[str, dict], device, batch_size):
-    for n in ("adjacent", "remote", "adjacent_test", "remote_test"):
-        ds = getattr(splits, n)
-        if ds is not None and n not in feats:
-            feats[n] = per_sample(model, ds, device=device, batch_size=batch_size, name=n)
-    if "adjacent_test" not in feats and "remote_test" not in feats:
-        raise ValueError("MIA-efficacy needs held-out retain samples (adjacent_test and/or remote_test) as "
-                         "non-members")
-    members = torch.cat([feats[n]["p_true"] for n in ("adjacent", "remote")])
-    nonmembers = torch.cat([feats[n]["p_true"] for n in ("adjacent_test", "remote_test") if n in feats])
-    return members, nonmembers
+    """(members, non-members): the `per_sample` p_true of the present retain-train / held-out
+    retain splits (``feats`` caches each split's `per_sample` dict)."""
+    out = []
+    for side, (names, what) in _MIA_SIDES.items():
+        present = [n for n in names if getattr(splits, n) is not None]
+        if not present:
+            raise ValueError(f"MIA-efficacy needs {what} as {side}; the Splits has none")
+        for n in present:
+            if n not in feats:
+                feats[n] = per_sample(model, splits.source(n), device=device, batch_size=batch_size, name=n)
+        out.append(torch.cat([feats[n]["p_true"] for n in present]))
+    return tuple(out)
 
 
 def mia_efficacy(model: torch.nn.Module, splits: Splits, *, targets: Sequence[str] = ("forget", "adjacent", "remote"),
@@ -168,15 +177,26 @@ def mia_efficacy(model: torch.nn.Module, splits: Splits, *, targets: Sequence[st
     first |test| samples of its class-mixed retain set. Score of a split = % of its train samples
     predicted non-member: ↑ on forget = more forgotten; on adjacent / remote ↑ = damaged.
 
-    Args: model returning (B, C) logits; splits; targets: train split names scored; features:
-        optional cache {split: `per_sample` dict}, filled in place.
+    Members and non-members come from the retain splits present (e.g. remote / remote_test alone
+    when ``splits.adjacent`` and ``splits.adjacent_test`` are None).
+
+    Args: model returning (B, C) logits; splits; targets: train split names scored, each present
+        in ``splits``; features: optional cache {split: `per_sample` dict}, filled in place.
     Returns: {split: percentage in [0, 100]}.
-    Raises: ValueError (no held-out retain split, unknown target, non-finite logits, max_samples <
-        1); ImportError without scikit-learn.
+    Raises: ValueError (no retain-train split, no held-out retain split, a target that is unknown or
+        absent from ``splits``, non-finite logits, max_samples < 1), all before any forward pass
+        but the last; ImportError without scikit-learn.
     """
     if max_samples is not None and int(max_samples) < 1:
         raise ValueError(f"MIA-efficacy: max_samples must be >= 1 (or None), got {max_samples}")
-    device = _device(model, device)
+    for t in targets:
+        if t not in Splits.TRAIN:
+            raise ValueError(f"MIA-efficacy target must be one of {Splits.TRAIN}, got {t!r}")
+        if getattr(splits, t) is None:
+            present = tuple(n for n in Splits.TRAIN if getattr(splits, n) is not None)
+            raise ValueError(f"MIA-efficacy target {t!r} is absent from the Splits (None): score only "
+                             f"present train splits, e.g. targets={present}")
+    device = model_device(model, device)
     feats = features if features is not None else {}
     members, nonmembers = _retain_features(model, splits, feats, device, batch_size)
     n = min(len(members), len(nonmembers), max_samples or len(members))
@@ -185,10 +205,8 @@ def mia_efficacy(model: torch.nn.Module, splits: Splits, *, targets: Sequence[st
     nonmembers = nonmembers[torch.randperm(len(nonmembers), generator=g)[:n]]
     tgt = {}
     for t in targets:
-        if t not in Splits.TRAIN:
-            raise ValueError(f"MIA-efficacy target must be one of {Splits.TRAIN}, got {t!r}")
         if t not in feats:
-            feats[t] = per_sample(model, getattr(splits, t), device=device, batch_size=batch_size, name=t)
+            feats[t] = per_sample(model, splits.source(t), device=device, batch_size=batch_size, name=t)
         tgt[t] = feats[t]["p_true"]
     return mia_efficacy_from_features(members, nonmembers, tgt)
 
@@ -217,11 +235,12 @@ def average_gap(metrics: Mapping[str, Any], retrained: Mapping[str, Any], keys: 
     return sum(d) / len(d)
 
 
-def _subset(ds: Dataset, idx: torch.Tensor) -> Dataset:
+def _subset(src: Source, idx: torch.Tensor) -> Source:
+    """Items ``idx`` of a split, batched as the split is."""
+    ds = src.dataset
     tensors = getattr(ds, "tensors", None)
-    if tensors is not None:
-        return TensorDataset(*[t[idx.to(t.device)] for t in tensors])
-    return Subset(ds, idx.tolist())
+    part = TensorDataset(*[t[idx.to(t.device)] for t in tensors]) if tensors is not None else Subset(ds, idx.tolist())
+    return src._replace(dataset=part)
 
 
 def check_relearn_args(*, subset: Union[int, float] = 0.1, lr: float = 1e-3, max_steps: int = 100,
@@ -241,32 +260,36 @@ def check_relearn_args(*, subset: Union[int, float] = 0.1, lr: float = 1e-3, max
         raise ValueError(f"relearn_time: batch_size must be an int >= 1, got {batch_size!r}")
 
 
-def relearn_time(model: torch.nn.Module, forget: Dataset, *, threshold: float, subset: Union[int, float] = 0.1,
+def relearn_time(model: torch.nn.Module, forget, *, threshold: float, subset: Union[int, float] = 0.1,
                  lr: float = 1e-3, max_steps: int = 100, batch_size: int = 64, seed: int = 0, device=None,
                  eval_batch_size: int = 512) -> Dict[str, Any]:
     """Relearn time (docs/algorithm.md §10): Adam steps (lr ``lr``, CE with the true labels, eval
     mode) on a copy of ``model`` over a small seeded subset of the forget set until the accuracy on
     the whole forget set reaches ``threshold``. ``model`` itself is not changed. ↑ = deeper forgetting.
 
-    Args: forget: D_f train; threshold: accuracy fraction in (0, 1]; subset: sample count (int
-        >= 1) or fraction of D_f (float in (0, 1]); batch_size: samples per step (cycling over the
-        subset); max_steps: cap.
+    Args: forget: D_f train (a Dataset, DataLoader or `Source`, e.g. ``splits.source("forget")``);
+        threshold: accuracy fraction in (0, 1]; subset: sample count (int >= 1) or fraction of D_f
+        (float in (0, 1]); batch_size: samples per step (cycling over the subset); max_steps: cap.
+        Floating inputs are cast to the model's dtype.
     Returns: {"steps": int (0 if already at threshold; ``max_steps`` if never), "reached": bool,
         "threshold": float, "subset": int, "final_acc": fraction}.
-    Raises: ValueError for a bad threshold / subset / max_steps or an empty forget set.
+    Raises: ValueError for a bad threshold / subset / max_steps / batch size, an empty forget set,
+        or no ``device`` for a model without parameters or buffers.
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"relearn_time: threshold must be an accuracy fraction in (0, 1], got {threshold}")
     check_relearn_args(subset=subset, lr=lr, max_steps=max_steps, batch_size=batch_size)
-    N = len(forget)
+    check_batch_size(eval_batch_size, "relearn_time: eval_batch_size")
+    forget = as_source(forget)
+    N = len(forget.dataset)
     if N == 0:
         raise ValueError("relearn_time: the forget set is empty")
     k = min(N, max(1, math.ceil(subset * N)) if isinstance(subset, float) else int(subset))
-    device = _device(model, device)
+    device = model_device(model, device)
     m = copy.deepcopy(model).to(device).eval()
     g = torch.Generator().manual_seed(int(seed))
     stream = BatchStream(_subset(forget, torch.randperm(N, generator=g)[:k]), batch_size, shuffle=True,
-                         seed=seed, name="relearn", device=device)
+                         seed=seed, name="relearn", device=device, input_dtype=model_dtype(m))
     opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=lr)
 
     def acc() -> float:
@@ -277,7 +300,7 @@ def relearn_time(model: torch.nn.Module, forget: Dataset, *, threshold: float, s
     while a < threshold and steps < max_steps:
         with torch.enable_grad():
             inputs, y = split_batch(stream.next())
-            loss = F.cross_entropy(forward_logits(m, inputs), y.long())
+            loss = F.cross_entropy(forward_logits(m, inputs), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -309,7 +332,9 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
     """All metrics of `METRICS` for one unlearned model (docs/algorithm.md §10).
 
     Args:
-        model: the unlearned model ((B, C) logits). splits: `Splits` with held-out retain data.
+        model: the unlearned model ((B, C) logits). splits: `Splits` with the forget train split
+            and held-out retain data; MIA scores the train splits present ("mia_<split>" None for
+            an absent one).
         retrained: the model retrained on D \\ D_f, or its own `unlearning_metrics(...,
             keep_losses=True)` dict; gives "avg_gap" and "forget_quality" (None = both omitted).
         evals: ``{split: {"acc", "n", ...}}`` of ``model`` (e.g. ``report["evals"]["final"]``);
@@ -318,16 +343,20 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
         seed: MIA member/non-member subsets and the relearn subset.
         keep_losses: add "forget_losses" (list of per-sample forget-train CE, nats).
     Returns: {metric key: float, or None where not computable}; percentages in [0, 100].
-    Raises: as `mia_efficacy`, `relearn_time`; ImportError without scikit-learn / scipy.
+    Raises: ValueError without the forget train split; as `mia_efficacy`, `relearn_time`;
+        ImportError without scikit-learn / scipy.
     """
-    device = _device(model, device)
+    if splits.forget is None:
+        raise ValueError("unlearning_metrics needs the forget train split (UA, MIA forget, forget quality)")
+    device = model_device(model, device)
     if evals is None:
         evals = evaluate(model, splits, device=device, batch_size=batch_size, keep_forget_losses=False)
     out: Dict[str, Any] = _accuracies(evals)
     feats: Dict[str, dict] = {}
-    mia = mia_efficacy(model, splits, device=device, batch_size=batch_size, seed=seed,
+    present = tuple(n for n in Splits.TRAIN if getattr(splits, n) is not None)
+    mia = mia_efficacy(model, splits, targets=present, device=device, batch_size=batch_size, seed=seed,
                        max_samples=mia_max_samples, features=feats)
-    out.update({f"mia_{k}": v for k, v in mia.items()})
+    out.update({f"mia_{k}": mia.get(k) for k in Splits.TRAIN})
     losses = feats["forget"]["loss"]
     if retrained is not None:
         ref = retrained if isinstance(retrained, Mapping) else unlearning_metrics(
@@ -336,7 +365,7 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
         out["avg_gap"] = average_gap(out, ref)
         out["forget_quality"] = forget_quality_ks(losses, ref["forget_losses"])
     if relearn is not None:
-        r = relearn_time(model, splits.forget, device=device, eval_batch_size=batch_size,
+        r = relearn_time(model, splits.source("forget"), device=device, eval_batch_size=batch_size,
                          **{"seed": seed, **relearn})
         out["relearn_steps"], out["relearn_reached"] = r["steps"], r["reached"]
     out["time_s"] = None if seconds is None else float(seconds)

@@ -22,6 +22,7 @@ from .checkpoint import Reconfigured, optimizer_entry
 from .config import Stage1Config, Stage2Config
 from .data import BatchStream, Splits, batch_size_of
 from .distributed import Dist, current, scope
+from .inputs import model_device, require_trainable
 from .loop import NonFiniteLossError, StageLoop, StageResult, updating
 from .losses import (auto_micro_batch, forget_grad, grads_of, mean_ce, per_sample_ce, remote_grad,
                      trainable_params)
@@ -31,15 +32,6 @@ __all__ = ["stage1", "stage2", "remote_loss_c0", "reference_losses", "NonFiniteL
            "StageResult", "trainable_params", "per_sample_ce"]
 
 CheckpointFn = Callable[[int, Dict[str, Any]], Optional[str]]
-
-
-def _trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
-    """The trainable parameters; ValueError when there are none."""
-    params = trainable_params(model)
-    if not params:
-        raise ValueError("the model has no trainable parameters (requires_grad is False for all of "
-                         "them): nothing for unlearning to change")
-    return params
 
 
 def _stream(splits: Splits, name: str, batch_size: int, model, seed: int, stream: str, device,
@@ -184,7 +176,8 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
             parameters, an invalid config.
     """
     config.validate()
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    require_trainable(model)
+    device = model_device(model, device)
     loop = StageLoop(1, "stage 1 (AL)", ["violation", "lambda", "forget_ce", "remote_ce"],
                      postfix=lambda last: dict(loss=f"{last['loss']:.3f}",
                                                viol=f"{last['violation']:+.3f}",
@@ -200,7 +193,7 @@ def _run_stage1(d: Dist, model, splits: Splits, config: Stage1Config, loop: Stag
                 seed: int, c0: Optional[float], eval_batch_size: int,
                 resume_state: Optional[Dict[str, Any]]) -> StageResult:
     """The body of `stage1` inside its distributed and precision scopes."""
-    params = _trainable(model)
+    params = require_trainable(model)
     model.eval()
     if resume_state is not None:
         c0 = float(resume_state["c0"])
@@ -343,7 +336,8 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
         NonFiniteLossError, RunInterrupted, ValueError: as `stage1`.
     """
     config.validate()
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    require_trainable(model)
+    device = model_device(model, device)
     loop = StageLoop(2, "stage 2 (W-PGD)",
                      ["forget_obj", "w2", "forget_ce", "remote_ce", "c_f", "c_rem"],
                      postfix=lambda last: dict(adj=f"{last['loss']:.3f}", w2=f"{last['w2']:.2e}",
@@ -359,7 +353,7 @@ def _run_stage2(d: Dist, model, splits: Splits, config: Stage2Config, loop: Stag
                 seed: int, eval_batch_size: int,
                 resume_state: Optional[Dict[str, Any]]) -> StageResult:
     """The body of `stage2` inside its distributed and precision scopes."""
-    params = _trainable(model)
+    params = require_trainable(model)
     model.eval()
     if resume_state is not None:
         ref = resume_state["ref_losses"].to(device)

@@ -1,0 +1,62 @@
+"""What every entry point asks of the caller's model and splits, and what it gives back: their
+types, the device a call runs on, the trainable parameters, and the model's train/eval flags,
+restored on exit (docs/algorithm.md §1). One home for these checks, shared by `unlearn`, the
+baselines' runner, `stage1` / `stage2`, `evaluate`, the metrics and `compare`."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, List, Optional
+
+import torch
+
+from .data import Splits
+from .losses import trainable_params
+
+__all__ = ["check_model_and_splits", "model_device", "require_trainable", "training_flags_kept"]
+
+
+def check_model_and_splits(model, splits, where: str) -> None:
+    """Raise TypeError, naming ``where`` (e.g. "unlearn"), unless ``model`` is a `torch.nn.Module`
+    and ``splits`` an `entangle_ext.Splits` (e.g. for a bare Dataset passed as ``splits``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{where}: model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(splits, Splits):
+        raise TypeError(f"{where}: splits must be an entangle_ext.Splits, got {type(splits).__name__}")
+
+
+def model_device(model: torch.nn.Module, device=None) -> torch.device:
+    """``device`` as a `torch.device`; None: the device of the model's first parameter, else of its
+    first buffer. Raises ValueError when ``device`` is None and the model has neither (a module
+    without state has no device of its own: pass ``device=``)."""
+    if device is not None:
+        return torch.device(device)
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    raise ValueError(f"the model ({type(model).__name__}) has no parameters and no buffers, so it has no "
+                     "device to run on: pass device= (e.g. device='cpu')")
+
+
+def require_trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
+    """The trainable parameters of ``model`` (`trainable_params`). Raises ValueError when there are
+    none (a model without parameters, or with ``requires_grad`` False for all of them)."""
+    params = trainable_params(model)
+    if not params:
+        why = "it has no parameters at all" if next(model.parameters(), None) is None else \
+            "requires_grad is False for all of them"
+        raise ValueError(f"the model has no trainable parameters ({why}): nothing for unlearning to change")
+    return params
+
+
+@contextlib.contextmanager
+def training_flags_kept(model: Optional[torch.nn.Module]) -> Iterator[None]:
+    """Context manager: every submodule's ``training`` flag is set back on exit (also on error),
+    one by one (``train()`` overrides, e.g. frozen blocks kept in eval mode, are respected).
+    ``model`` None: nothing to keep."""
+    flags = [] if model is None else [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
