@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
+from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.inputs import model_device
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
@@ -415,7 +416,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         gap metrics.
     Raises, before any run: ValueError (unknown or duplicate method, setting, variant or hparams;
         no seeds or repeated seeds; a ``configs`` entry for a method not compared; an unknown
-        ``relearn`` key or a bad relearn value; a missing or empty forget / adjacent / remote train
+        ``relearn`` key or a bad relearn value; ``batch_size`` < 1; ``mia_max_samples`` < 1; a missing or empty forget / adjacent / remote train
         split; no held-out retain split), TypeError (a config of another method; ``seeds`` not a
         sequence of integers, e.g. a bare int). Later: the other errors of the methods and metrics
         (ImportError without scikit-learn / scipy); a ValueError for a model without
@@ -436,6 +437,9 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         raise ValueError(f"configs has entries for methods that are not compared: {stray} "
                          f"(compared: {[sp.name for sp in specs if sp.name != 'original']})")
     _check_relearn(relearn)
+    check_batch_size(batch_size, "compare: batch_size")
+    if mia_max_samples is not None and not (isinstance(mia_max_samples, int) and mia_max_samples >= 1):
+        raise ValueError(f"compare: mia_max_samples must be None or an int >= 1, got {mia_max_samples!r}")
     device = model_device(model, device)
     model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
     rl = _relearn_settings(relearn, model, splits, device, batch_size)

@@ -178,6 +178,10 @@ def test_bad_input(setup):
         ee.compare(net, s, ["ga"], setting="digits", relearn={"steps": 5}, progress=False)
     with pytest.raises(ValueError, match=r"max_steps must be an int >= 0, got -1"):
         ee.compare(net, s, ["ga"], setting="digits", relearn={"max_steps": -1}, progress=False)
+    with pytest.raises(ValueError, match=r"compare: batch_size"):
+        ee.compare(net, s, ["ga"], setting="digits", batch_size=0, progress=False)
+    with pytest.raises(ValueError, match=r"mia_max_samples must be None or an int >= 1, got 0"):
+        ee.compare(net, s, ["ga"], setting="digits", mia_max_samples=0, progress=False)
     with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\]"):
         ee.compare(net, s, ["ga"], setting="digits", relearn={"fraction": 1.5}, progress=False)
     assert ee.compare(net, s, ["ga"], seeds=range(1), setting="digits", relearn=False,
