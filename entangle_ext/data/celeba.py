@@ -69,37 +69,66 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
         {"files": [str] (N), "attrs": {name: (N,) int8 array of ±1}, "partition": (N,) int64 (0 train,
         1 valid, 2 test), "dir": Path}.
     Raises:
-        FileNotFoundError: see `find_celeba`. ValueError: malformed lines, a count mismatch, or files
-        missing from the partition list.
+        FileNotFoundError: see `find_celeba`. ValueError (naming the file and line): a list file that
+        is not UTF-8, malformed lines, a field that is not an integer, an attribute value other than
+        -1/1, a partition other than 0/1/2, a count mismatch, or files missing from the partition list.
     """
     d = find_celeba(root)
-    lines = (d / "list_attr_celeba.txt").read_text().splitlines()
+    attr_file, part_file = d / "list_attr_celeba.txt", d / "list_eval_partition.txt"
+    lines = _read_lines(attr_file)
     if len(lines) < 2:
-        raise ValueError(f"{d / 'list_attr_celeba.txt'} is too short (needs count, header, rows)")
+        raise ValueError(f"{attr_file} is too short (needs count, header, rows)")
     names = lines[1].split()
-    rows = [l.split() for l in lines[2:] if l.strip()]
-    bad = [i + 3 for i, r in enumerate(rows) if len(r) != len(names) + 1]
+    rows = [(i + 3, l.split()) for i, l in enumerate(lines[2:]) if l.strip()]
+    bad = [n for n, r in rows if len(r) != len(names) + 1]
     if bad:
-        raise ValueError(f"list_attr_celeba.txt: line(s) {bad[:5]} do not have 1 + {len(names)} fields")
+        raise ValueError(f"{attr_file}: line(s) {bad[:5]} do not have 1 + {len(names)} fields")
     try:
         declared = int(lines[0].strip())
     except ValueError as e:
-        raise ValueError("list_attr_celeba.txt: the first line must be the image count") from e
+        raise ValueError(f"{attr_file}: the first line must be the image count, got {lines[0][:40]!r}") from e
     if declared != len(rows):
-        raise ValueError(f"list_attr_celeba.txt declares {declared} images but lists {len(rows)}")
-    files = [r[0] for r in rows]
-    vals = np.array([[int(v) for v in r[1:]] for r in rows], dtype=np.int8).reshape(len(rows), len(names))
-    part = dict(l.split()[:2] for l in (d / "list_eval_partition.txt").read_text().splitlines() if l.strip())
+        raise ValueError(f"{attr_file} declares {declared} images but lists {len(rows)}")
+    files = [r[0] for _, r in rows]
+    vals = np.zeros((len(rows), len(names)), np.int8)
+    for i, (n, r) in enumerate(rows):
+        v = _ints(r[1:], attr_file, n)
+        if any(x not in (-1, 1) for x in v):
+            raise ValueError(f"{attr_file} line {n}: attribute values must be -1 or 1, got {r[1:][:8]} …")
+        vals[i] = v
+    part = {}
+    for n, l in enumerate(_read_lines(part_file), 1):
+        if l.strip():
+            f = l.split()
+            code = _ints(f[1:2], part_file, n) if len(f) >= 2 else [None]
+            if code[0] not in (0, 1, 2):
+                raise ValueError(f"{part_file} line {n}: expected '<file> 0|1|2', got {l.strip()[:60]!r}")
+            part[f[0]] = code[0]
     missing = [f for f in files if f not in part]
     if missing:
-        raise ValueError(f"list_eval_partition.txt lacks {len(missing)} image(s), e.g. {missing[:3]}")
+        raise ValueError(f"{part_file} lacks {len(missing)} image(s), e.g. {missing[:3]}")
     return {"files": files, "attrs": {n: vals[:, j] for j, n in enumerate(names)},
-            "partition": np.array([int(part[f]) for f in files], dtype=np.int64), "dir": d}
+            "partition": np.array([part[f] for f in files], dtype=np.int64), "dir": d}
+
+
+def _read_lines(path: Path) -> list:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a UTF-8 text file ({e})") from e
+
+
+def _ints(fields: Sequence[str], path: Path, line: int) -> list:
+    try:
+        return [int(v) for v in fields]
+    except ValueError as e:
+        raise ValueError(f"{path} line {line}: a field is not an integer ({e})") from e
 
 
 def load_celeba_images(directory: Union[str, Path], files: Sequence[str], image_size: int = 64) -> np.ndarray:
     """(N, image_size, image_size, 3) uint8: each image centre-cropped to a square and resized
-    (Pillow, bilinear). Raises FileNotFoundError naming the first missing image."""
+    (Pillow, bilinear). Raises FileNotFoundError naming the first missing image and ValueError
+    naming the first image Pillow cannot read."""
     from PIL import Image
 
     out = np.zeros((len(files), image_size, image_size, 3), np.uint8)
@@ -107,12 +136,15 @@ def load_celeba_images(directory: Union[str, Path], files: Sequence[str], image_
         p = Path(directory) / "img_align_celeba" / f
         if not p.is_file():
             raise FileNotFoundError(f"missing CelebA image {p}")
-        with Image.open(p) as im:
-            im = im.convert("RGB")
-            w, h = im.size
-            s = min(w, h)
-            im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
-            out[i] = np.asarray(im.resize((image_size, image_size), Image.BILINEAR), dtype=np.uint8)
+        try:
+            with Image.open(p) as im:
+                im = im.convert("RGB")
+                w, h = im.size
+                s = min(w, h)
+                im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
+                out[i] = np.asarray(im.resize((image_size, image_size), Image.BILINEAR), dtype=np.uint8)
+        except (OSError, ValueError, SyntaxError) as e:   # PIL.UnidentifiedImageError is an OSError
+            raise ValueError(f"{p}: not a readable image ({type(e).__name__}: {e})") from e
     return out
 
 
@@ -138,7 +170,9 @@ def celeba_splits(root: Union[str, Path, None] = None, *, target_attrs: Sequence
         (indices into info["files"][part]).
     Raises:
         FileNotFoundError: see `find_celeba` / `load_celeba_images`. ValueError: unknown attribute,
-        empty forget set in the train partition, or an empty partition.
+        an empty forget set in the train or held-out partition (the message names the partition and
+        the cap that emptied it), an empty partition, a malformed list file or unreadable image
+        (see `read_celeba_attributes` / `load_celeba_images`).
     """
     a = read_celeba_attributes(root)
     rng = np.random.default_rng(seed)
@@ -151,13 +185,13 @@ def celeba_splits(root: Union[str, Path, None] = None, *, target_attrs: Sequence
         if len(rows) == 0:
             raise ValueError(f"CelebA partition {code} ({part}) is empty")
         sub = {n: v[rows] for n, v in a["attrs"].items()}
-        full = split_by_attributes(sub, target_attrs, subclass_attrs, forget_subclass)
+        full = _split(sub, target_attrs, subclass_attrs, forget_subclass, part, code, None)
         if cap is not None:
             t = np.asarray(full.targets)
             keep = np.concatenate([rng.permutation(np.flatnonzero(t == c))[:cap] for c in np.unique(t)])
             rows = np.sort(rows[keep])
             sub = {n: v[rows] for n, v in a["attrs"].items()}
-            full = split_by_attributes(sub, target_attrs, subclass_attrs, forget_subclass)
+            full = _split(sub, target_attrs, subclass_attrs, forget_subclass, part, code, cap)
         full.meta.update(setting="celeba", part=part, partition=int(code))
         idx_splits[part] = full
         files = [a["files"][i] for i in rows]
@@ -176,6 +210,18 @@ def celeba_splits(root: Union[str, Path, None] = None, *, target_attrs: Sequence
             [str(c) for c in range(2 ** k)], "sizes": {n: len(v) for n, v in kw.items()},
             "forget_subclass": dict(forget_subclass), "index_splits": idx_splits, "files": files_out}
     return splits, info
+
+
+def _split(sub, target_attrs, subclass_attrs, forget_subclass, part: str, code: int, cap: Optional[int]):
+    """`split_by_attributes` on one partition; an empty forget set names the partition and the cap."""
+    try:
+        return split_by_attributes(sub, target_attrs, subclass_attrs, forget_subclass)
+    except ValueError as e:
+        if "empty forget" not in str(e):
+            raise
+        role = "train" if part == "train" else "held-out"
+        why = (f" after the cap max_{part}_per_class={cap} (raise or drop it)" if cap is not None else "")
+        raise ValueError(f"the {role} part (CelebA partition {code}) has no forget sample{why}: {e}") from e
 
 
 def write_celeba_miniature(root: Union[str, Path], n: int = 48, *, seed: int = 0,

@@ -12,6 +12,7 @@ Accepted on-disk formats (`load_cifar100`), looked up with `entangle_ext.data.fi
 """
 from __future__ import annotations
 
+import difflib
 import pickle
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
@@ -22,7 +23,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn import Splits
-from .root import find_data_file
+from .root import find_data_file, read_npz
 from .tinyimagenet import images_to_tensor
 
 __all__ = ["find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "small_resnet_cifar",
@@ -31,6 +32,8 @@ __all__ = ["find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar"
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 _NAMES = ("cifar-100-python", "cifar100.npz")
+_NPZ_KEYS = ("x_train", "y_train_fine", "y_train_coarse", "x_test", "y_test_fine", "y_test_coarse",
+             "fine_names", "coarse_names")
 
 
 def _is_cifar100(p: Path) -> bool:
@@ -57,27 +60,44 @@ def load_cifar100(root: Union[str, Path, None] = None) -> dict:
 
     Returns dict with x_train (50000, 32, 32, 3) uint8 HWC, y_train_fine / y_train_coarse (int64),
     x_test (10000, 32, 32, 3), y_test_fine / y_test_coarse, fine_names (100 str), coarse_names (20).
-    Raises FileNotFoundError when no CIFAR-100 is found (see `find_cifar100`); the message names
-    every place looked at.
+    Raises FileNotFoundError when no CIFAR-100 is found (see `find_cifar100`; the message names
+    every place looked at) or a pickle of the ``cifar-100-python/`` layout is missing; ValueError,
+    naming the file, when the file is not a CIFAR-100 archive (not a zip, missing keys, corrupt:
+    `entangle_ext.data.root.read_npz`) or a pickle is corrupt or lacks its keys.
     """
     src = _locate(root)
-    if src.suffix == ".npz":
-        d = np.load(src, allow_pickle=False)
-        return {k: d[k] for k in ("x_train", "y_train_fine", "y_train_coarse", "x_test", "y_test_fine",
-                                  "y_test_coarse")} | {"fine_names": [str(s) for s in d["fine_names"]],
-                                                       "coarse_names": [str(s) for s in d["coarse_names"]]}
+    if src.suffix == ".npz" or not src.is_dir():
+        d = read_npz(src, _NPZ_KEYS, "CIFAR-100")
+        return {k: d[k] for k in _NPZ_KEYS[:6]} | {"fine_names": [str(s) for s in d["fine_names"]],
+                                                   "coarse_names": [str(s) for s in d["coarse_names"]]}
     out = {}
     for split in ("train", "test"):
-        with open(src / split, "rb") as f:
-            p = pickle.load(f, encoding="bytes")
-        out[f"x_{split}"] = np.asarray(p[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        p = _read_pickle(src / split, (b"data", b"fine_labels", b"coarse_labels"))
+        try:
+            out[f"x_{split}"] = np.asarray(p[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        except ValueError as e:
+            raise ValueError(f"{src / split}: 'data' is not a stack of 3x32x32 images ({e})") from e
         out[f"y_{split}_fine"] = np.asarray(p[b"fine_labels"], dtype=np.int64)
         out[f"y_{split}_coarse"] = np.asarray(p[b"coarse_labels"], dtype=np.int64)
-    with open(src / "meta", "rb") as f:
-        m = pickle.load(f, encoding="bytes")
+    m = _read_pickle(src / "meta", (b"fine_label_names", b"coarse_label_names"))
     out["fine_names"] = [s.decode() for s in m[b"fine_label_names"]]
     out["coarse_names"] = [s.decode() for s in m[b"coarse_label_names"]]
     return out
+
+
+def _read_pickle(path: Path, keys) -> dict:
+    """One of torchvision's CIFAR-100 pickles as a dict holding ``keys``; errors name the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing (torchvision cifar-100-python layout: train, test, meta)")
+    try:
+        with open(path, "rb") as f:
+            p = pickle.load(f, encoding="bytes")
+    except Exception as e:   # unpickling a corrupt file can raise almost anything
+        raise ValueError(f"{path} is not a CIFAR-100 pickle: {type(e).__name__}: {e}") from e
+    missing = [k.decode() for k in keys if not isinstance(p, dict) or k not in p]
+    if missing:
+        raise ValueError(f"{path} is not a CIFAR-100 pickle: missing keys {missing}")
+    return p
 
 
 def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "aquarium_fish",
@@ -101,23 +121,30 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
         then by index in the official array. info: names, num_classes, sizes, fine classes per
         split, and "index_splits" ({"train", "test"}: `IndexSplit` over the official arrays).
     Raises:
-        ValueError: unknown class names, fine/coarse labels that disagree between samples, an
-        image_size outside 1..32; FileNotFoundError: no data.
+        ValueError: an unknown forget class or superclass (the message lists the choices), repeated
+        superclasses, superclasses without the forget class's superclass or with nothing else (an
+        empty remote split), fine/coarse labels that disagree between samples, an image_size
+        outside 1..32, an unreadable file (see `load_cifar100`). TypeError: superclasses given as
+        one string. FileNotFoundError: no data.
     """
     if int(image_size) != image_size or not 1 <= image_size <= 32:
         raise ValueError(f"image_size must be an integer in 1..32, got {image_size!r}")
     d = data if data is not None else load_cifar100(root)
     fine_names, coarse_names = list(d["fine_names"]), list(d["coarse_names"])
     if forget_fine not in fine_names:
-        raise ValueError(f"unknown fine class {forget_fine!r}")
+        raise ValueError(_unknown_name("fine class", forget_fine, fine_names)
+                         + (f" ({forget_fine!r} is a superclass; forget takes one of its fine classes)"
+                            if forget_fine in coarse_names else ""))
     f_id = fine_names.index(forget_fine)
     f2c = np.zeros(len(fine_names), dtype=np.int64)
     f2c[d["y_train_fine"]] = d["y_train_coarse"]
     sup = int(f2c[f_id])
-    keep = list(range(len(coarse_names))) if superclasses is None else \
-        [coarse_names.index(s) if s in coarse_names else _bad(s) for s in superclasses]
+    keep = list(range(len(coarse_names))) if superclasses is None else _keep_superclasses(superclasses, coarse_names)
     if sup not in keep:
         raise ValueError(f"superclasses must include {coarse_names[sup]!r}, the forget class's superclass")
+    if len(keep) < 2:
+        raise ValueError(f"the remote split would be empty with superclasses {[coarse_names[c] for c in keep]}: "
+                         "give at least one superclass besides the forget class's")
     f2k = np.full(len(fine_names), -1, dtype=np.int64)   # fine class -> kept coarse index (-1: dropped)
     for i, c in enumerate(keep):
         f2k[f2c == c] = i
@@ -162,8 +189,26 @@ def _select(fine: np.ndarray, f2k: np.ndarray, cap: Optional[int], rng) -> np.nd
     return np.concatenate(idx)
 
 
-def _bad(name):
-    raise ValueError(f"unknown superclass {name!r}")
+def _unknown_name(kind: str, name, choices: Sequence[str]) -> str:
+    near = difflib.get_close_matches(str(name), choices, n=5, cutoff=0.5)
+    return (f"unknown {kind} {name!r}; " + (f"did you mean {near}? " if near else "")
+            + f"choices: {sorted(choices)}")
+
+
+def _keep_superclasses(superclasses, coarse_names: Sequence[str]) -> list:
+    """Coarse indices of ``superclasses`` in the given order. Raises TypeError for a single str and
+    ValueError for an unknown or repeated name."""
+    if isinstance(superclasses, (str, bytes)):
+        raise TypeError(f"superclasses must be a list of names, got the string {superclasses!r} "
+                        f"(pass [{superclasses!r}])")
+    names = list(superclasses)
+    for s in names:
+        if s not in coarse_names:
+            raise ValueError(_unknown_name("superclass", s, coarse_names))
+    dup = sorted({s for s in names if names.count(s) > 1})
+    if dup:
+        raise ValueError(f"superclasses repeat {dup}: each coarse class may appear once")
+    return [coarse_names.index(s) for s in names]
 
 
 def resnet18_cifar(num_classes: int = 20) -> torch.nn.Module:

@@ -11,15 +11,20 @@ Data directories, in lookup order (`data_dirs`):
    installed copy in site-packages has no repository around it and skips this place).
 
 `find_data_file` returns the first match of a file or directory name in these places and raises
-FileNotFoundError naming every place it looked at.
+FileNotFoundError naming every place it looked at. `read_npz` is the one reader of ``.npz`` archives
+with expected keys: a wrong or corrupt file gives a ValueError naming the file and what is wrong.
 """
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["data_dirs", "data_root", "find_data_file", "user_cache_dir", "checkout_data_dir", "ENV_VARS"]
+import numpy as np
+
+__all__ = ["data_dirs", "data_root", "find_data_file", "user_cache_dir", "checkout_data_dir", "read_npz",
+           "ENV_VARS"]
 
 ENV_VARS = ("ENTANGLE_DATA", "ENTANGLE_SHARED_DATA")
 """Environment variables naming a data directory, in lookup order (the second is an alias)."""
@@ -104,3 +109,38 @@ def find_data_file(names: Union[str, Sequence[str]], explicit: Optional[PathLike
 
 def _describe(places: Sequence[Tuple[str, Path]]) -> str:
     return ", ".join(f"{p} ({origin})" for origin, p in places)
+
+
+def read_npz(path: PathLike, keys: Sequence[str], what: str) -> Dict[str, np.ndarray]:
+    """The arrays ``keys`` of the ``.npz`` archive at ``path``, read without pickles
+    (``allow_pickle=False``).
+
+    Args:
+        path: the archive. keys: the keys the data set needs. what: the data set's name for messages
+            (e.g. "CIFAR-100").
+    Returns:
+        {key: numpy array} for every key in ``keys``.
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: ``path`` is a directory, not a zip archive (truncated, text, a single ``.npy``),
+            lacks some of ``keys`` (the message lists them and the keys it has), or an entry cannot
+            be read (corrupt, object arrays); every message names the file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no {what} archive at {p}")
+    if p.is_dir():
+        raise ValueError(f"{p} is a directory, not a {what} .npz archive")
+    if not zipfile.is_zipfile(p):
+        raise ValueError(f"{p} is not a {what} .npz archive: not a zip file (truncated, or another format)")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise ValueError(f"{p} is not a {what} archive: missing keys {missing} "
+                                 f"(it has {sorted(z.files)[:12]})")
+            return {k: z[k] for k in keys}
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as e:
+        if str(p) in str(e):
+            raise
+        raise ValueError(f"{p} is not a readable {what} archive: {type(e).__name__}: {e}") from e

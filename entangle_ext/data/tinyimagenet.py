@@ -34,7 +34,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn import Splits
-from .root import data_dirs, find_data_file
+from .root import data_dirs, find_data_file, read_npz
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["find_tinyimagenet", "find_wordnet_csv", "load_wordnet_csv", "load_tinyimagenet", "superclass_map",
@@ -45,6 +45,7 @@ DEFAULT_SUPERCLASSES = ("mammal", "vertebrate", "invertebrate", "device", "cover
                         "conveyance", "container", "matter", "other")
 """Coarse classes for the full 200-class layout ("other" = every class matching none of the rest)."""
 DOGS_CATS_SUPERCLASSES = ("dog", "feline")
+_NPZ_KEYS = ("wnids", "label", "split", "offsets", "jpeg_bytes", "hypernym_path", "class_names")
 DOG_WNIDS = ("n02085620", "n02094433", "n02099601", "n02099712", "n02106662", "n02113799")
 
 
@@ -98,18 +99,28 @@ def load_wordnet_csv(path: Union[str, Path]) -> Dict[str, dict]:
                 for row in r}
 
 
-def _decode(jpeg: bytes) -> np.ndarray:
+def _decode(jpeg: bytes, where: str) -> np.ndarray:
     from PIL import Image
-    return np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"), dtype=np.uint8)
+    try:
+        with Image.open(io.BytesIO(jpeg)) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except (OSError, ValueError, SyntaxError) as e:   # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(f"{where}: not a readable image ({type(e).__name__}: {e})") from e
 
 
 def _read_image(path: Path, size: int = 64) -> np.ndarray:
+    """(size, size, 3) uint8 RGB. Raises FileNotFoundError / ValueError (corrupt image), naming ``path``."""
     from PIL import Image
-    with Image.open(path) as im:
-        im = im.convert("RGB")
-        if im.size != (size, size):
-            im = im.resize((size, size), Image.BILINEAR)
-        return np.asarray(im, dtype=np.uint8)
+    if not path.is_file():
+        raise FileNotFoundError(f"missing image {path}")
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            if im.size != (size, size):
+                im = im.resize((size, size), Image.BILINEAR)
+            return np.asarray(im, dtype=np.uint8)
+    except (OSError, ValueError, SyntaxError) as e:   # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(f"{path}: not a readable image ({type(e).__name__}: {e})") from e
 
 
 def _cap(idx: np.ndarray, cap: Optional[int], rng) -> np.ndarray:
@@ -130,15 +141,18 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
     Returns:
         dict: x_train (N, 64, 64, 3) uint8 HWC, y_train (N,) int64 index into ``wnids``, x_val, y_val,
         wnids (list), names (first synonym of each class), paths (hypernym node names leaf→root),
-        source (str).
+        source (str), wordnet_nodes (sorted names of every node of the source's hypernym table, for
+        telling a typo from a superclass without loaded classes).
     Raises:
         FileNotFoundError: no source, a missing ``words.txt`` / ``val_annotations.txt`` / class folder
-            / hypernym table. ValueError: a wnid in ``classes`` that the source does not have.
+            / hypernym table / image. ValueError: a wnid in ``classes`` that the source does not
+            have; a file that is not a Tiny-ImageNet archive or a corrupt image (`read_npz`; the
+            message names the file).
     """
     src = _locate(root)
     rng = np.random.default_rng(seed)
     if src.suffix == ".npz":
-        d = np.load(src, allow_pickle=False)
+        d = read_npz(src, _NPZ_KEYS, "Tiny-ImageNet")
         all_wnids = [str(w) for w in d["wnids"]]
         wnids = all_wnids if classes is None else list(classes)
         bad = [w for w in wnids if w not in all_wnids]
@@ -152,12 +166,12 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
             xs, ys = [], []
             for new, w in enumerate(wnids):
                 idx = _cap(np.flatnonzero((label == all_wnids.index(w)) & (split == code)), cap, rng)
-                xs += [_decode(jb[off[i]:off[i + 1]].tobytes()) for i in idx]
+                xs += [_decode(jb[off[i]:off[i + 1]].tobytes(), f"{src} image {i}") for i in idx]
                 ys += [new] * len(idx)
             out[f"x_{part}"] = np.stack(xs) if xs else np.zeros((0, 64, 64, 3), np.uint8)
             out[f"y_{part}"] = np.asarray(ys, dtype=np.int64)
         return out | {"wnids": wnids, "names": [names[w] for w in wnids], "paths": [paths[w] for w in wnids],
-                      "source": str(src)}
+                      "source": str(src), "wordnet_nodes": sorted({n for p in paths.values() for n in p})}
     # standard layout
     all_wnids = [l.strip() for l in (src / "wnids.txt").read_text().split() if l.strip()]
     words_file = src / "words.txt"
@@ -199,19 +213,44 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
     return {"x_train": np.stack(xs) if xs else empty, "y_train": np.asarray(ys, np.int64),
             "x_val": np.stack(vx) if vx else empty, "y_val": np.asarray(vy, np.int64), "wnids": wnids,
             "names": [words.get(w, wn[w]["words"]).split(",")[0].strip() for w in wnids],
-            "paths": [wn[w]["path"] for w in wnids], "source": str(src)}
+            "paths": [wn[w]["path"] for w in wnids], "source": str(src),
+            "wordnet_nodes": sorted({n for v in wn.values() for n in v["path"]})}
 
 
-def superclass_map(paths: Sequence[Sequence[str]], superclasses: Sequence[str]) -> np.ndarray:
+def superclass_map(paths: Sequence[Sequence[str]], superclasses: Sequence[str],
+                   wordnet_nodes: Optional[Sequence[str]] = None) -> np.ndarray:
     """(F,) int64 coarse index per class: the first node of its leaf→root ``paths`` entry that is in
     ``superclasses`` (the leaf itself excluded); a class matching none gets the index of "other" if
     ``superclasses`` contains it, else -1 (excluded from every split).
-    Raises ValueError for a superclass name that no path contains (typo guard)."""
+
+    Raises:
+        TypeError: ``superclasses`` is one string.
+        ValueError: a repeated name; a name on no class's path (a typo when ``wordnet_nodes``, the
+            hypernym table's node names, lacks it; else a real node without loaded classes); a
+            superclass that gets no class (e.g. "other" when every class matches another name).
+    """
+    if isinstance(superclasses, (str, bytes)):
+        raise TypeError(f"superclasses must be a list of names, got the string {superclasses!r}")
     sup = list(superclasses)
+    dup = sorted({s for s in sup if sup.count(s) > 1})
+    if dup:
+        raise ValueError(f"superclasses repeat {dup}: each coarse class may appear once")
     seen = {n for p in paths for n in p[1:]}
     unknown = [s for s in sup if s != "other" and s not in seen]
+    typos = [s for s in unknown if wordnet_nodes is not None and s not in set(wordnet_nodes)]
+    if typos:
+        raise ValueError(f"unknown superclass name(s) {typos}: not WordNet nodes of the hypernym table (typo?)")
     if unknown:
-        raise ValueError(f"unknown superclass name(s) {unknown}: no class has them on its WordNet path")
+        raise ValueError(f"superclass(es) {unknown}: no loaded class has them on its WordNet path")
+    out = _assign(paths, sup)
+    empty = [s for i, s in enumerate(sup) if not (out == i).any()]
+    if empty:
+        raise ValueError(f"superclass(es) {empty} would get no class (every class matches an earlier name "
+                         f"of {sup} first)")
+    return out
+
+
+def _assign(paths: Sequence[Sequence[str]], sup: List[str]) -> np.ndarray:
     out = np.full(len(paths), -1, np.int64)
     for i, p in enumerate(paths):
         for node in p[1:]:
@@ -264,8 +303,9 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
         root, classes, max_*_per_class, seed, wordnet_csv: see `load_tinyimagenet`; data: its output.
         forget: see `resolve_classes`; default "dog" (the six dog classes) for the 200-class layout,
             "Chihuahua" for the dogs/cats npz.
-        superclasses: coarse nodes; default `DEFAULT_SUPERCLASSES` (200 classes) or
-            `DOGS_CATS_SUPERCLASSES` (npz).
+        superclasses: coarse nodes (a list); default `DEFAULT_SUPERCLASSES` (200 classes) or
+            `DOGS_CATS_SUPERCLASSES` (npz), less the names no loaded class falls under (a subset of
+            ``classes``); names given here must each get a class (`superclass_map`).
     Returns:
         (splits, info): x (N, 3, 64, 64) ``dtype`` (ImageNet-normalised) and y (N,) int64 coarse
         labels on ``device``; info: num_classes, coarse_names, forget / adjacent class names, sizes and
@@ -277,11 +317,13 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
     d = data if data is not None else load_tinyimagenet(root, classes=classes, max_train_per_class=max_train_per_class,
                                                         max_val_per_class=max_val_per_class, seed=seed,
                                                         wordnet_csv=wordnet_csv)
-    if superclasses is None:
-        superclasses = DOGS_CATS_SUPERCLASSES if d["source"].endswith(".npz") else DEFAULT_SUPERCLASSES
+    if superclasses is None:   # the defaults without the names no loaded class falls under
+        default = list(DOGS_CATS_SUPERCLASSES if d["source"].endswith(".npz") else DEFAULT_SUPERCLASSES)
+        hit = set(_assign(d["paths"], default).tolist())
+        superclasses = [s for i, s in enumerate(default) if i in hit]
     if forget is None:
         forget = "Chihuahua" if d["source"].endswith(".npz") else "dog"
-    f2c = superclass_map(d["paths"], superclasses)
+    f2c = superclass_map(d["paths"], superclasses, d.get("wordnet_nodes"))
     ff = resolve_classes(forget, d["wnids"], d["names"], d["paths"])
     kw, idx_splits = {}, {}
     for part, suffix in (("train", ""), ("val", "_test")):

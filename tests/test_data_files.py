@@ -1,0 +1,149 @@
+"""Wrong, corrupt or inconsistent data files and loader options: every reader raises ValueError /
+FileNotFoundError / TypeError naming the file (and line) or the option, never a raw low-level error.
+All data here is tiny and synthetic (tmp_path)."""
+import numpy as np
+import pytest
+
+from test_settings import celeba_root, tiny_root  # noqa: F401  (pytest fixtures)
+
+FINE = ["aquarium_fish", "trout", "rose", "tulip", "bee", "ant"]
+COARSE = ["fish", "flowers", "insects"]
+
+
+def _cifar_npz(path, **drop_or_replace):
+    """A 6-fine / 3-coarse CIFAR-100-format npz, 2 train + 1 test image per fine class."""
+    fine_tr, fine_te = np.repeat(np.arange(6), 2), np.arange(6)
+    arrs = {"x_train": np.zeros((12, 32, 32, 3), np.uint8), "y_train_fine": fine_tr, "y_train_coarse": fine_tr // 2,
+            "x_test": np.zeros((6, 32, 32, 3), np.uint8), "y_test_fine": fine_te, "y_test_coarse": fine_te // 2,
+            "fine_names": np.array(FINE), "coarse_names": np.array(COARSE)}
+    arrs.update(drop_or_replace)
+    np.savez(path, **{k: v for k, v in arrs.items() if v is not None})
+    return path
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda p: p.write_bytes(_cifar_npz(p.parent / "ok.npz").read_bytes()[:300]), "not a zip file"),
+    (lambda p: p.write_text("just text\n"), "not a zip file"),
+    (lambda p: p.mkdir(), "is a directory"),
+    (lambda p: _cifar_npz(p, x_train=None, fine_names=None), r"missing keys \['x_train', 'fine_names'\]"),
+])
+def test_cifar100_bad_npz_names_the_file(tmp_path, make, msg):
+    from entangle_ext.data.cifar100 import load_cifar100
+    p = tmp_path / "cifar100.npz"
+    make(p)
+    with pytest.raises(ValueError, match=msg) as e:
+        load_cifar100(tmp_path)
+    assert str(p) in str(e.value)
+
+
+def test_cifar100_bad_pickle_layout(tmp_path):
+    from entangle_ext.data.cifar100 import load_cifar100
+    d = tmp_path / "cifar-100-python"
+    d.mkdir()
+    (d / "train").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(ValueError, match="train is not a CIFAR-100 pickle"):
+        load_cifar100(tmp_path)
+    (d / "train").unlink()
+    with pytest.raises(FileNotFoundError, match="train is missing"):
+        load_cifar100(tmp_path)
+
+
+def test_cifar_npz_as_tinyimagenet_names_the_keys(tmp_path):
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    p = _cifar_npz(tmp_path / "cifar100.npz")
+    with pytest.raises(ValueError, match=r"is not a Tiny-ImageNet archive: missing keys \['wnids'"):
+        load_tinyimagenet(p)
+
+
+def test_cifar100_superclass_and_forget_checks(tmp_path):
+    from entangle_ext.data.cifar100 import cifar100_splits, load_cifar100
+    d = load_cifar100(_cifar_npz(tmp_path / "c.npz"))
+    s, info = cifar100_splits(data=d, superclasses=["fish", "flowers"])
+    assert info["num_classes"] == 2 and info["sizes"]["remote"] == 4
+    with pytest.raises(ValueError, match=r"repeat \['fish'\]"):
+        cifar100_splits(data=d, superclasses=("fish", "fish", "flowers"))
+    with pytest.raises(ValueError, match="remote split would be empty"):
+        cifar100_splits(data=d, superclasses=["fish"])
+    with pytest.raises(TypeError, match="list of names"):
+        cifar100_splits(data=d, superclasses="fish")
+    with pytest.raises(ValueError, match=r"unknown superclass 'flower'; did you mean \['flowers'\]"):
+        cifar100_splits(data=d, superclasses=["fish", "flower"])
+    with pytest.raises(ValueError, match="is a superclass; forget takes one of its fine classes.*"):
+        cifar100_splits(data=d, forget_fine="fish")
+    with pytest.raises(ValueError, match=r"unknown fine class 'Aquarium_Fish'; did you mean \['aquarium_fish'\]"):
+        cifar100_splits(data=d, forget_fine="Aquarium_Fish")
+
+
+def test_tinyimagenet_superclass_checks(tiny_root):   # noqa: F811
+    from entangle_ext.data.tinyimagenet import tinyimagenet_splits
+    s, info = tinyimagenet_splits(tiny_root)      # defaults on a 4-class subset: the empty names are dropped
+    assert info["coarse_names"] == ["mammal", "vertebrate"]
+    assert info["forget_classes"] == ["Chihuahua", "Yorkshire terrier"] and info["adjacent_classes"] == ["tabby"]
+    with pytest.raises(ValueError, match=r"repeat \['mammal'\]"):
+        tinyimagenet_splits(tiny_root, superclasses=("mammal", "mammal", "vertebrate"))
+    with pytest.raises(ValueError, match=r"\['other'\] would get no class"):
+        tinyimagenet_splits(tiny_root, superclasses=("mammal", "vertebrate", "other"))
+    with pytest.raises(ValueError, match="no loaded class has them"):    # a real node, but no class below it
+        tinyimagenet_splits(tiny_root, superclasses=("dog", "feline", "fish"), classes=["n02085620", "n02094433",
+                                                                                         "n02123045"])
+    with pytest.raises(ValueError, match=r"\['mamal'\]: not WordNet nodes.*typo"):
+        tinyimagenet_splits(tiny_root, superclasses=("mamal", "vertebrate"))
+    with pytest.raises(TypeError, match="list of names"):
+        tinyimagenet_splits(tiny_root, superclasses="mammal")
+
+
+def test_tinyimagenet_corrupt_jpeg_names_the_file(tiny_root):   # noqa: F811
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    bad = next((tiny_root / "train").glob("*/images/*.JPEG"))
+    bad.write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="not a readable image") as e:
+        load_tinyimagenet(tiny_root)
+    assert str(bad) in str(e.value)
+
+
+def _edit_line(path, lineno, fn):
+    lines = path.read_text().splitlines()
+    lines[lineno - 1] = fn(lines[lineno - 1])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_celeba_bad_files_name_file_and_line(celeba_root):   # noqa: F811
+    from entangle_ext.data.celeba import celeba_splits, read_celeba_attributes
+    root = celeba_root[0]
+    d = root / "celeba"
+    attr, part = (d / "list_attr_celeba.txt").read_text(), (d / "list_eval_partition.txt").read_text()
+    _edit_line(d / "list_attr_celeba.txt", 5, lambda l: l.replace(" 1", " 5", 1).replace("-1", " 5", 1))
+    with pytest.raises(ValueError, match=r"list_attr_celeba.txt line 5: attribute values must be -1 or 1"):
+        read_celeba_attributes(root)
+    _edit_line(d / "list_attr_celeba.txt", 5, lambda l: l.replace(" 5", " x", 1))
+    with pytest.raises(ValueError, match=r"list_attr_celeba.txt line 5: a field is not an integer"):
+        read_celeba_attributes(root)
+    (d / "list_attr_celeba.txt").write_text(attr)
+    _edit_line(d / "list_eval_partition.txt", 6, lambda l: l.split()[0] + " x")
+    with pytest.raises(ValueError, match=r"list_eval_partition.txt line 6: a field is not an integer"):
+        read_celeba_attributes(root)
+    (d / "list_eval_partition.txt").write_text(part.replace("000001.jpg 0", "000001.jpg 7"))
+    with pytest.raises(ValueError, match=r"line 1: expected '<file> 0\|1\|2'"):
+        read_celeba_attributes(root)
+    (d / "list_eval_partition.txt").write_text(part)
+    (d / "list_attr_celeba.txt").write_bytes(attr.encode().replace(b"000002.jpg", b"00000\xe9.jpg"))
+    with pytest.raises(ValueError, match="list_attr_celeba.txt is not a UTF-8"):
+        read_celeba_attributes(root)
+    (d / "list_attr_celeba.txt").write_text(attr)
+    (d / "img_align_celeba" / "000001.jpg").write_bytes(b"\xff\xd8 broken")
+    with pytest.raises(ValueError, match="000001.jpg: not a readable image"):
+        celeba_splits(root, image_size=8)
+
+
+def test_celeba_heldout_cap_message(celeba_root):   # noqa: F811
+    from entangle_ext.data.celeba import celeba_splits
+    root = celeba_root[0]
+    # each target class of the held-out partition holds 4 images; a cap of 1 keeps the forget image with
+    # probability 1/4, so some seed among the first 20 must drop it
+    for seed in range(20):
+        try:
+            celeba_splits(root, image_size=8, max_test_per_class=1, seed=seed)
+        except ValueError as e:
+            assert "held-out part (CelebA partition 2)" in str(e) and "max_test_per_class=1" in str(e)
+            return
+    pytest.fail("no seed dropped the held-out forget sample")
