@@ -254,10 +254,9 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
 def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget=3):
     if root is not None:
         raise ValueError("the digits setting reads scikit-learn's bundled digits; it takes no data root")
-    try:
-        digit = int(forget)
-    except (TypeError, ValueError):
-        raise ValueError(f"digits: forget must be a digit 0-9, got {forget!r}") from None
+    digit = int(forget) if isinstance(forget, str) and forget.strip().isdigit() else forget
+    if isinstance(forget, str) and digit is forget:
+        raise ValueError(f"digits: forget must be a digit 0-9, got {forget!r}")
     from .data.digits import digits_splits
     return digits_splits(forget_digit=digit, seed=seed, device=device, max_train_per_digit=max_train_per_class)
 

@@ -147,3 +147,90 @@ def test_celeba_heldout_cap_message(celeba_root):   # noqa: F811
             assert "held-out part (CelebA partition 2)" in str(e) and "max_test_per_class=1" in str(e)
             return
     pytest.fail("no seed dropped the held-out forget sample")
+
+
+def _toxigen_csv(path, rows, header="text,target_group,toxicity_ai,toxicity_human"):
+    path.write_text(header + "\n" + "".join(r + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+GOOD_ROWS = [f"t{i},{g},{a},{a}" for i, (g, a) in enumerate([("lgbtq", 4), ("lgbtq", 1), ("asian", 4), ("asian", 1)])]
+
+
+@pytest.mark.parametrize("rows, header, msg", [
+    (GOOD_ROWS[:3] + ["t3,asian,nan,1"], None, r"toxicity_ai is NaN or infinite in data row\(s\) \[5\]"),
+    (GOOD_ROWS[:3] + ["t3,asian,x,1"], None, r"non-numeric toxicity_ai 'x' in data row 5"),
+    (GOOD_ROWS[:3] + ['"t3,asian,1,1'], None, r"truncated or malformed row\(s\) \[5\]"),
+    (GOOD_ROWS[:3] + ["t3,asian"], None, r"truncated or malformed row\(s\) \[5\]"),
+    (["a,lgbtq,1", "b,lgbtq,2"], "text,target_group,toxic", r"'toxic' must be 0 or 1; row\(s\) \[3\] hold \[2.0\]"),
+])
+def test_toxigen_csv_checks(tmp_path, rows, header, msg):
+    from entangle_ext.data.toxigen import load_toxigen
+    p = _toxigen_csv(tmp_path / "toxigen_annotated.csv", rows, **({"header": header} if header else {}))
+    with pytest.raises(ValueError, match=msg) as e:
+        load_toxigen(tmp_path)
+    assert str(p) in str(e.value)
+
+
+def test_toxigen_latin1_and_caps(tmp_path):
+    from entangle_ext.data.toxigen import load_toxigen, toxigen_index_splits
+    p = _toxigen_csv(tmp_path / "toxigen_annotated.csv", GOOD_ROWS)
+    d = load_toxigen(p)
+    assert d["toxic"].tolist() == [1, 0, 1, 0]
+    for bad in (0, -3, 1.5, True):
+        with pytest.raises(ValueError, match="max_per_group_label must be an int >= 1"):
+            toxigen_index_splits(d, max_per_group_label=bad)
+    p.write_bytes(p.read_bytes().replace(b"t0", "caf\u00e9".encode("latin-1")))
+    with pytest.raises(ValueError, match="is not UTF-8 text") as e:
+        load_toxigen(p)
+    assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: p.write_bytes(_npy_bytes(np.zeros((3, 4), np.float32))[:-8]),       # truncated
+    lambda p: p.write_bytes(_npy_bytes(np.zeros((3, 4), np.float32))[:20]),       # header only
+    lambda p: np.save(p, np.array([object(), 1, 2], dtype=object), allow_pickle=True),
+    lambda p: np.save(p, np.zeros(3, np.float32)),                                 # 1-D
+    lambda p: np.save(p, np.zeros((2, 4), np.float32)),                            # wrong row count
+])
+def test_embeddings_cache_errors_name_the_file(tmp_path, make):
+    from entangle_ext.data.toxigen import sentence_embeddings
+    p = tmp_path / "emb.npy"
+    make(p)
+    with pytest.raises(ValueError, match="delete it") as e:
+        sentence_embeddings(["a", "b", "c"], cache=p)
+    assert str(p) in str(e.value)
+
+
+def test_embeddings_cache_write_is_atomic(tmp_path):
+    from entangle_ext.data.toxigen import _write_cache, sentence_embeddings
+    p = tmp_path / "sub" / "emb.npy"
+    _write_cache(p, np.arange(6, dtype=np.float32).reshape(3, 2))
+    assert sorted(x.name for x in p.parent.iterdir()) == ["emb.npy"]      # no temporary file left
+    assert sentence_embeddings(["a", "b", "c"], cache=p).tolist() == [[0, 1], [2, 3], [4, 5]]
+
+
+def _npy_bytes(arr):
+    import io
+    b = io.BytesIO()
+    np.save(b, arr)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("bad, exc", [(3.7, TypeError), (True, TypeError), ("3", TypeError), (10, ValueError)])
+def test_digits_forget_not_coerced(bad, exc):
+    pytest.importorskip("sklearn")
+    from entangle_ext.data.digits import digits_splits
+    with pytest.raises(exc, match="forget_digit"):
+        digits_splits(forget_digit=bad)
+
+
+def test_digits_setting_forget_option():
+    pytest.importorskip("sklearn")
+    from entangle_ext.settings import _load_digits
+    for bad in (3.7, True):
+        with pytest.raises(TypeError, match="forget_digit"):
+            _load_digits(None, seed=0, device="cpu", forget=bad)
+    with pytest.raises(ValueError, match="forget must be a digit"):
+        _load_digits(None, seed=0, device="cpu", forget="3.7")
+    assert _load_digits(None, seed=0, device="cpu", forget="5", max_train_per_class=2)[1]["groups"]["forget"] == [5]

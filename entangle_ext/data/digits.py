@@ -26,13 +26,16 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
 
     Returns (splits, info): TensorDatasets of x (N, 64) ``dtype`` in [0, 1] and y (N,) int64 parity
     labels on ``device``; info has the digit of each split and the sizes.
-    Raises ValueError when ``forget_digit`` is not in 0..9.
+    Raises TypeError when ``forget_digit`` is not an int (a float or bool is not coerced) and
+    ValueError when it is not in 0..9.
     """
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
+    if isinstance(forget_digit, bool) or not isinstance(forget_digit, (int, np.integer)):
+        raise TypeError(f"forget_digit must be an int 0..9, got {forget_digit!r} ({type(forget_digit).__name__})")
     if forget_digit not in range(10):
-        raise ValueError("forget_digit must be in 0..9")
+        raise ValueError(f"forget_digit must be in 0..9, got {forget_digit}")
     d = load_digits()
     x = (d.data / 16.0).astype(np.float64)
     digit = d.target.astype(np.int64)

@@ -79,7 +79,9 @@ def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
     Raises:
         FileNotFoundError: no file at/under ``path`` (see `find_toxigen`; the message names every
             place looked at).
-        ValueError: a required column is missing, a score is not a number, or the file is empty.
+        ValueError (naming the file, and the rows where one is at fault): a file that is not UTF-8
+            or is malformed, a truncated row, a required column missing, a score that is not a
+            finite number, a ``toxic`` value other than 0/1, or no rows.
     """
     src = _locate(path)
     if src.suffix == ".parquet":
@@ -90,10 +92,7 @@ def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
         rows = pq.read_table(src).to_pylist()
         cols = set(rows[0]) if rows else set()
     else:
-        with open(src, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            cols = set(reader.fieldnames or [])
+        rows, cols = _read_csv(src)
     need = {"text", "target_group"}
     has_scores = {"toxicity_ai", "toxicity_human"} <= cols
     if not need <= cols or not (has_scores or "toxic" in cols):
@@ -101,18 +100,54 @@ def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
                          f"found {sorted(cols)}")
     if not rows:
         raise ValueError(f"{src} has no rows")
-    try:
-        if has_scores:
-            ai = np.array([float(r["toxicity_ai"]) for r in rows])
-            hu = np.array([float(r["toxicity_human"]) for r in rows])
-            toxic = ((ai + hu) > TOXIC_THRESHOLD).astype(np.int64)
-        else:
-            ai = hu = np.full(len(rows), np.nan)
-            toxic = np.array([int(float(r["toxic"])) for r in rows], dtype=np.int64)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{src}: non-numeric toxicity score ({e})") from e
+    if has_scores:
+        ai, hu = _column(rows, "toxicity_ai", src), _column(rows, "toxicity_human", src)
+        toxic = ((ai + hu) > TOXIC_THRESHOLD).astype(np.int64)
+    else:
+        ai = hu = np.full(len(rows), np.nan)
+        t = _column(rows, "toxic", src)
+        bad = np.flatnonzero(~np.isin(t, (0.0, 1.0)))
+        if len(bad):
+            raise ValueError(f"{src}: 'toxic' must be 0 or 1; row(s) {(bad + 2).tolist()[:5]} hold "
+                             f"{t[bad][:5].tolist()} (the setting has 2 classes)")
+        toxic = t.astype(np.int64)
     return {"text": [str(r["text"]) for r in rows], "target_group": [normalize_group(r["target_group"]) for r in rows],
             "toxicity_ai": ai, "toxicity_human": hu, "toxic": toxic, "source": str(src)}
+
+
+def _read_csv(src: Path):
+    """(rows, column names) of a UTF-8 CSV; ValueError naming the file for another encoding, a
+    malformed file, or a truncated / malformed row (fewer or more fields than the header)."""
+    try:
+        with open(src, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            cols = list(reader.fieldnames or [])
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{src} is not UTF-8 text ({e}); re-save it as UTF-8") from e
+    except csv.Error as e:
+        raise ValueError(f"{src}: malformed CSV ({e})") from e
+    bad = [i + 2 for i, r in enumerate(rows) if None in r or any(r[c] is None for c in cols)]
+    if bad:
+        raise ValueError(f"{src}: truncated or malformed row(s) {bad[:5]} (data row numbers, header = 1): "
+                         f"field count differs from the header's {len(cols)}")
+    return rows, set(cols)
+
+
+def _column(rows, name: str, src) -> np.ndarray:
+    """(N,) float64 column ``name``; ValueError naming the file and rows for a non-numeric or
+    non-finite value."""
+    vals = []
+    for i, r in enumerate(rows):
+        try:
+            vals.append(float(r[name]))
+        except (TypeError, ValueError):
+            raise ValueError(f"{src}: non-numeric {name} {r[name]!r} in data row {i + 2}") from None
+    out = np.array(vals, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(out))
+    if len(bad):
+        raise ValueError(f"{src}: {name} is NaN or infinite in data row(s) {(bad + 2).tolist()[:5]}")
+    return out
 
 
 def _stratified_holdout(strata: np.ndarray, test_fraction: float, seed: int, keep: np.ndarray) -> np.ndarray:
@@ -140,10 +175,14 @@ def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", 
         (train_split, test_split, train_rows, test_rows): the splits index into ``train_rows`` /
         ``test_rows`` (row numbers of ``data``); ``targets`` hold the flipped labels.
     Raises:
-        ValueError: unknown group (message lists the groups), bad test_fraction, empty forget set.
+        ValueError: unknown group (message lists the groups), bad test_fraction, a
+            max_per_group_label that is not an int >= 1, empty forget set.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if max_per_group_label is not None and (isinstance(max_per_group_label, bool) or not isinstance(
+            max_per_group_label, (int, np.integer)) or max_per_group_label < 1):
+        raise ValueError(f"max_per_group_label must be an int >= 1 or None, got {max_per_group_label!r}")
     g = np.array(data["target_group"])
     y = np.asarray(data["toxic"], dtype=np.int64)
     fg = normalize_group(forget_group)
@@ -321,14 +360,12 @@ def sentence_embeddings(texts: Sequence[str], model_path: Union[str, Path, None]
     when given.
 
     Raises:
-        FileNotFoundError / ImportError: as `load_hf_tokenizer`. ValueError: a cache file whose row
-        count differs from ``len(texts)``.
+        FileNotFoundError / ImportError: as `load_hf_tokenizer`. ValueError naming the cache file (to
+        delete): unreadable (truncated, object array), not 2-D floating point, or a row count other
+        than ``len(texts)``. The cache is written to a temporary file and renamed into place.
     """
     if cache is not None and Path(cache).is_file():
-        emb = torch.from_numpy(np.load(cache))
-        if emb.shape[0] != len(texts):
-            raise ValueError(f"{cache} holds {emb.shape[0]} embeddings for {len(texts)} texts; delete it")
-        return emb
+        return _read_cache(Path(cache), len(texts))
     p = hf_model_dir(model_path)
     tok = load_hf_tokenizer(p)
     enc_model = _transformers().AutoModel.from_pretrained(str(p), local_files_only=True).eval()
@@ -341,6 +378,32 @@ def sentence_embeddings(texts: Sequence[str], model_path: Union[str, Path, None]
         out.append(((h * m).sum(1) / m.sum(1)).float())
     emb = torch.cat(out) if out else torch.zeros(0, 0)
     if cache is not None:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        np.save(cache, emb.numpy())
+        _write_cache(Path(cache), emb.numpy())
     return emb
+
+
+def _read_cache(cache: Path, n: int) -> torch.Tensor:
+    """(n, H) float32 tensor from an embeddings cache; ValueError saying to delete the file when it is
+    unreadable (truncated, object array) or not (n, H) floating point."""
+    try:
+        arr = np.load(cache, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"embeddings cache {cache} is unreadable ({e}); delete it to recompute") from e
+    if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.shape[0] != n or arr.dtype.kind != "f":
+        what = f"shape {arr.shape}, dtype {arr.dtype}" if isinstance(arr, np.ndarray) else "not one array"
+        raise ValueError(f"embeddings cache {cache} holds {what}; expected ({n}, H) floating point for {n} "
+                         "texts; delete it to recompute")
+    return torch.from_numpy(arr.astype(np.float32, copy=False))
+
+
+def _write_cache(cache: Path, arr: np.ndarray) -> None:
+    """np.save to a temporary file beside ``cache``, then os.replace: a crash leaves no partial cache."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, arr)
+        os.replace(tmp, cache)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
