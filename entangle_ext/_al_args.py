@@ -60,11 +60,13 @@ def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tens
     """mu as a tensor of the dtype of lam. A Python number or a CPU tensor must be > 0, and with
     ``finite`` also finite (ValueError); a CUDA tensor is not checked here (that would cost a host
     sync). Without ``finite``, non-finite mu is left to the kernels (`entangle_ext.dual_update_`:
-    ``check_finite``)."""
+    ``check_finite``). While torch.compile traces (``torch.compiler.is_compiling()``) the CPU tensor
+    is not read either: a data-dependent check would break the graph (``fullgraph=True`` fails);
+    `AugmentedLagrangian` has checked its mu when it was set."""
     if isinstance(mu, torch.Tensor):
         if mu.dtype != lam.dtype:
             raise TypeError(f"{op}: mu is {mu.dtype} but lam is {lam.dtype} (same dtype required)")
-        if mu.device.type == "cpu":
+        if mu.device.type == "cpu" and not torch.compiler.is_compiling():
             bad = (mu <= 0) | ~torch.isfinite(mu) if finite else (mu <= 0) & torch.isfinite(mu)
             if bool(bad.any()):
                 need = "> 0 and finite" if finite else "> 0"

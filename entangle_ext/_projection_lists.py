@@ -91,7 +91,9 @@ def gather_lists(op: str, grads, basis, *, inplace: bool,
             raise ValueError(f"{op}: basis[{i}] has {len(row)} tensors but grads has {T}")
         for t in keep:
             if row[t] is None:
-                raise ValueError(f"{op}: basis[{i}][{t}] is None but grads[{t}] is a tensor")
+                raise ValueError(f"{op}: basis[{i}][{t}] is None but grads[{t}] is a tensor (for a "
+                                 "parameter this basis loss does not use, pass zeros, e.g. "
+                                 "torch.zeros_like(grads[t]))")
             check_tensor(op, f"basis[{i}][{t}]", row[t])
         if probe is None:
             probe = next((v for v in row if isinstance(v, torch.Tensor)), None)

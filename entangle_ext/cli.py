@@ -40,6 +40,7 @@ import shlex
 import signal
 import sys
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -48,7 +49,7 @@ import torch
 
 from .cli_config import OPTION_FLAGS, STAGE_FLAGS, build_config, flag_tables, parse_overrides
 
-__all__ = ["main", "build_parser", "OPTION_FLAGS", "STAGE_FLAGS"]
+__all__ = ["main", "build_parser", "exit_on_bad_input", "OPTION_FLAGS", "STAGE_FLAGS"]
 
 _PROG = "entangle-unlearn"
 
@@ -220,6 +221,19 @@ def _jsonable(info: dict) -> dict:
 def _fail(e: BaseException) -> int:
     print(f"{_PROG}: error: {e}", file=sys.stderr)
     return 2
+
+
+@contextlib.contextmanager
+def exit_on_bad_input(prog: str):
+    """For scripts built on the package (``python_examples/``): inside the block, bad input, i.e. a
+    ValueError, TypeError, FileNotFoundError or other OSError, ImportError (a missing optional package
+    such as Pillow or torchvision) or a corrupt archive (`zipfile.BadZipFile`), prints one
+    ``PROG: error: ...`` line on stderr and exits with code 2 (`SystemExit`), as `main` does."""
+    try:
+        yield
+    except (ValueError, TypeError, OSError, ImportError, zipfile.BadZipFile) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _interrupted(argv: List[str], out: str) -> int:

@@ -77,7 +77,11 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
 
     Autograd: differentiable with respect to ``g``; the map is linear with a symmetric matrix, so
     the gradient is the same projection of the incoming gradient of ``out``. ``basis`` is treated as
-    a constant: no gradient flows to it (it is detached). ``coeffs`` is non-differentiable.
+    a constant: no gradient flows to it (it is detached). ``coeffs`` is non-differentiable. The
+    torch.func transforms work (``grad``, ``vjp``, ``jacrev``, ``functional_call`` + ``grad``;
+    ``vmap`` runs the operator once per batch entry). The in-place and split operators
+    (`project_orthogonal_`, `projection_gram`, ...) have no autograd and are for gradients, not
+    inside a differentiated function.
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
     non-finite entry in ``g`` or ``basis`` makes every coefficient and every entry of ``out``
@@ -122,7 +126,7 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     if g.dtype not in _DTYPES:
         raise TypeError(f"{op}: g must be float32, float64, float16 or bfloat16, got {g.dtype}")
     _ext.require(op, g, basis)
-    return torch.ops.entangle_ext.project_orthogonal(g, basis.detach(), rcond, ridge)
+    return _ProjectOrthogonal.apply(g, basis.detach(), rcond, ridge)
 
 
 def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis, *,
@@ -138,7 +142,10 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
     (no atomics); on CPU bit-identical for any thread count.
 
     ``None`` entries of ``grads`` are skipped together with their basis entries (which may be
-    ``None`` too), like ``torch.nn.utils.clip_grad_norm_`` skips parameters without a gradient.
+    ``None`` too), like ``torch.nn.utils.clip_grad_norm_`` skips parameters without a gradient. A
+    ``None`` basis entry beside a tensor gradient is a ValueError: where
+    ``torch.autograd.grad(..., allow_unused=True)`` gives ``None`` for a basis vector, pass zeros
+    (``torch.zeros_like(grads[t])``).
 
     Sharded gradients (``process_group``): every rank of the ``torch.distributed`` group calls
     this with its own shard of the same vectors (the shards of all ranks together are the full
@@ -359,6 +366,30 @@ def _backward(ctx, grad_out, _grad_coeffs):
         grad_g, _ = torch.ops.entangle_ext.project_orthogonal(grad_out.contiguous(), basis,
                                                               ctx.rcond, ctx.ridge)
     return grad_g, None, None, None
+
+
+class _ProjectOrthogonal(torch.autograd.Function):
+    """The fused operator with the same autograd as its registration, as an autograd.Function with
+    ``setup_context`` and a generated vmap rule, so that the torch.func transforms (grad, vjp,
+    jacrev, functional_call + grad, vmap of a gradient) work on `project_orthogonal` too."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(g, basis, rcond, ridge):
+        with torch.no_grad():   # the Function records the graph; not the operator's own autograd
+            return torch.ops.entangle_ext.project_orthogonal(g, basis, rcond, ridge)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_coeffs):
+        (basis,) = ctx.saved_tensors
+        grad_g = None
+        if ctx.needs_input_grad[0]:   # symmetric map: the VJP is the projection (differentiable again)
+            grad_g, _ = _ProjectOrthogonal.apply(grad_out.contiguous(), basis, ctx.rcond, ctx.ridge)
+        return grad_g, None, None, None
 
 
 if _ext.available():

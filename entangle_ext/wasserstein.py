@@ -67,7 +67,10 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         W2^2 in squared units of the inputs: shape ``()`` for 1-D dense input, ``(S,)`` otherwise
         (or ``()`` with reduction mean/sum), dtype of the inputs, on their device. Differentiable
         with respect to ``u`` and ``v`` (double backward raises NotImplementedError); zero segments
-        give an empty (or reduced) result that stays connected to the autograd graph.
+        give an empty (or reduced) result that stays connected to the autograd graph. The autograd
+        is a C++ function: the ``torch.func`` gradient transforms (``grad``, ``vjp``, ``jacrev``,
+        ``functional_call`` + ``grad``) raise RuntimeError (``vmap`` of the forward works); for
+        per-sample gradients loop ``torch.autograd.grad`` over the samples.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets.

@@ -17,6 +17,7 @@ import torch
 
 import entangle_ext as ee
 from entangle_ext.data.celeba import write_celeba_miniature
+from entangle_ext.cli import exit_on_bad_input
 from entangle_ext.settings import prepare
 
 
@@ -29,16 +30,13 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="runs/celeba_vit")
     args = ap.parse_args(argv)
-    root = write_celeba_miniature(args.make_miniature, n=600) if args.make_miniature else args.data_root
-    try:
+    with exit_on_bad_input("celeba_vit"):   # bad input: one error line, exit code 2
+        root = write_celeba_miniature(args.make_miniature, n=600) if args.make_miniature else args.data_root
         run = prepare("celeba", "reduced" if args.reduced else None, data_root=root, device=args.device,
                       cache_dir=args.out, model={"weights": args.weights})
-    except FileNotFoundError as e:
-        raise SystemExit(f"celeba_vit: {e}")
-    print(run.info["model"], "| sizes:", run.info["sizes"])
-    # Stage 1 + Stage 2, then the three-split table (printed) and report.json under --out
-    return ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
-
+        print(run.info["model"], "| sizes:", run.info["sizes"])
+        # Stage 1 + Stage 2, then the three-split table (printed) and report.json under --out
+        return ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
 
 if __name__ == "__main__":
     main()

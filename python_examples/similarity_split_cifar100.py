@@ -3,8 +3,11 @@ given: CIFAR-100, forget = "aquarium_fish", true siblings = the other 4 fish cla
 
 A model is trained on the 20 superclasses (the "original model"), its penultimate features are taken
 with `extract_features`, every forget image votes for its k nearest retain images, and the top
-``fraction`` (= the true sibling share, so precision = recall) becomes D_adj. Compared with a
-no-training baseline (raw pixels → PCA-256 → LDA on the coarse labels).
+``fraction`` (= the true sibling share, so precision = recall) becomes D_adj. Compared with two
+baselines that train no network and never see the coarse labels of the sample they rank: raw pixels →
+PCA-256 (no labels at all), and raw pixels → PCA-256 → LDA fitted on the coarse labels of the 10,000
+CIFAR-100 *test* images (disjoint from the sample; a linear model of the superclasses).
+``--per-class`` is 1 to 500 (the train images per fine class in CIFAR-100).
 
     python python_examples/similarity_split_cifar100.py --per-class 100 --epochs 8          # CPU, minutes
     python python_examples/similarity_split_cifar100.py --per-class 500 --epochs 30 --model resnet18 --device cuda
@@ -20,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from entangle_ext.cli import exit_on_bad_input
 from entangle_ext.data.cifar100 import CIFAR100_MEAN, CIFAR100_STD, load_cifar100, resnet18_cifar
 from entangle_ext.data.tinyimagenet import images_to_tensor
 from entangle_ext.data.vit import vit_classifier
@@ -35,6 +39,22 @@ def recovery(feats_r, feats_f, retain, forget, true_adj, k, metric):
     return hit / len(s.adjacent), hit / len(true_adj), frac
 
 
+def pixel_baselines(d, sel, seed=0):
+    """Raw-pixel features of the train images ``sel`` (float32 numpy, (len(sel), 256) each): PCA-256
+    of the sample (no labels), and that PCA followed by LDA fitted on the test split's coarse labels
+    (never on the sample's, whose coarse labels define the true siblings)."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    X = torch.tensor(d["x_train"][sel].reshape(len(sel), -1), dtype=torch.float32) / 255
+    Xt = torch.tensor(d["x_test"].reshape(len(d["x_test"]), -1), dtype=torch.float32) / 255
+    torch.manual_seed(seed)
+    mu = Xt.mean(0)
+    _, _, V = torch.pca_lowrank(Xt - mu, q=256, center=False)   # PCA basis from the test split too
+    P, Pt = ((X - mu) @ V).numpy(), ((Xt - mu) @ V).numpy()
+    lda = LinearDiscriminantAnalysis().fit(Pt, d["y_test_coarse"])
+    return {"pixels PCA     ": P, "pixels PCA+LDA ": lda.transform(P)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-root", default=None)
@@ -47,11 +67,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
+    with exit_on_bad_input("similarity_split_cifar100"):
         d = load_cifar100(args.data_root)
-    except FileNotFoundError as e:
-        raise SystemExit(f"similarity_split_cifar100: {e}")
-    fine, coarse = d["y_train_fine"], d["y_train_coarse"]
+        fine, coarse = d["y_train_fine"], d["y_train_coarse"]
+        most = int(np.bincount(fine, minlength=100).min())
+        if not 1 <= args.per_class <= most:
+            raise ValueError(f"--per-class must be 1..{most} (train images per fine class), got {args.per_class}")
     rng = np.random.default_rng(args.seed)
     sel = np.concatenate([rng.choice(np.flatnonzero(fine == k), args.per_class, replace=False) for k in range(100)])
     aq, fish = d["fine_names"].index("aquarium_fish"), d["coarse_names"].index("fish")
@@ -60,17 +81,11 @@ def main(argv=None):
     pos = {int(i): j for j, i in enumerate(sel)}
     fi, ri = [pos[int(i)] for i in forget], [pos[int(i)] for i in retain]
 
-    # baseline without training: PCA + LDA on raw pixels
-    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
-    X = torch.tensor(d["x_train"][sel].reshape(len(sel), -1), dtype=torch.float32) / 255
-    torch.manual_seed(args.seed)
-    mu = X.mean(0)
-    _, _, V = torch.pca_lowrank(X - mu, q=256, center=False)
-    P = ((X - mu) @ V).numpy()
-    Z = LinearDiscriminantAnalysis().fit(P, coarse[sel]).transform(P)
-    for k in (10, 50):
-        p, r, c = recovery(Z[ri], Z[fi], retain, forget, true_adj, k, "euclidean")
-        print(f"pixels PCA+LDA  k={k:<3} precision {p:.3f} recall {r:.3f} (chance {c:.3f})")
+    # baselines without training a network, blind to the sample's coarse labels
+    for name, Z in pixel_baselines(d, sel, args.seed).items():
+        for k in (10, 50):
+            p, r, c = recovery(Z[ri], Z[fi], retain, forget, true_adj, k, "euclidean")
+            print(f"{name} k={k:<3} precision {p:.3f} recall {r:.3f} (chance {c:.3f})")
 
     # trained model: penultimate features
     t0 = time.perf_counter()

@@ -17,6 +17,7 @@ import argparse
 import torch
 
 import entangle_ext as ee
+from entangle_ext.cli import exit_on_bad_input
 from entangle_ext.settings import prepare
 
 
@@ -29,15 +30,13 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="runs/tinyimagenet_vit")
     args = ap.parse_args(argv)
-    try:   # variant None = "full" when --weights is given, else "scratch"
+    with exit_on_bad_input("tinyimagenet_vit"):   # bad input: one error line, exit code 2
+        # variant None = "full" when --weights is given, else "scratch"
         run = prepare("tinyimagenet", args.variant, data_root=args.data_root,
                       device=args.device, cache_dir=args.out, model={"weights": args.weights})
-    except FileNotFoundError as e:
-        raise SystemExit(f"tinyimagenet_vit: {e}")
-    print(run.info["model"], "| sizes:", run.info["sizes"], "| forget:", run.info["forget_classes"])
-    # Stage 1 + Stage 2, then the three-split table (printed) and report.json under --out
-    return ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
-
+        print(run.info["model"], "| sizes:", run.info["sizes"], "| forget:", run.info["forget_classes"])
+        # Stage 1 + Stage 2, then the three-split table (printed) and report.json under --out
+        return ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
 
 if __name__ == "__main__":
     main()

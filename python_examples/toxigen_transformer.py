@@ -18,6 +18,7 @@ import time
 import torch
 
 import entangle_ext as ee
+from entangle_ext.cli import exit_on_bad_input
 from entangle_ext.settings import prepare
 
 
@@ -30,14 +31,12 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/toxigen_transformer")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    try:
+    with exit_on_bad_input("toxigen_transformer"):   # bad input: one error line, exit code 2
         run = prepare("toxigen", "reduced" if args.reduced else "full", data_root=args.data_root,
                       device=args.device, cache_dir=args.out, data={"model_path": args.model_path})
-    except (FileNotFoundError, ImportError) as e:
-        raise SystemExit(f"toxigen_transformer: {e}")
-    print(run.info["model"], "| sizes:", run.info["sizes"], "| label rule:", run.info["label_rule"])
-    # Stage 1 + Stage 2, then the three-split table (printed once, by unlearn) and report.json under --out
-    res = ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
+        print(run.info["model"], "| sizes:", run.info["sizes"], "| label rule:", run.info["label_rule"])
+        # Stage 1 + Stage 2, then the three-split table (printed once, by unlearn) and report.json under --out
+        res = ee.unlearn(run.model, run.splits, run.config(), device=args.device, out_dir=args.out)
     print(f"total {time.perf_counter() - t0:.0f}s (timings per stage: {args.out}/report.json)")
     return res
 

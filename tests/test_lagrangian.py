@@ -383,3 +383,27 @@ def test_cuda_graph_capture_of_stage1_step():
     torch.testing.assert_close(al.mu, al_e.mu)
     assert al.lam.abs().item() > 0
     torch.testing.assert_close(model.weight, model_e.weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["equality", "inequality"])
+def test_penalty_compiles_with_fullgraph_and_matches_eager(kind):
+    """penalty() must not read the mu tensor on the host while torch.compile traces it (a
+    data-dependent check breaks fullgraph=True); eager use still rejects a bad mu."""
+    al = ee.AugmentedLagrangian(torch.tensor([0.5, 1.0], dtype=torch.float64), mu=3.0, kind=kind)
+    al.lam.copy_(torch.tensor([0.2, -0.1], dtype=torch.float64).clamp_min(0 if kind == "inequality" else -1))
+
+    def f(values):
+        return al.penalty(al.constraint(values)) * 2.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    x = torch.tensor([0.9, 0.4], dtype=torch.float64, requires_grad=True)
+    got = compiled(x)
+    (g_got,) = torch.autograd.grad(got, x)
+    want = f(x)
+    (g_want,) = torch.autograd.grad(want, x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="mu must be"):
+        ee.augmented_lagrangian_term(torch.zeros(2, dtype=torch.float64), al.lam,
+                                     torch.tensor(-1.0, dtype=torch.float64))

@@ -1,0 +1,70 @@
+"""torch.func transforms on the operators: project_orthogonal supports grad / jacrev / vjp /
+functional_call + grad / vmap (checked against the float64 reference); wasserstein2_1d's C++
+autograd does not, and says so (the documented workaround, torch.autograd.grad per sample, works)."""
+import pytest
+import torch
+
+import entangle_ext as ee
+from entangle_ext import reference as ref
+
+pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
+
+
+def _data(P=7, k=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(P, generator=gen, dtype=torch.float64),
+            torch.randn(k, P, generator=gen, dtype=torch.float64),
+            torch.randn(P, generator=gen, dtype=torch.float64))
+
+
+def test_func_grad_of_projection_is_the_projection():
+    g, V, w = _data()
+    got = torch.func.grad(lambda x: ee.project_orthogonal(x, V)[0] @ w)(g)
+    want, _ = ref.project_orthogonal(w, V)   # the map is symmetric: its VJP is the projection
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_func_jacrev_of_projection_is_the_projector():
+    g, V, _ = _data()
+    jac = torch.func.jacrev(lambda x: ee.project_orthogonal(x, V)[0])(g)
+    eye = torch.eye(g.numel(), dtype=torch.float64)
+    want = torch.stack([ref.project_orthogonal(e, V)[0] for e in eye], 1)
+    torch.testing.assert_close(jac, want, rtol=1e-12, atol=1e-12)
+
+
+def test_functional_call_grad_and_vmap_through_projection():
+    lin = torch.nn.Linear(3, 2, dtype=torch.float64)
+    params = {n: p.detach() for n, p in lin.named_parameters()}
+    x = torch.randn(5, 3, dtype=torch.float64)
+    V = torch.randn(2, 10, dtype=torch.float64)
+
+    def loss(p, xi):
+        out = torch.func.functional_call(lin, p, (xi,))
+        return ee.project_orthogonal(out.reshape(-1), V)[0].square().sum()
+
+    def loss_ref(p, xi):
+        out = torch.func.functional_call(lin, p, (xi,))
+        return ref.project_orthogonal(out.reshape(-1), V)[0].square().sum()
+
+    xs = x.reshape(5, 1, 3).expand(5, 5, 3).contiguous()   # 5 samples of 5 rows each: P = 10
+    got = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, xs)
+    want = torch.func.vmap(torch.func.grad(loss_ref), in_dims=(None, 0))(params, xs)
+    for n in params:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-10, atol=1e-10)
+
+
+def test_projection_autograd_still_gradchecks():
+    g, V, _ = _data(P=5)
+    g.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: ee.project_orthogonal(x, V)[0], (g,))
+    assert torch.autograd.gradgradcheck(lambda x: ee.project_orthogonal(x, V)[0], (g,))
+
+
+def test_wasserstein_func_grad_is_refused_and_autograd_grad_works():
+    u, v = torch.randn(6, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="functorch"):
+        torch.func.grad(lambda x: ee.wasserstein2_1d(x, v))(u)
+    x = u.clone().requires_grad_(True)   # the workaround: torch.autograd.grad per sample
+    (gu,) = torch.autograd.grad(ee.wasserstein2_1d(x, v), x)
+    (gr,) = torch.autograd.grad(ref.wasserstein2_1d(x, v), x)
+    torch.testing.assert_close(gu, gr, rtol=1e-10, atol=1e-12)
