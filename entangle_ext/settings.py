@@ -349,7 +349,8 @@ def _vision_model(info, arch="small", weights=None, image_size=64):
 
 def _toxigen_model(info):
     if info["features"] == "embeddings":
-        from torchvision.ops import MLP
+        from ._optional import optional_import
+        MLP = optional_import("torchvision.ops", "the toxigen 'reduced' MLP", "text").MLP
         return MLP(info["embedding_dim"], [256, info["num_classes"]], dropout=0.0)
     from .data.toxigen import load_hf_classifier
     return load_hf_classifier(info["model_path"], num_labels=info["num_classes"])[0]

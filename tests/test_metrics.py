@@ -120,7 +120,7 @@ def test_mia_errors(monkeypatch):
     with pytest.raises(ValueError, match="non-finite logits"):
         M.mia_efficacy(model, _splits(seen, retain, held))
     monkeypatch.setitem(sys.modules, "sklearn.svm", None)
-    with pytest.raises(ImportError, match=r"entangle_ext\[metrics\].*scikit-learn"):
+    with pytest.raises(ImportError, match=r"'\.\[metrics\]'.*pip install scikit-learn"):
         M.mia_efficacy_from_features(torch.ones(3), torch.zeros(3), {"t": torch.ones(1)})
 
 
@@ -155,7 +155,7 @@ def test_forget_quality_ks_known_values(monkeypatch):
     with pytest.raises(ValueError):
         M.forget_quality_ks([float("inf")], [1.0])
     monkeypatch.setitem(sys.modules, "scipy.stats", None)
-    with pytest.raises(ImportError, match=r"entangle_ext\[metrics\].*scipy"):
+    with pytest.raises(ImportError, match=r"'\.\[metrics\]'.*pip install scipy"):
         M.forget_quality_ks([1.0], [2.0])
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from .._optional import optional_import
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn import Splits
 from .root import find_data_file, read_npz
@@ -213,8 +214,9 @@ def _keep_superclasses(superclasses, coarse_names: Sequence[str]) -> list:
 
 def resnet18_cifar(num_classes: int = 20) -> torch.nn.Module:
     """torchvision ResNet-18 with the usual CIFAR stem (3×3 stride-1 conv1, no max-pool):
-    input (B, 3, 32, 32), logits (B, num_classes); 11.2 M parameters for 20 classes."""
-    import torchvision
+    input (B, 3, 32, 32), logits (B, num_classes); 11.2 M parameters for 20 classes. Raises
+    ImportError with an install hint without torchvision."""
+    torchvision = optional_import("torchvision", "the cifar100 setting's ResNet-18", "vision")
 
     m = torchvision.models.resnet18(num_classes=num_classes)
     m.conv1 = torch.nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
@@ -243,7 +245,8 @@ def small_resnet_cifar(num_classes: int = 20, widths: Sequence[int] = (32, 64, 1
 
     Input (B, 3, H, W) at any size (the CPU CIFAR-100 variant uses 16×16), logits (B, num_classes).
     With the defaults: 0.31 M parameters for 20 classes (`resnet18_cifar`: 11.2 M). Raises ValueError when ``widths`` and ``blocks`` differ in length or are empty."""
-    from torchvision.models.resnet import BasicBlock
+    BasicBlock = optional_import("torchvision.models.resnet", "the cifar100 setting's small ResNet",
+                                 "vision").BasicBlock
 
     nn = torch.nn
     if len(widths) != len(blocks) or not widths:

@@ -15,6 +15,8 @@ from typing import Optional, Union
 
 import torch
 
+from .._optional import optional_import
+
 __all__ = ["vit_classifier", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -48,7 +50,7 @@ def vit_classifier(num_classes: int, *, arch: str = "small", weights: Union[str,
         FileNotFoundError: ``weights`` does not exist. ValueError: unknown arch, weights with "small",
         or a state dict that does not fit ViT-B/32.
     """
-    import torchvision
+    torchvision = optional_import("torchvision", "the ViT of the tinyimagenet / celeba settings", "vision")
 
     if arch == "small":
         if weights is not None:

@@ -14,7 +14,6 @@ need them, with an ImportError naming the ``metrics`` extra when missing.
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
+from .._optional import optional_import
 from .data import BatchStream, Source, Splits, as_source, check_batch_size, forward_logits, split_batch
 from .evaluate import evaluate
 from .inputs import model_device, training_flags_kept
@@ -72,12 +72,7 @@ _GAP_KEYS = ("UA", "RA", "TA", "mia_forget")
 
 
 def _optional(module: str, what: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        pkg = "scikit-learn" if module.startswith("sklearn") else module.split(".")[0]
-        raise ImportError(f"{what} needs {pkg}, an optional dependency of entangle_ext: "
-                          f"pip install 'entangle_ext[metrics]' (or pip install {pkg})") from e
+    return optional_import(module, what, "metrics")
 
 
 class NonFiniteOutputError(ValueError):
