@@ -328,3 +328,20 @@ def test_interrupt_without_a_checkpoint_says_why(small):
             raise KeyboardInterrupt
     with pytest.raises(ee.RunInterrupted, match=r"no checkpoint was written: pass out_dir \(--out\)"):
         ee.unlearn(Net(hook), small, tiny_config(checkpoint_every=0), progress=False)
+
+
+def test_reused_out_dir_warning_from_a_python_dash_m_main(tmp_path):
+    """The warning is attributed to the caller's line; for a `python -m` module (its frame is
+    __main__) that must not make the warning machinery fail (it asked the loader for __main__'s
+    source: ImportError). Rerunning the demo into its own out dir warns and succeeds."""
+    pytest.importorskip("sklearn")
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "entangle_ext.demo", "--out", str(tmp_path / "out"), "--cache",
+           str(tmp_path / "cache"), "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "OutDirReusedWarning" in again.stderr and "already holds a finished run" in again.stderr

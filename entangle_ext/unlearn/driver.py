@@ -224,8 +224,10 @@ def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
     state = "a finished run" if "report.json" in found else "an unfinished run"
     msg = (f"{out} already holds {state}; this run overwrites its {', '.join(found)}. To continue "
            f"that run instead, pass resume={str(out)!r} (command line: --resume {out})")
+    # no module_globals: linecache would ask the module's loader for the source, which fails for
+    # a `python -m` __main__ frame (ImportError "loader ... cannot handle __main__")
     where = dict(filename=frame.f_code.co_filename, lineno=frame.f_lineno,
-                 module=frame.f_globals.get("__name__"), module_globals=frame.f_globals,
+                 module=frame.f_globals.get("__name__"),
                  registry=frame.f_globals.setdefault("__warningregistry__", {}))
     return lambda: warnings.warn_explicit(msg, OutDirReusedWarning, **where)
 
