@@ -218,8 +218,9 @@ def _jsonable(info: dict) -> dict:
     return out
 
 
-def _fail(e: BaseException) -> int:
-    print(f"{_PROG}: error: {e}", file=sys.stderr)
+def _fail(e: BaseException, prog: str = _PROG) -> int:
+    """One ``PROG: error: ...`` line on stderr; returns the bad-input exit code 2."""
+    print(f"{prog}: error: {e}", file=sys.stderr)
     return 2
 
 
@@ -232,8 +233,7 @@ def exit_on_bad_input(prog: str):
     try:
         yield
     except (ValueError, TypeError, OSError, ImportError, zipfile.BadZipFile) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(_fail(e, prog)) from None
 
 
 def _interrupted(argv: List[str], out: str) -> int:

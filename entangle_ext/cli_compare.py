@@ -52,11 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _fail(e: BaseException) -> int:
-    print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
-    return 2
-
-
 def _methods(spec: str):
     from .compare import available_methods
 
@@ -85,7 +80,7 @@ def main(argv=None) -> int:
     (one ``entangle-unlearn compare: error: ...`` line on stderr: a ValueError / TypeError /
     FileNotFoundError / missing package; flags are checked before any data is loaded); 130
     interrupted (rerunning the same command resumes from the per-run cache)."""
-    from .cli import _device
+    from .cli import _device, _fail
     from .compare import compare
     from .settings import get_setting, prepare
     from .threads import default_threads, torch_threads
@@ -104,7 +99,7 @@ def main(argv=None) -> int:
         methods = _methods(args.methods)
         threads = args.threads or default_threads(setting.threads)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        return _fail(e)
+        return _fail(e, "entangle-unlearn compare")
     try:
         with torch_threads(threads):
             run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
@@ -115,7 +110,7 @@ def main(argv=None) -> int:
                           device=device, model_fn=run.fresh_model, relearn=relearn,
                           mia_max_samples=args.mia_max_samples, progress=not args.no_progress)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        return _fail(e)
+        return _fail(e, "entangle-unlearn compare")
     except KeyboardInterrupt:
         print(f"\nentangle-unlearn compare: interrupted; finished runs are cached in {out}/cache: rerun the "
               "same command to go on from there", file=sys.stderr)
