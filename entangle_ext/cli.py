@@ -139,25 +139,28 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _device(spec: Optional[str]) -> torch.device:
-    """The run's device; ValueError for a malformed or unavailable one."""
+def _device(spec: Optional[str], label: Optional[str] = None) -> torch.device:
+    """The run's device; ValueError for a malformed or unavailable one (the message starts with
+    ``label``, by default ``--device SPEC``)."""
     if spec is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    quoted = f"--device {spec!r}" if label is None else label
+    label = f"--device {spec}" if label is None else label
     try:
         d = torch.device(spec)
     except RuntimeError:
-        raise ValueError(f"--device {spec!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+        raise ValueError(f"{quoted} is not a device; use cpu, cuda, cuda:N or mps") from None
     if d.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {spec}: CUDA is not available here (torch {torch.__version__}, "
+            raise ValueError(f"{label}: CUDA is not available here (torch {torch.__version__}, "
                              f"built for CUDA {torch.version.cuda}); use --device cpu")
         if d.index is not None and d.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise ValueError(f"{label}: only {torch.cuda.device_count()} CUDA device(s) here")
     elif d.type == "mps":
         if not torch.backends.mps.is_available():
-            raise ValueError(f"--device {spec}: MPS is not available here; use --device cpu")
+            raise ValueError(f"{label}: MPS is not available here; use --device cpu")
     elif d.type != "cpu":
-        raise ValueError(f"--device {spec}: unsupported device type {d.type!r}; use cpu, cuda, cuda:N or mps")
+        raise ValueError(f"{label}: unsupported device type {d.type!r}; use cpu, cuda, cuda:N or mps")
     return d
 
 
@@ -174,6 +177,31 @@ class _Plan:
     hparams: str
     threads: int
     resume: Optional[dict]
+
+
+def device_arg(spec: str) -> str:
+    """``type=`` of an argparse ``--device`` option (the package CLI and ``python_examples/``).
+
+    Args:
+        spec: the command-line text, e.g. ``cpu``, ``cuda``, ``cuda:1`` or ``mps``.
+
+    Returns:
+        ``spec`` normalised by `torch.device` (``str``), when it names a device this machine has.
+
+    Raises:
+        argparse.ArgumentTypeError: a malformed device string, an unsupported device type, or CUDA /
+            MPS / a CUDA index this machine lacks; argparse turns it into one
+            ``PROG: error: argument --device: ...`` line and exit code 2.
+    """
+    try:
+        return str(_device(spec, label=repr(spec)))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def default_device() -> str:
+    """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``: the default of ``--device``."""
+    return str(_device(None))
 
 
 def _plan(args) -> _Plan:

@@ -55,7 +55,8 @@ class Variant:
     """One size of a setting.
 
     Attributes:
-        name: e.g. "full", "scratch", "reduced". summary: one line, recorded as ``info["model"]``.
+        name: e.g. "full", "scratch", "reduced". summary: one line, recorded as ``info["model"]``
+            (with the data options the caller gave appended, as they override what the line says).
         recipe: how the original model is trained. data / model: keyword options of the setting's
             loader / model builder. stage1 / stage2: overrides of the preset's `Stage1Config` /
             `Stage2Config` fields.
@@ -245,9 +246,17 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
                        cache=cache, progress=progress)
         if cache is not None:
             cache.with_suffix(".json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
-    info.update(setting=s.name, variant=v.name, model=v.summary)
+    summary = v.summary   # describes the variant's own data; say so when the caller changed it
+    if data:
+        summary += "; data options given: " + ", ".join(f"{k}={_option_text(x)}" for k, x in sorted(data.items()))
+    info.update(setting=s.name, variant=v.name, model=summary)
     return Prepared(model=net, splits=splits, info=info, setting=s, variant=v, recipe=recipe, cache=cache,
                     key=key)
+
+
+def _option_text(x) -> str:
+    """A data option as the user wrote it: ``fish,flowers`` for a sequence, else ``str``."""
+    return ",".join(map(str, x)) if isinstance(x, (list, tuple)) else str(x)
 
 
 # ------------------------------------------------------------------------ loaders and model builders

@@ -13,11 +13,10 @@ generated miniature (noise images, random attributes; its accuracies mean nothin
 """
 import argparse
 
-import torch
 
 import entangle_ext as ee
 from entangle_ext.data.celeba import write_celeba_miniature
-from entangle_ext.cli import exit_on_bad_input
+from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
 
 
@@ -27,7 +26,7 @@ def main(argv=None):
     ap.add_argument("--data-root", help="dir holding celeba/ (default: the data directories)")
     ap.add_argument("--make-miniature", metavar="DIR", help="write a generated miniature there and use it")
     ap.add_argument("--weights", help="local ViT-B/32 ImageNet state dict (.pth)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_arg, default=default_device())
     ap.add_argument("--out", default="runs/celeba_vit")
     args = ap.parse_args(argv)
     with exit_on_bad_input("celeba_vit"):   # bad input: one error line, exit code 2

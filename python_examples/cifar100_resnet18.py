@@ -18,7 +18,7 @@ import argparse
 import torch
 
 import entangle_ext as ee
-from entangle_ext.cli import exit_on_bad_input
+from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
 
 
@@ -28,7 +28,7 @@ def main(argv=None):
                     help="default: full on a CUDA device, cpu (the CPU preset) otherwise")
     ap.add_argument("--data-root", help="cifar100.npz or a dir holding it / cifar-100-python/ "
                     "(default: $ENTANGLE_DATA, the user cache dir, ../shared/data)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_arg, default=default_device())
     ap.add_argument("--out", default="runs/cifar100_resnet18")
     args = ap.parse_args(argv)
     with exit_on_bad_input("cifar100_resnet18"):

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from entangle_ext.cli import exit_on_bad_input
+from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.data.cifar100 import CIFAR100_MEAN, CIFAR100_STD, load_cifar100, resnet18_cifar
 from entangle_ext.data.tinyimagenet import images_to_tensor
 from entangle_ext.data.vit import vit_classifier
@@ -61,7 +61,7 @@ def main(argv=None):
     ap.add_argument("--per-class", type=int, default=100, help="train images per fine class")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--model", choices=["small", "resnet18"], default="small")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_arg, default=default_device())
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -14,10 +14,9 @@ reduced`` (small ViT from scratch, 100 train images per class; shows the pipelin
 """
 import argparse
 
-import torch
 
 import entangle_ext as ee
-from entangle_ext.cli import exit_on_bad_input
+from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
 
 
@@ -27,7 +26,7 @@ def main(argv=None):
                     help="default: full with --weights, else scratch")
     ap.add_argument("--data-root", help="tiny-imagenet-200/ (or its parent) or tinyimagenet_dogs_cats.npz")
     ap.add_argument("--weights", help="local ViT-B/32 ImageNet state dict (.pth)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_arg, default=default_device())
     ap.add_argument("--out", default="runs/tinyimagenet_vit")
     args = ap.parse_args(argv)
     with exit_on_bad_input("tinyimagenet_vit"):   # bad input: one error line, exit code 2

@@ -15,10 +15,9 @@ transformers package.
 import argparse
 import time
 
-import torch
 
 import entangle_ext as ee
-from entangle_ext.cli import exit_on_bad_input
+from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
 
 
@@ -27,7 +26,7 @@ def main(argv=None):
     ap.add_argument("--reduced", action="store_true", help="the CPU variant")
     ap.add_argument("--data-root", help="toxigen_annotated.csv / .parquet or a dir holding it")
     ap.add_argument("--model-path", help="local Hugging Face model dir (default: MiniLM)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_arg, default=default_device())
     ap.add_argument("--out", default="runs/toxigen_transformer")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

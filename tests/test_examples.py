@@ -59,3 +59,31 @@ def test_similarity_example_checks_per_class(per_class, monkeypatch, capsys):
     assert info.value.code == 2
     assert capsys.readouterr().err == (f"similarity_split_cifar100: error: --per-class must be 1..3 "
                                        f"(train images per fine class), got {per_class}\n")
+
+
+@pytest.mark.parametrize("name", ["cifar100_resnet18", "tinyimagenet_vit", "celeba_vit", "toxigen_transformer",
+                                  "similarity_split_cifar100"])
+@pytest.mark.parametrize("device, says", [("bogus", "'bogus' is not a device; use cpu, cuda, cuda:N or mps"),
+                                          ("cuda:99", "'cuda:99': "), ("tpu", "'tpu' is not a device")])
+def test_a_bad_device_is_an_argparse_error_before_any_data(name, device, says, monkeypatch, capsys):
+    # was a RuntimeError traceback from torch.device (or from the first .to(device)) after loading data
+    ex = load_example(name)
+    for attr in ("prepare", "load_cifar100"):
+        if hasattr(ex, attr):
+            monkeypatch.setattr(ex, attr, lambda *a, **k: pytest.fail("data loaded before --device was checked"))
+    with pytest.raises(SystemExit) as info:
+        ex.main(["--device", device])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: argument --device: " + says in err
+
+
+def test_device_arg_normalises_and_refuses():
+    import argparse
+
+    from entangle_ext.cli import default_device, device_arg
+    assert device_arg("cpu") == "cpu"
+    assert device_arg("cpu:0") == "cpu:0"
+    assert default_device() in ("cpu", "cuda")
+    with pytest.raises(argparse.ArgumentTypeError, match="'meta': unsupported device type 'meta'"):
+        device_arg("meta")

@@ -273,6 +273,9 @@ def test_prepare_is_seeded_and_cached_by_fingerprint(tmp_path):
     pa, pb, pc = [torch.cat([t.flatten() for t in r.model.parameters()]) for r in (a, b, c)]
     assert torch.equal(pa, pb) and not torch.equal(pa, pc)
     assert a.info["variant"] == "full" and a.info["sizes"]["forget"] == 10 and a.cache is None
+    # the variant's one-line summary describes its own data; options that override it are appended
+    full = get_setting("digits").variant("full").summary
+    assert a.info["model"] == full + "; data options given: max_train_per_class=10"
     r1 = prepare("digits", seed=3, cache_dir=tmp_path, **kw)
     assert r1.cache.parent == tmp_path and r1.cache.name.startswith("original_digits_full_seed3_")
     torch.save({k: torch.zeros_like(v) for k, v in r1.model.state_dict().items()}, r1.cache)   # mark the file
@@ -281,6 +284,12 @@ def test_prepare_is_seeded_and_cached_by_fingerprint(tmp_path):
     r3 = prepare("digits", seed=3, cache_dir=tmp_path, data={"max_train_per_class": 10}, train={"epochs": 2},
                  progress=False)
     assert r3.cache != r1.cache and len(list(tmp_path.glob("original_*.pt"))) == 2
+
+
+def test_data_options_in_the_summary_read_as_typed():
+    from entangle_ext.settings import _option_text
+    assert _option_text(("fish", "flowers")) == "fish,flowers" and _option_text(["a"]) == "a"
+    assert _option_text(100) == "100" and _option_text("aquarium_fish") == "aquarium_fish"
 
 
 # ------------------------------------------------------------------------------------------ CLI
