@@ -9,7 +9,10 @@ then runs `entangle_ext.compare` and prints the markdown table: every method get
 a fresh model of the setting trained with the variant's recipe (`entangle_ext.settings`).
 ``--out`` holds ``comparison.md``, ``comparison.json``, ``comparison.png``, the cached original model
 and ``cache/`` (one file per finished (method, seed) run: rerunning the same command resumes where
-it stopped).
+it stopped). ``--jobs N`` runs N (method, seed) runs at a time in worker processes sharing that
+cache (`entangle_ext.compare_jobs`; on a CPU, e.g. one worker per core);
+``--budget F`` scales every method's epochs by one common factor (``from entangle_ext.compare
+import scale_budget``).
 """
 from __future__ import annotations
 
@@ -48,7 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: the setting's "
                     "own, else OMP_NUM_THREADS, else the physical cores); the previous count is restored")
+    ap.add_argument("--budget", type=float, default=1.0, help="common factor (> 0) of every method's epochs, "
+                    "rounded up to whole epochs (default 1 = the presets); said under the table")
+    ap.add_argument("--jobs", type=int, default=1, help="(method, seed) runs at a time, each in its own worker "
+                    "process with threads // jobs torch threads, sharing the per-run cache (default 1)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # internal: a --jobs worker's queue dir
     return ap
 
 
@@ -63,6 +71,8 @@ def _methods(spec: str):
 
 def _check_flags(args, out: str) -> None:
     """The flags that need no data, checked before anything is loaded or trained (ValueError)."""
+    from .compare import check_budget
+
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     if args.threads is not None and args.threads < 1:
@@ -71,6 +81,9 @@ def _check_flags(args, out: str) -> None:
         raise ValueError(f"--relearn-steps must be >= 1, got {args.relearn_steps}")
     if args.mia_max_samples is not None and args.mia_max_samples < 1:
         raise ValueError(f"--mia-max-samples must be >= 1, got {args.mia_max_samples}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    check_budget(args.budget)
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
 
@@ -78,10 +91,12 @@ def _check_flags(args, out: str) -> None:
 def main(argv=None) -> int:
     """Entry point of ``entangle-unlearn compare``. Returns the exit code: 0 success; 2 bad input
     (one ``entangle-unlearn compare: error: ...`` line on stderr: a ValueError / TypeError /
-    FileNotFoundError / missing package; flags are checked before any data is loaded); 130
-    interrupted (rerunning the same command resumes from the per-run cache)."""
+    FileNotFoundError / missing package; flags are checked before any data is loaded); 1 a
+    ``--jobs`` worker failed (its log is named); 130 interrupted (rerunning the same command resumes
+    from the per-run cache)."""
     from .cli import _device, _fail
     from .compare import compare
+    from .compare_jobs import WorkerFailed, plan_tasks, run_workers, work, worker_command
     from .settings import get_setting, prepare
     from .threads import default_threads, torch_threads
 
@@ -105,12 +120,26 @@ def main(argv=None) -> int:
             run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
                           cache_dir=out, progress=not args.no_progress, data=data, model=model)
             relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
-            res = compare(run.model, run.splits, methods, list(range(args.first_seed, args.first_seed + args.seeds)),
-                          setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out,
-                          device=device, model_fn=run.fresh_model, relearn=relearn,
-                          mia_max_samples=args.mia_max_samples, progress=not args.no_progress)
+            seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+            kw = dict(setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out, device=device,
+                      model_fn=run.fresh_model, relearn=relearn, mia_max_samples=args.mia_max_samples,
+                      budget=args.budget)
+            if args.worker is not None:   # one (method, seed) at a time from the parent's queue
+                ref = ["retrain"] if "retrain" in methods else []   # the same cache keys as one process
+                work(Path(args.worker), lambda m, s: compare(run.model, run.splits, ref + [m] if m not in ref else ref,
+                                                             [s], write_tables=False, progress=False, **kw))
+                return 0
+            if args.jobs > 1:
+                args.out_dir, queue = out, Path(out) / "jobs"
+                cmds = [worker_command(args, variant.name, methods, max(1, threads // args.jobs), queue)
+                        for _ in range(args.jobs)]
+                run_workers(cmds, plan_tasks(methods, seeds), queue, progress=not args.no_progress)
+            res = compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, **kw)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return _fail(e, "entangle-unlearn compare")
+    except WorkerFailed as e:
+        print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\nentangle-unlearn compare: interrupted; finished runs are cached in {out}/cache: rerun the "
               "same command to go on from there", file=sys.stderr)

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import numbers
 import os
 import re
@@ -45,7 +46,7 @@ from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, sum
 from .unlearn.metrics import METRICS, NonFiniteOutputError, check_relearn_args, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
-           "available_methods", "fingerprint",
+           "scale_budget", "available_methods", "fingerprint",
            "summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "DEFAULT_RELEARN"]
 
 DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": 1e-3, "max_steps": 100, "batch_size": 64}
@@ -82,6 +83,7 @@ class ComparisonResult:
         config without its seed, setting, variant, hparams family)}.
         failures: {method: {seed: message}} of the runs that stopped on a non-finite loss (their
         cells are "–"; listed under the table).
+        budget: the common factor of every method's training passes (`scale_budget`; 1 = the presets).
     """
     table: str
     summary: Dict[str, Dict[str, Dict[str, Any]]]
@@ -92,9 +94,11 @@ class ComparisonResult:
     relearn: Optional[Dict[str, Any]] = None
     hparams: Dict[str, Any] = field(default_factory=dict)
     failures: Dict[str, Dict[int, str]] = field(default_factory=dict)
+    budget: float = 1.0
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"methods": self.methods, "seeds": self.seeds, "relearn": self.relearn, "hparams": self.hparams,
+        return {"methods": self.methods, "seeds": self.seeds, "budget": self.budget, "relearn": self.relearn,
+                "hparams": self.hparams,
                 "metrics": {k: dataclasses.asdict(v) for k, v in METRICS.items()},
                 "summary": self.summary, "runs": {m: {str(s): r for s, r in v.items()} for m, v in self.runs.items()},
                 "failures": {m: {str(s): e for s, e in v.items()} for m, v in self.failures.items()},
@@ -177,22 +181,83 @@ def effective_config(name: str, config=None, *, setting: Optional[str] = None, h
     return resolve_config(cls, config, setting, hparams).validate()
 
 
+def check_budget(budget) -> float:
+    """``budget`` as a float: a finite real > 0 (not a bool); ValueError / TypeError otherwise."""
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise TypeError(f"budget must be a real number > 0 (1 = the presets), got {budget!r}")
+    if not (math.isfinite(budget) and budget > 0):
+        raise ValueError(f"budget must be a finite number > 0 (1 = the presets), got {budget!r}")
+    return float(budget)
+
+
+def _scaled_passes(n: Optional[int], factor: float) -> Optional[int]:
+    """ceil(n × factor), at least 1 when n >= 1; 0 and None stay as they are."""
+    if n is None or n == 0:
+        return n
+    return max(1, math.ceil(n * factor - 1e-9))   # the tolerance keeps 15 × 0.6 at 9, not 10
+
+
+def _replace_path(obj, path: str, fn):
+    head, _, rest = path.partition(".")
+    value = getattr(obj, head)
+    return dataclasses.replace(obj, **{head: _replace_path(value, rest, fn) if rest else fn(value)})
+
+
+def scale_budget(name: str, config=None, factor: float = 1.0, *, setting: Optional[str] = None,
+                 hparams: str = "paper_code"):
+    """The config of method ``name`` with every count of training passes multiplied by ``factor``
+    and rounded up to a whole number (ceil; at least 1 where it was >= 1; 0 and None stay): the
+    fields of the config class's ``budget_fields`` — ``epochs`` of every training baseline (SCRUB's
+    ``msteps`` too), Retrain's ``recipe.epochs``, the two-stage family's ``stage1.epochs``,
+    ``stage1.max_steps`` and ``stage2.epochs``. A method without a training loop (SSD) is
+    unchanged. Used by `compare` (``budget=``) for a CPU-sized comparison in which every method
+    gets the same share of its preset (the issue's "one common factor").
+
+    Args:
+        name: a registered method. config: its config, or None for the ``hparams`` preset of
+            ``setting`` (resolved as `entangle_ext.unlearn` would). factor: > 0 (float; 1 returns
+            ``config`` itself, untouched).
+    Returns: a new validated config of the method's type (`UnlearnConfig` for the two-stage
+        family; a bare `TrainRecipe` given to "retrain" comes back as its `RetrainConfig`).
+    Raises: ValueError / TypeError for a bad factor, method, setting, hparams or config type.
+    """
+    factor = check_budget(factor)
+    if factor == 1.0:
+        return config
+    M = _methods()
+    cls = M.get_method(name)
+    if cls.two_stage:
+        cfg = copy.deepcopy(config) if config is not None else cls.config_for(setting, hparams)
+        if not isinstance(cfg, UnlearnConfig):
+            raise TypeError(f"method {name!r} takes an entangle_ext.UnlearnConfig, got {type(cfg).__name__}")
+    else:
+        from .methods.runner import resolve_config
+        cfg = resolve_config(cls, copy.deepcopy(config), setting, hparams)
+    for path in type(cfg).budget_fields:
+        cfg = _replace_path(cfg, path, lambda n: _scaled_passes(n, factor))
+    return cfg.validate()
+
+
 def method_spec(name: str, *, setting: Optional[str] = None, variant: Optional[str] = None,
-                hparams: str = "paper_code", config=None, model_fn=None, retrain_recipe=None) -> MethodSpec:
+                hparams: str = "paper_code", config=None, model_fn=None, retrain_recipe=None,
+                budget: float = 1.0) -> MethodSpec:
     """The `MethodSpec` of a registered method: each run is ``entangle_ext.unlearn(model, splits,
     method_config(...), method=name, setting=setting, hparams=hparams, seed=seed)``, with
     ``model_fn`` for "retrain" (None: Retrain re-initialises a copy of θ0 with each module's
     ``reset_parameters``, from the seed). The spec's ``hparams`` (its cache key) hold the
-    `effective_config` without its seed, ``setting`` / ``variant`` / ``hparams`` and, for
-    "retrain", the qualified name of ``model_fn``.
-    Raises ValueError for an unknown name, setting, variant or hparams; TypeError for a config of
-    another method.
+    `effective_config` without its seed, ``setting`` / ``variant`` / ``hparams``, ``budget`` when
+    it is not 1 (the config is then `scale_budget`'s) and, for "retrain", the qualified name of
+    ``model_fn``.
+    Raises ValueError for an unknown name, setting, variant, hparams or a budget <= 0; TypeError for
+    a config of another method.
     """
     names = available_methods()
     if name not in names:
         raise ValueError(f"unknown method {name!r}; available here: {names}")
     cfg = method_config(name, setting=setting, variant=variant, hparams=hparams, config=config,
                         retrain_recipe=retrain_recipe)
+    budget = check_budget(budget)
+    cfg = scale_budget(name, cfg, budget, setting=setting, hparams=hparams)
     eff = _jsonable(effective_config(name, copy.deepcopy(cfg), setting=setting, hparams=hparams))
     eff.pop("seed", None)
 
@@ -202,6 +267,8 @@ def method_spec(name: str, *, setting: Optional[str] = None, variant: Optional[s
                        progress=progress)
 
     hp = {"config": eff, "setting": setting, "variant": variant, "hparams": hparams}
+    if budget != 1.0:   # (absent at 1: the cache keys of full-budget runs stay as they were)
+        hp["budget"] = budget
     if name == "retrain":   # what builds the fresh model (by name: a function's repr changes every process)
         hp["model_fn"] = None if model_fn is None else \
             f"{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', type(model_fn).__name__)}"
@@ -390,7 +457,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             hparams: str = "paper_code", out_dir=None, device=None, model_fn: Optional[Callable[[], torch.nn.Module]] = None,
             retrain_recipe=None, configs: Optional[Mapping[str, Any]] = None,
             relearn: Union[None, bool, Mapping[str, Any]] = None, mia_max_samples: Optional[int] = None,
-            batch_size: int = 512, progress: bool = True) -> ComparisonResult:
+            batch_size: int = 512, budget: float = 1.0, write_tables: bool = True,
+            progress: bool = True) -> ComparisonResult:
     """Run every method of ``methods`` for every seed from the same original ``model`` and tabulate
     the metrics of docs/algorithm.md §10 (mean ± std over seeds).
 
@@ -408,6 +476,11 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         out_dir: where the table, JSON, PNG and the per-run cache go (None = nothing written, no cache).
         relearn: `DEFAULT_RELEARN` overrides, or False to skip relearn time.
         mia_max_samples: cap on MIA members / non-members. batch_size: evaluation batch.
+        budget: one common factor (> 0) of every registered method's training passes
+            (`scale_budget`: epochs rounded up; also the configs given in ``configs``; not a
+            `MethodSpec` given as such); said under the table when it is not 1.
+        write_tables: False writes only the per-run cache under ``out_dir`` (no table, JSON or
+            PNG; what the workers of ``entangle-unlearn compare --jobs N`` do).
         progress: a tqdm bar over the (method, seed) runs.
     Returns: `ComparisonResult`. A run that stops on a non-finite loss (`NonFiniteLossError`, e.g. a
         baseline whose preset diverges on this model), or whose unlearned model returns non-finite
@@ -416,9 +489,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         gap metrics.
     Raises, before any run: ValueError (unknown or duplicate method, setting, variant or hparams;
         no seeds or repeated seeds; a ``configs`` entry for a method not compared; an unknown
-        ``relearn`` key or a bad relearn value; ``batch_size`` < 1; ``mia_max_samples`` < 1; a missing or empty forget / adjacent / remote train
-        split; no held-out retain split), TypeError (a config of another method; ``seeds`` not a
-        sequence of integers, e.g. a bare int). Later: the other errors of the methods and metrics
+        ``relearn`` key or a bad relearn value; ``batch_size`` < 1; ``budget`` <= 0;
+        ``mia_max_samples`` < 1; a missing or empty forget / adjacent / remote train split; no
+        held-out retain split), TypeError (a config of another method; ``seeds`` not a sequence of
+        integers, e.g. a bare int; a budget that is not a number). Later: the other errors of the methods and metrics
         (ImportError without scikit-learn / scipy); a ValueError for a model without
         parameters or buffers when ``device`` is None.
     """
@@ -430,8 +504,9 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     splits.check(("forget", "adjacent", "remote"), by="compare (its metrics are per split)")
     if splits.adjacent_test is None and splits.remote_test is None:
         raise ValueError("compare needs held-out retain data (adjacent_test / remote_test) for MIA-efficacy")
+    budget = check_budget(budget)
     specs = _specs(methods, configs=configs, setting=setting, variant=variant, hparams=hparams,
-                   model_fn=model_fn, retrain_recipe=retrain_recipe)
+                   model_fn=model_fn, retrain_recipe=retrain_recipe, budget=budget)
     stray = sorted(set(configs or {}) - {sp.name for sp in specs})
     if stray:
         raise ValueError(f"configs has entries for methods that are not compared: {stray} "
@@ -471,10 +546,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     bar.close()
     order = [s.name for s in specs]
     summary = summarize(runs)
-    res = ComparisonResult(table=format_markdown(summary, seeds=seeds, order=order, failures=failures),
-                           summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
-                           hparams={s.name: s.hparams for s in specs}, failures=failures)
-    if out_dir is not None:
+    table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget)
+    res = ComparisonResult(table=table, summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
+                           hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget)
+    if out_dir is not None and write_tables:
         _write(res, Path(out_dir), fp)
     return res
 

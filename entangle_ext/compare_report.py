@@ -71,12 +71,14 @@ def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[
 
 def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, seeds: Sequence[int] = (),
                     order: Optional[Sequence[str]] = None, columns: Sequence[str] = TABLE_COLUMNS,
-                    failures: Optional[Mapping[str, Mapping[int, str]]] = None) -> str:
+                    failures: Optional[Mapping[str, Mapping[int, str]]] = None, budget: float = 1.0) -> str:
     """Markdown table: rows = methods (``order``), columns = the metrics of ``columns`` present in
     ``summary`` with their direction (↑ / ↓), cells "mean ± std" (the mean alone for one seed);
     the best mean per column among the rows other than original / retrain is in bold when at least
     two such rows have that metric. A legend follows the table (what the cells and the bold mean),
-    then one line per failed run of ``failures`` ({method: {seed: message}})."""
+    then, when ``budget`` is not 1, the common factor of every method's epochs
+    (``from entangle_ext.compare import scale_budget``), then one line per failed run of ``failures``
+    ({method: {seed: message}})."""
     order = list(order or summary)
     cols = [k for k in columns if any(k in summary[m] for m in order)]
     best = _best(summary, order, cols)
@@ -90,6 +92,9 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
             cells.append(f"**{c}**" if s is not None and m not in REFERENCE_ROWS and s["mean"] == best.get(k) else c)
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", _legend(summary, order, cols, seeds, bool(best))]
+    if budget != 1:
+        lines += ["", f"Every method's training passes (epochs; Stage 1 / Stage 2 epochs; Retrain's epochs) are "
+                      f"its preset's × {budget:g}, rounded up to whole epochs (one common factor)."]
     failed = [(m, sd, msg) for m, by_seed in (failures or {}).items() for sd, msg in sorted(by_seed.items())]
     if failed:
         lines += ["", "Runs that stopped on a non-finite loss (not in the means; no retry, no tuning):"]

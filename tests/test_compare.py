@@ -266,6 +266,11 @@ def test_cli_compare(tmp_path, capsys, monkeypatch):
     (["--mia-max-samples", "0"], "--mia-max-samples must be >= 1"),
     (["--device", "gpu0"], "--device 'gpu0' is not a device"),
     (["--device", "cuda:99"], "--device cuda:99"),
+    (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+    (["--budget", "0"], "budget must be a finite number > 0"),
+    (["--budget", "-0.5"], "budget must be a finite number > 0"),
+    (["--budget", "nan"], "budget must be a finite number > 0"),
+    (["--budget", "inf"], "budget must be a finite number > 0"),
 ])
 def test_cli_compare_flags_are_one_line_errors_before_any_data(tmp_path, capsys, monkeypatch, flags, message):
     import entangle_ext.settings as S

@@ -110,8 +110,12 @@ class MethodConfig:
         checkpoint_every: steps (>= 0) between mid-run checkpoints (0 = only at the end); needs
             out_dir.
         eval_batch_size: batch size (>= 1) of the evaluations.
+        budget_fields (class attribute, not a field): the dotted names of the fields that count
+            training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
+            them. Empty: no training loop (e.g. SSD).
     Raises: TypeError for a wrong field type, ValueError for a value outside its choices/range.
     """
+    budget_fields: ClassVar[Tuple[str, ...]] = ()
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 0
@@ -162,6 +166,7 @@ class TrainConfig(MethodConfig):
         train_mode: run the model in train mode (BatchNorm statistics update, dropout on) while
             unlearning; evaluation is always in eval mode.
     """
+    budget_fields: ClassVar[Tuple[str, ...]] = ("epochs",)
     optimizer: Optimizer = "sgd"
     lr: float = 0.01
     lr_decay: float = 1.0

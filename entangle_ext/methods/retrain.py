@@ -3,6 +3,7 @@ of the gap metrics (docs/algorithm.md §10)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar, Tuple
 
 import torch
 
@@ -20,6 +21,7 @@ class RetrainConfig(MethodConfig):
     (default: ``TrainRecipe()``). `entangle_ext.unlearn` also accepts a bare `TrainRecipe` as the
     config of "retrain"."""
     recipe: TrainRecipe = field(default_factory=TrainRecipe)
+    budget_fields: ClassVar[Tuple[str, ...]] = ("recipe.epochs",)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RetrainConfig":

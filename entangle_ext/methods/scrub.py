@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,7 @@ class SCRUBConfig(TrainConfig):
     batch_size: int = 128
     forget_batch_size: int = 32
     msteps: int = 2
+    budget_fields: ClassVar[Tuple[str, ...]] = ("epochs", "msteps")
     alpha: float = 0.001
     gamma: float = 0.99
     temperature: float = 4.0

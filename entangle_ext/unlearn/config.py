@@ -30,7 +30,7 @@ import math
 import numbers
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, Literal, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -288,6 +288,7 @@ class UnlearnConfig:
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range (nested stage configs included).
     """
+    budget_fields: ClassVar[Tuple[str, ...]] = ("stage1.epochs", "stage1.max_steps", "stage2.epochs")
     stage1: Stage1Config = field(default_factory=Stage1Config)
     stage2: Stage2Config = field(default_factory=Stage2Config)
     recipe: Recipe = "reference"

@@ -1,0 +1,160 @@
+"""``entangle-unlearn compare --jobs N``: the (method, seed) runs of one comparison on N worker
+processes that share its per-run cache (`entangle_ext.compare`: ``<out>/cache/<method>/seed<k>.json``).
+
+The parent writes a task list under ``<out>/jobs/`` and starts N copies of the same command with
+``--worker <out>/jobs`` (each with ``threads // N`` torch threads). A worker loads the data and
+the cached original model once, then repeatedly claims the next task whose prerequisite is done
+(a claim is a file created with ``O_EXCL``, so two workers never take the same task) and runs
+``compare`` on that one (method, seed) with ``write_tables=False``. The first task of a seed
+(Retrain, when compared) also scores the original model; every other task of that seed waits for
+it, so each run has its seed's Retrain record as reference exactly as in a one-process comparison,
+and the cache keys are the same: the parent then assembles the table from the cache. A worker that
+fails stops the others; finished runs stay cached (rerunning the command goes on from there).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+__all__ = ["plan_tasks", "work", "run_workers", "worker_command", "WorkerFailed"]
+
+TASKS = "tasks.json"
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process exited with a non-zero code (the message names its log)."""
+
+
+def _name(task: Dict) -> str:
+    return f"{task['method']}.seed{task['seed']}"
+
+
+def plan_tasks(methods: Sequence[str], seeds: Sequence[int]) -> List[Dict]:
+    """The tasks of a comparison, in the order workers take them: for each seed its first task
+    (Retrain when compared, else the first method; it also scores the original model) comes
+    before everything else, and every other task of the seed names it under ``"after"``.
+
+    Returns: ``[{"method": str, "seed": int, "after": {"method", "seed"} or None}, ...]``.
+    Raises: ValueError for no methods or no seeds.
+    """
+    methods, seeds = list(methods), list(seeds)
+    if not methods or not seeds:
+        raise ValueError(f"plan_tasks needs methods and seeds, got {methods} and {seeds}")
+    first = "retrain" if "retrain" in methods else methods[0]
+    heads = [{"method": first, "seed": s, "after": None} for s in seeds]
+    rest = [{"method": m, "seed": s, "after": {"method": first, "seed": s}}
+            for m in methods if m != first for s in seeds]
+    return heads + rest
+
+
+def work(queue: Path, run_task: Callable[[str, int], None], *, poll_s: float = 1.0) -> int:
+    """The loop of one worker: claim the next ready task of ``queue`` (prerequisite done, nobody
+    else's claim), ``run_task(method, seed)``, mark it done; return the number of tasks this worker
+    ran once every task is claimed. Exceptions of ``run_task`` propagate (the claim stays: the
+    parent then stops the other workers)."""
+    queue = Path(queue)
+    tasks = json.loads((queue / TASKS).read_text())
+    claimed, done = queue / "claimed", queue / "done"
+    ran = 0
+    while True:
+        waiting = False
+        for t in tasks:
+            if (claimed / _name(t)).exists():
+                continue
+            waiting = True
+            if t["after"] is not None and not (done / _name(t["after"])).exists():
+                continue
+            try:
+                os.close(os.open(claimed / _name(t), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue
+            run_task(t["method"], int(t["seed"]))
+            (done / _name(t)).touch()
+            ran += 1
+            break
+        else:
+            if not waiting:
+                return ran
+            time.sleep(poll_s)
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Path, *, progress: bool = True,
+                poll_s: float = 2.0, env: Optional[Dict[str, str]] = None) -> None:
+    """Start one process per command (each is handed ``--worker queue`` by the caller), show a tqdm
+    bar over the finished tasks and wait for all of them.
+
+    Args:
+        commands: argv lists, one per worker. tasks: `plan_tasks` output (written to
+            ``queue/tasks.json``). queue: a directory (emptied first); ``queue/worker<k>.log``
+            holds worker k's output.
+    Raises:
+        WorkerFailed: a worker exited with a non-zero code (the others are terminated; the message
+            names the log and quotes its last lines).
+        KeyboardInterrupt: after terminating the workers.
+    """
+    from tqdm.auto import tqdm
+
+    queue = Path(queue)
+    shutil.rmtree(queue, ignore_errors=True)
+    (queue / "claimed").mkdir(parents=True)
+    (queue / "done").mkdir()
+    (queue / TASKS).write_text(json.dumps(tasks))
+    procs, logs = [], []
+    try:
+        for k, cmd in enumerate(commands):
+            logs.append(queue / f"worker{k}.log")
+            with open(logs[-1], "w") as log:
+                procs.append(subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env))
+        with tqdm(total=len(tasks), desc=f"compare ({len(procs)} workers)", disable=not progress,
+                  dynamic_ncols=True) as bar:
+            while True:
+                n = sum(1 for _ in (queue / "done").iterdir())
+                bar.update(n - bar.n)
+                codes = [p.poll() for p in procs]
+                bad = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
+                if bad:
+                    k, c = bad[0]
+                    raise WorkerFailed(f"compare worker {k} exited with code {c}; its log {logs[k]} ends with:\n"
+                                       f"{_tail(logs[k])}")
+                if all(c == 0 for c in codes):
+                    return
+                time.sleep(poll_s)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def worker_command(args, variant: str, methods: Sequence[str], threads: int, queue: Path) -> List[str]:
+    """The argv of one worker: the parent's comparison flags (from its parsed ``args``), the
+    variant it resolved, ``--threads threads``, ``--no-progress`` and ``--worker queue``."""
+    cmd = [sys.executable, "-m", "entangle_ext", "compare", "--setting", args.setting, "--variant", variant,
+           "--methods", ",".join(methods), "--seeds", str(args.seeds), "--first-seed", str(args.first_seed),
+           "--hparams", args.hparams, "--out", str(args.out_dir), "--model-seed", str(args.model_seed),
+           "--budget", repr(args.budget), "--threads", str(threads), "--no-progress", "--worker", str(queue)]
+    for flag, value in (("--data-root", args.data_root), ("--weights", args.weights),
+                        ("--model-path", args.model_path), ("--relearn-steps", args.relearn_steps),
+                        ("--mia-max-samples", args.mia_max_samples), ("--device", args.device)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if args.no_relearn:
+        cmd.append("--no-relearn")
+    return cmd

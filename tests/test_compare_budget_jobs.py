@@ -1,0 +1,186 @@
+"""A comparison's common epoch budget (`entangle_ext.compare.scale_budget`, ``compare(budget=)``,
+``--budget``) and its parallel runs (`entangle_ext.compare_jobs`, ``--jobs``): the scaled fields
+of every method, the cache keys, the task queue (each task once, after its seed's reference run)
+and a two-worker comparison that gives the one-process numbers."""
+import dataclasses
+import json
+import math
+import sys
+import threading
+from fractions import Fraction
+
+import pytest
+import torch
+
+import entangle_ext as ee
+from entangle_ext import cli
+from entangle_ext.compare import check_budget, effective_config, method_config, method_spec, scale_budget
+from entangle_ext.compare_jobs import WorkerFailed, plan_tasks, run_workers, work
+from entangle_ext.methods import available_methods, get_method
+from entangle_ext.methods.retrain import RetrainConfig
+from entangle_ext.train import TrainRecipe
+from entangle_ext.unlearn import UnlearnConfig
+
+
+def _passes(name, cfg):
+    if isinstance(cfg, RetrainConfig):
+        return {"recipe.epochs": cfg.recipe.epochs}
+    if isinstance(cfg, UnlearnConfig):
+        return {"stage1.epochs": cfg.stage1.epochs, "stage1.max_steps": cfg.stage1.max_steps,
+                "stage2.epochs": cfg.stage2.epochs}
+    return {f: getattr(cfg, f) for f in type(cfg).budget_fields}
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.6, 0.25, 2.0])
+@pytest.mark.parametrize("name", available_methods())
+def test_every_training_pass_count_is_scaled_and_rounded_up(name, factor):
+    base = effective_config(name, method_config(name, setting="cifar100", variant="cpu"), setting="cifar100")
+    scaled = scale_budget(name, method_config(name, setting="cifar100", variant="cpu"), factor, setting="cifar100")
+    scaled = effective_config(name, scaled, setting="cifar100")
+    before, after = _passes(name, base), _passes(name, scaled)
+    assert before.keys() == after.keys()
+    for field, n in before.items():
+        if n is None or n == 0:
+            assert after[field] == n
+        else:   # ceil(n × factor) in exact arithmetic: 15 × 0.6 = 9 (not 10 from 9.000000000000002)
+            want = max(1, math.ceil(Fraction(n) * Fraction(str(factor))))
+            assert after[field] == want, (field, n, factor)
+    # everything else is the preset's
+    strip = lambda c: {k: v for k, v in c.to_dict().items() if k not in ("epochs", "msteps", "recipe", "stage1",
+                                                                         "stage2")}
+    assert strip(base) == strip(scaled)
+
+
+def test_known_values_at_one_half():
+    def half(m, config=None):
+        return _passes(m, effective_config(m, scale_budget(m, config, 0.5, setting="cifar100"), setting="cifar100"))
+    assert half("retrain", RetrainConfig(recipe=TrainRecipe(epochs=15))) == {"recipe.epochs": 8}
+    assert half("retrain", TrainRecipe(epochs=15)) == {"recipe.epochs": 8}   # a bare recipe, as unlearn takes it
+    assert half("scrub") == {"epochs": 5, "msteps": 3}   # cifar100 preset: 10 epochs, 5 max epochs
+    assert half("munba") == {"epochs": 3} and half("delete") == {"epochs": 10} and half("ssd") == {}
+    base = UnlearnConfig()
+    capped = dataclasses.replace(base, stage1=dataclasses.replace(base.stage1, max_steps=7))
+    two = scale_budget("two_stage", capped, 0.5)
+    assert (two.stage1.epochs, two.stage1.max_steps, two.stage2.epochs) == (1, 4, -(-base.stage2.epochs // 2))
+    assert capped.stage1.max_steps == 7   # the given config is not modified
+
+
+def test_factor_one_is_the_identity_and_bad_factors_are_refused():
+    cfg = UnlearnConfig()
+    assert scale_budget("two_stage", cfg, 1) is cfg and scale_budget("ga", None, 1.0) is None
+    for bad, exc in [(0, ValueError), (-1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+                     (True, TypeError), ("0.5", TypeError), (None, TypeError)]:
+        with pytest.raises(exc, match="budget must be"):
+            check_budget(bad)
+        with pytest.raises(exc, match="budget must be"):
+            scale_budget("ga", None, bad)
+    with pytest.raises(TypeError, match="takes an entangle_ext.UnlearnConfig"):
+        scale_budget("two_stage", get_method("ga").Config(), 0.5)
+    with pytest.raises(TypeError):
+        scale_budget("ga", UnlearnConfig(), 0.5)
+
+
+def test_the_budget_is_part_of_the_cache_key_only_when_it_is_not_one():
+    full = method_spec("ft", setting="cifar100", variant="cpu").hparams
+    assert "budget" not in full and method_spec("ft", setting="cifar100", variant="cpu", budget=1.0).hparams == full
+    half = method_spec("ft", setting="cifar100", variant="cpu", budget=0.5).hparams
+    assert half["budget"] == 0.5 and half["config"]["epochs"] == full["config"]["epochs"] // 2
+
+
+# ------------------------------------------------------------------------------------ the task queue
+def test_plan_puts_each_seeds_reference_run_first():
+    tasks = plan_tasks(["ga", "retrain", "ft"], [0, 1])
+    assert [(t["method"], t["seed"]) for t in tasks[:2]] == [("retrain", 0), ("retrain", 1)]
+    assert all(t["after"] == {"method": "retrain", "seed": t["seed"]} for t in tasks[2:])
+    assert sorted((t["method"], t["seed"]) for t in tasks) == sorted(
+        (m, s) for m in ("ga", "retrain", "ft") for s in (0, 1))
+    no_ref = plan_tasks(["ga", "ft"], [3])
+    assert no_ref[0] == {"method": "ga", "seed": 3, "after": None} and no_ref[1]["after"] == {"method": "ga", "seed": 3}
+    with pytest.raises(ValueError):
+        plan_tasks([], [0])
+
+
+def test_workers_take_every_task_once_and_after_its_reference(tmp_path):
+    tasks = plan_tasks(["retrain", "ga", "ft", "rl"], [0, 1, 2])
+    (tmp_path / "claimed").mkdir()
+    (tmp_path / "done").mkdir()
+    (tmp_path / "tasks.json").write_text(json.dumps(tasks))
+    log, lock, finished = [], threading.Lock(), set()
+
+    def run(method, seed):
+        with lock:
+            if method != "retrain":
+                assert ("retrain", seed) in finished, f"{method} seed {seed} ran before its reference"
+            log.append((method, seed))
+        threading.Event().wait(0.01)
+        with lock:
+            finished.add((method, seed))
+
+    counts = []
+    workers = [threading.Thread(target=lambda: counts.append(work(tmp_path, run, poll_s=0.01))) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert sorted(log) == sorted((t["method"], t["seed"]) for t in tasks) and len(log) == len(set(log))
+    assert sum(counts) == len(tasks)
+
+
+def test_a_failing_task_propagates_and_stays_claimed(tmp_path):
+    (tmp_path / "claimed").mkdir()
+    (tmp_path / "done").mkdir()
+    (tmp_path / "tasks.json").write_text(json.dumps(plan_tasks(["ga"], [0])))
+
+    def boom(method, seed):
+        raise RuntimeError("worker broke")
+    with pytest.raises(RuntimeError, match="worker broke"):
+        work(tmp_path, boom)
+    assert (tmp_path / "claimed" / "ga.seed0").exists() and not (tmp_path / "done" / "ga.seed0").exists()
+
+
+def test_run_workers_names_the_log_of_a_failed_worker_and_stops_the_others(tmp_path):
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    bad = [sys.executable, "-c", "import sys; print('the last words'); sys.exit(3)"]
+    q = tmp_path / "jobs"
+    with pytest.raises(WorkerFailed, match=r"worker 1 exited with code 3; its log .*worker1.log ends with:\n"
+                                           r"the last words"):
+        run_workers([slow, bad], plan_tasks(["ga"], [0]), q, progress=False, poll_s=0.05)
+    ok = [sys.executable, "-c", "pass"]
+    run_workers([ok, ok], plan_tasks(["ga"], [0]), q, progress=False, poll_s=0.05)   # both exit 0: returns
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.mark.skipif(not ee.available(), reason="extension not loaded")
+def test_two_workers_give_the_one_process_numbers(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("scipy")
+    argv = ["compare", "--setting", "digits", "--variant", "reduced", "--methods", "retrain,ga,ssd", "--seeds", "2",
+            "--no-progress", "--relearn-steps", "5", "--threads", "2"]
+    assert cli.main(argv + ["--out", str(tmp_path / "one")]) == 0
+    assert cli.main(argv + ["--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    one, two = (json.loads((tmp_path / d / "comparison.json").read_text()) for d in ("one", "two"))
+    drop = lambda runs: {m: {s: {k: v for k, v in r.items() if k != "time_s"} for s, r in v.items()}
+                         for m, v in runs.items()}
+    assert drop(one["runs"]) == drop(two["runs"]) and one["runs"].keys() == {"retrain", "original", "ga", "ssd"}
+    for m in ("retrain", "ga", "ssd"):   # the same cache keys: either dir serves the other
+        for s in (0, 1):
+            k1, k2 = (json.loads((tmp_path / d / "cache" / m / f"seed{s}.json").read_text())["key"]
+                      for d in ("one", "two"))
+            assert k1 == k2
+    logs = sorted((tmp_path / "two" / "jobs").glob("worker*.log"))
+    assert len(logs) == 2
+
+
+@pytest.mark.skipif(not ee.available(), reason="extension not loaded")
+def test_a_budget_is_said_under_the_table_and_in_the_json(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("scipy")
+    out = tmp_path / "half"
+    assert cli.main(["compare", "--setting", "digits", "--variant", "reduced", "--methods", "ga", "--seeds", "1",
+                     "--no-progress", "--no-relearn", "--budget", "0.5", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "are its preset's × 0.5, rounded up to whole epochs" in text
+    res = json.loads((out / "comparison.json").read_text())
+    assert res["budget"] == 0.5 and res["hparams"]["ga"]["budget"] == 0.5
+    full = method_spec("ga", setting="digits", variant="reduced").hparams["config"]["epochs"]
+    assert res["hparams"]["ga"]["config"]["epochs"] == -(-full // 2)
