@@ -23,8 +23,8 @@ original-model files) is checked before any data is loaded or model trained: bad
 
 Reusing an ``--out`` that holds a run without ``--resume`` overwrites it, after a one-line
 warning. ``--resume`` continues a run with the same ``--method``, data and configuration: another
-method is refused before any data is loaded; other data, or another configuration without
-``--allow-config-change``, once the data is known (the same checks as ``entangle_ext.unlearn``).
+method, or another configuration without ``--allow-config-change``, is refused before any data is
+loaded; other data once the data is known (the same checks as ``entangle_ext.unlearn``).
 
 Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
 original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import shlex
 import signal
@@ -208,7 +209,7 @@ def _plan(args) -> _Plan:
     from .settings import get_setting
     from .threads import default_threads
     from .unlearn import load_checkpoint
-    from .unlearn.checkpoint import check_method
+    from .unlearn.checkpoint import check_method, check_resume_config
 
     device = _device(args.device)
     setting = get_setting(args.setting)
@@ -228,8 +229,11 @@ def _plan(args) -> _Plan:
     if args.allow_config_change and args.resume is None:
         raise ValueError("--allow-config-change applies to a resumed run only: give --resume too")
     resume = None if args.resume is None else load_checkpoint(args.resume)
-    if resume is not None:
+    if resume is not None:   # the method and the configuration before any data is loaded (the data: later)
+        from .compare import effective_config
         check_method(resume, args.method, where=f"--resume {args.resume}: the checkpoint")
+        eff = effective_config(args.method, copy.deepcopy(cfg), setting=setting.name, hparams=hparams)
+        check_resume_config(resume, eff.to_dict(), allow_config_change=args.allow_config_change)
     threads = args.threads or default_threads(setting.threads)
     return _Plan(device, setting, variant, data, model, train, cfg, hparams, threads, resume)
 

@@ -320,10 +320,30 @@ def test_resume_from_the_out_dir(tmp_path, capsys):
 
 
 @needs_ext
-def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp_path, capsys):
+def test_two_stage_family_resume_checks_the_config_before_any_data(tmp_path, capsys, monkeypatch):
+    """The config half of the resume check runs on the effective config (an ablation's rewrite
+    included, so an unchanged no_w2 resume is accepted) before anything is loaded."""
+    pytest.importorskip("sklearn")
+    import entangle_ext.settings as S
+    run = _argv(tmp_path, "--method", "no_w2")
+    assert cli.main(run) == 0
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(S, "prepare", lambda *a, **k: pytest.fail("data loaded before the config was checked"))
+        assert cli.main(run + ["--set", "stage2.lr=0.5", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: resume: the config differs from the checkpoint's: stage2.lr:" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert cli.main(run + ["--resume", str(tmp_path)]) == 0   # alpha = 0 from the rewrite is not a change
+
+
+@needs_ext
+def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp_path, capsys, monkeypatch):
     """A baseline resumed from the command line gets the two-stage driver's checks: other data
-    (--forget) is refused, another configuration too unless --allow-config-change, which the
-    refusal names (not a Python-only keyword); the change is recorded in report.json."""
+    (--forget) is refused, another configuration too (before any data is loaded) unless
+    --allow-config-change, which the refusal names (not a Python-only keyword); the change is
+    recorded in report.json."""
+    import entangle_ext.settings as S
     pytest.importorskip("sklearn")
     run = _argv(tmp_path, "--method", "salun", "--set", "epochs=1", caps=BASE)
     assert cli.main(run) == 0
@@ -331,7 +351,9 @@ def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp
     assert cli.main(run + ["--forget", "5", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "error: resume: the splits differ" in err and len(err.strip().splitlines()) == 1, err
-    assert cli.main(run + ["--set", "lr=0.5", "--resume", str(tmp_path)]) == 2
+    with monkeypatch.context() as m:
+        m.setattr(S, "prepare", lambda *a, **k: pytest.fail("data loaded before the config was checked"))
+        assert cli.main(run + ["--set", "lr=0.5", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "error: resume: the config differs from the checkpoint's: lr:" in err and "0.5 now" in err, err
     assert "(command line: --allow-config-change)" in err and len(err.strip().splitlines()) == 1

@@ -31,7 +31,7 @@ from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_shard
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
            "capture_state", "restore_state", "restore_objects", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
-           "splits_fingerprint", "check_resume", "check_method", "load_resume", "RESUMABLE_CONFIG_FIELDS",
+           "splits_fingerprint", "check_resume", "check_resume_config", "check_method", "load_resume", "RESUMABLE_CONFIG_FIELDS",
            "Reconfigured", "optimizer_entry"]
 
 # 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict; 3: fingerprint, done, timings;
@@ -370,6 +370,13 @@ def check_resume(ckpt: Dict[str, Any], fingerprint: Dict[str, Any], config: Dict
     if bad:
         raise ValueError("resume: the splits differ from those of the checkpoint (the table would "
                          "mix rows evaluated on different data): " + "; ".join(bad))
+    return check_resume_config(ckpt, config, allow_config_change=allow_config_change)
+
+
+def check_resume_config(ckpt: Dict[str, Any], config: Dict[str, Any], *,
+                        allow_config_change: bool = False) -> Dict[str, List[Any]]:
+    """The config half of `check_resume` (it needs no data: the command line runs it before
+    loading any). Returns the accepted differences; raises ValueError as `check_resume`."""
     old, new = (_flatten(json.loads(json.dumps(c))) for c in (ckpt.get("config", {}), config))
     diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
             if old.get(k) != new.get(k) and k not in RESUMABLE_CONFIG_FIELDS}
