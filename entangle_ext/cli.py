@@ -287,12 +287,18 @@ def _interrupted(argv: List[str], out: str) -> int:
 
 
 def _run(args, plan: _Plan) -> int:
+    from .unlearn.distributed import process_group_from_env
+
+    # under torchrun: one process per rank (NCCL on GPUs, else gloo); the group is destroyed on the way out
+    with process_group_from_env(plan.device) as (procs, device):
+        return _run_ranks(args, plan, procs, device)
+
+
+def _run_ranks(args, plan: _Plan, procs, device) -> int:
     from .settings import prepare
     from .unlearn import UnlearnConfig, unlearn
-    from .unlearn.distributed import init_from_env
     from .unlearn.report import save_report_json
 
-    procs, device = init_from_env(plan.device)   # under torchrun: one process per rank (NCCL on GPUs, else gloo)
     for turn in (True, False):   # rank 0 trains and caches θ0 first; the other ranks then load it
         if turn == procs.is_main:
             run = prepare(args.setting, plan.variant.name, data_root=args.data_root, seed=args.seed, device=device,
@@ -382,21 +388,24 @@ def _deterministic(on: bool):
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt in the body (like Ctrl-C), so a killed run ends the same
-    way; the previous handler is restored. A no-op outside the main thread."""
+def _sigterm_interrupts(*signums):
+    """``signums`` (default SIGTERM) raise KeyboardInterrupt in the body (like Ctrl-C), so a killed
+    run ends the same way; the previous handlers are restored. A no-op outside the main thread."""
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
+    signums = signums or (signal.SIGTERM,)
+    before = {}
     try:
-        before = signal.signal(signal.SIGTERM, handler)
+        for s in signums:
+            before[s] = signal.signal(s, handler)
     except ValueError:   # not the main thread
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, h in before.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

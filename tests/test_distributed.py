@@ -32,11 +32,15 @@ def _launch(out: str, one_process_ckpt: str, timeout_s: float = 300.0) -> None:
     except (OSError, RuntimeError) as e:   # no way to start processes here
         pytest.skip(f"cannot start worker processes: {e}")
     deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the {WORLD}-process run did not finish in {timeout_s:.0f} s")
+    try:
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail(f"the {WORLD}-process run did not finish in {timeout_s:.0f} s")
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:   # say how far the ranks got (which scenario records exist)
+        done = sorted(f for f in os.listdir(out) if f.endswith((".pt", ".json")))
+        raise AssertionError(f"{e}; records written before: {done}") from e
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +183,28 @@ def test_rank_parts_of_each_global_batch_add_up_to_it_and_empty_parts_keep_the_s
     assert [tuple(b["x"].shape) for b in last] == [(1, 2), (0, 2), (0, 2)]
     assert all(b["labels"].dtype == torch.int64 for b in last)
     assert [s.shard_span(2) for s in ranks] == [(0, 1, 1), (1, 1, 1), (1, 1, 1)]
+
+
+def test_the_cli_under_torchrun_equals_one_process_and_exits_cleanly(tmp_path):
+    """`torchrun --nproc_per_node 2 -m entangle_ext` on digits: exit code 0 on both ranks (the CLI
+    destroys the process group it created: a rank leaving with a live gloo group can abort at
+    exit), the report says 2 ranks, and its accuracies equal the one-process CLI's."""
+    import shutil
+    import subprocess
+    import sys
+    pytest.importorskip("sklearn")
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed beside this Python")
+    args = ["--setting", "digits", "--no-progress", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "entangle_ext", *args, "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "entangle_ext", *args,
+                          "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=300, env=env)
+    assert two.returncode == 0 and "terminate called" not in two.stderr, two.stderr[-2000:]
+    r1, r2 = (json.load(open(tmp_path / d / "report.json")) for d in ("one", "two"))
+    assert r2["world_size"] == 2 and r1["world_size"] == 1
+    acc = lambda r: {stage: {s: round(v["acc"], 12) for s, v in ev.items()} for stage, ev in r["evals"].items()}
+    assert acc(r2) == acc(r1)

@@ -39,7 +39,7 @@ import torch
 
 from .precision import state_dtype
 
-__all__ = ["Dist", "SINGLE", "current", "scope", "unwrap", "GradSum", "init_from_env",
+__all__ = ["Dist", "SINGLE", "current", "scope", "unwrap", "GradSum", "init_from_env", "process_group_from_env",
            "check_world_size"]
 
 
@@ -355,3 +355,19 @@ def init_from_env(device=None) -> Tuple[Dist, torch.device]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     return Dist(rank=dist.get_rank(), world=dist.get_world_size(), kind="replicated", device=dev), dev
+
+
+@contextlib.contextmanager
+def process_group_from_env(device=None):
+    """`init_from_env` as a context: yields (`Dist`, device) and, when it created the default
+    process group, destroys it on the way out (also after an error), so a rank never exits with
+    a live group: gloo's threads torn down at interpreter exit abort the process ("terminate
+    called without an active exception", exit by SIGABRT instead of the run's own code)."""
+    import torch.distributed as dist
+    created = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not (dist.is_available() and dist.is_initialized())
+    d, dev = init_from_env(device)
+    try:
+        yield d, dev
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
