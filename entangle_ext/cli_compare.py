@@ -9,14 +9,18 @@ then runs `entangle_ext.compare` and prints the markdown table: every method get
 a fresh model of the setting trained with the variant's recipe (`entangle_ext.settings`).
 ``--out`` holds ``comparison.md``, ``comparison.json``, ``comparison.png``, the cached original model
 and ``cache/`` (one file per finished (method, seed) run: rerunning the same command resumes where
-it stopped). ``--jobs N`` runs N (method, seed) runs at a time in worker processes sharing that
-cache (`entangle_ext.compare_jobs`; on a CPU, e.g. one worker per core);
+it stopped; a run made with another ``--budget`` is replaced, as there is one file per method and
+seed). ``--jobs N`` runs N (method, seed) runs at a time in worker processes sharing that cache
+(`entangle_ext.compare_jobs`; on a CPU, e.g. one worker per core; a worker's queue and log stay
+under ``<out>/jobs/`` only when it failed);
 ``--budget F`` scales every method's epochs by one common factor (``from entangle_ext.compare
 import scale_budget``).
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -54,18 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget", type=float, default=1.0, help="common factor (> 0) of every method's epochs, "
                     "rounded up to whole epochs (default 1 = the presets); said under the table")
     ap.add_argument("--jobs", type=int, default=1, help="(method, seed) runs at a time, each in its own worker "
-                    "process with threads // jobs torch threads, sharing the per-run cache (default 1)")
+                    "process with max(1, threads // jobs) torch threads, sharing the per-run cache; at most "
+                    "one per run (default 1)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # internal: a --jobs worker's queue dir
     return ap
 
 
 def _methods(spec: str):
+    """The method names of ``--methods`` ('all' or a comma list), checked before any data is loaded:
+    ValueError for an empty list, an unknown or repeated name, or 'original' (always a row)."""
     from .compare import available_methods
 
-    names = available_methods() if spec.strip() == "all" else [m.strip() for m in spec.split(",") if m.strip()]
+    known = available_methods()
+    names = known if spec.strip() == "all" else [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise ValueError("--methods is empty")
+    if "original" in names:
+        raise ValueError("--methods: 'original' is not a method (the original model is always a row of the table)")
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        raise ValueError(f"--methods: unknown method {unknown[0]!r}; available here: {known}")
+    repeated = sorted({m for m in names if names.count(m) > 1})
+    if repeated:
+        raise ValueError(f"--methods names {', '.join(repeated)} more than once")
     return names
 
 
@@ -83,7 +99,10 @@ def _check_flags(args, out: str) -> None:
         raise ValueError(f"--mia-max-samples must be >= 1, got {args.mia_max_samples}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    check_budget(args.budget)
+    try:
+        check_budget(args.budget)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--{e}") from None   # "--budget must be ..."
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
 
@@ -94,9 +113,10 @@ def main(argv=None) -> int:
     FileNotFoundError / missing package; flags are checked before any data is loaded); 1 a
     ``--jobs`` worker failed (its log is named); 130 interrupted (rerunning the same command resumes
     from the per-run cache)."""
-    from .cli import _device, _fail
-    from .compare import compare
-    from .compare_jobs import WorkerFailed, plan_tasks, run_workers, work, worker_command
+    from .cli import _device, _fail, _sigterm_interrupts
+    from .compare import compare, method_spec
+    from .compare_jobs import (ParentExited, WorkerFailed, die_with_parent, plan_tasks, run_workers, work,
+                               worker_command)
     from .settings import get_setting, prepare
     from .threads import default_threads, torch_threads
 
@@ -112,11 +132,17 @@ def main(argv=None) -> int:
         model = {k: v for k, v in opts.items() if v is not None and k in setting.model_options}
         variant = setting.variant(args.variant, given=set(data) | set(model))
         methods = _methods(args.methods)
+        for m in methods:   # each method's preset and budget-scaled config, as compare will build them
+            method_spec(m, setting=args.setting, variant=variant.name, hparams=args.hparams, budget=args.budget)
         threads = args.threads or default_threads(setting.threads)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return _fail(e, "entangle-unlearn compare")
+    # SIGTERM / SIGHUP (a kill, a closed terminal) stop like Ctrl-C: --jobs workers are terminated
+    stop = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     try:
-        with torch_threads(threads):
+        with torch_threads(threads), _sigterm_interrupts(*stop):
+            if args.worker is not None:
+                die_with_parent(Path(args.worker))   # SIGTERM when the parent exits (Linux)
             run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
                           cache_dir=out, progress=not args.no_progress, data=data, model=model)
             relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
@@ -129,15 +155,17 @@ def main(argv=None) -> int:
                 work(Path(args.worker), lambda m, s: compare(run.model, run.splits, ref + [m] if m not in ref else ref,
                                                              [s], write_tables=False, progress=False, **kw))
                 return 0
-            if args.jobs > 1:
-                args.out_dir, queue = out, Path(out) / "jobs"
-                cmds = [worker_command(args, variant.name, methods, max(1, threads // args.jobs), queue)
-                        for _ in range(args.jobs)]
-                run_workers(cmds, plan_tasks(methods, seeds), queue, progress=not args.no_progress)
+            tasks = plan_tasks(methods, seeds)
+            jobs = min(args.jobs, len(tasks))
+            if jobs > 1:
+                args.out_dir, queue = out, Path(out) / "jobs" / str(os.getpid())   # this invocation's own
+                cmds = [worker_command(args, variant.name, methods, max(1, threads // jobs), queue)
+                        for _ in range(jobs)]
+                run_workers(cmds, tasks, queue, progress=not args.no_progress)
             res = compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, **kw)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return _fail(e, "entangle-unlearn compare")
-    except WorkerFailed as e:
+    except (WorkerFailed, ParentExited) as e:
         print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

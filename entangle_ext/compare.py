@@ -191,10 +191,14 @@ def check_budget(budget) -> float:
 
 
 def _scaled_passes(n: Optional[int], factor: float) -> Optional[int]:
-    """ceil(n × factor), at least 1 when n >= 1; 0 and None stay as they are."""
+    """ceil(n × factor), at least 1 when n >= 1; 0 and None stay as they are. ValueError when the
+    product is not a finite number (a factor like 1e308)."""
     if n is None or n == 0:
         return n
-    return max(1, math.ceil(n * factor - 1e-9))   # the tolerance keeps 15 × 0.6 at 9, not 10
+    x = n * factor - 1e-9   # the tolerance keeps 15 × 0.6 at 9, not 10
+    if not math.isfinite(x):
+        raise ValueError(f"budget {factor!r} × {n} training passes is not a finite number of passes")
+    return max(1, math.ceil(x))
 
 
 def _replace_path(obj, path: str, fn):
@@ -215,11 +219,13 @@ def scale_budget(name: str, config=None, factor: float = 1.0, *, setting: Option
 
     Args:
         name: a registered method. config: its config, or None for the ``hparams`` preset of
-            ``setting`` (resolved as `entangle_ext.unlearn` would). factor: > 0 (float; 1 returns
-            ``config`` itself, untouched).
-    Returns: a new validated config of the method's type (`UnlearnConfig` for the two-stage
-        family; a bare `TrainRecipe` given to "retrain" comes back as its `RetrainConfig`).
-    Raises: ValueError / TypeError for a bad factor, method, setting, hparams or config type.
+            ``setting`` (resolved as `entangle_ext.unlearn` would). factor: > 0 (float).
+    Returns: for factor 1, ``config`` itself as given (None stays None; only the factor is
+        checked: the method and config are checked where they are used). Otherwise a new
+        validated config of the method's type (`UnlearnConfig` for the two-stage family; a bare
+        `TrainRecipe` given to "retrain" comes back as its `RetrainConfig`).
+    Raises: ValueError / TypeError for a bad factor (also one that makes a count of passes
+        non-finite), and, for factor != 1, a bad method, setting, hparams or config type.
     """
     factor = check_budget(factor)
     if factor == 1.0:

@@ -1,20 +1,26 @@
 """``entangle-unlearn compare --jobs N``: the (method, seed) runs of one comparison on N worker
 processes that share its per-run cache (`entangle_ext.compare`: ``<out>/cache/<method>/seed<k>.json``).
 
-The parent writes a task list under ``<out>/jobs/`` and starts N copies of the same command with
-``--worker <out>/jobs`` (each with ``threads // N`` torch threads). A worker loads the data and
+The parent writes a task list under ``<out>/jobs/<its pid>/`` and starts N copies of the same
+command with ``--worker <that dir>`` (each with ``max(1, threads // N)`` torch threads; N is capped
+at the number of tasks). A worker loads the data and
 the cached original model once, then repeatedly claims the next task whose prerequisite is done
 (a claim is a file created with ``O_EXCL``, so two workers never take the same task) and runs
 ``compare`` on that one (method, seed) with ``write_tables=False``. The first task of a seed
 (Retrain, when compared) also scores the original model; every other task of that seed waits for
 it, so each run has its seed's Retrain record as reference exactly as in a one-process comparison,
 and the cache keys are the same: the parent then assembles the table from the cache. A worker that
-fails stops the others; finished runs stay cached (rerunning the command goes on from there).
+fails stops the others; finished runs stay cached (rerunning the command goes on from there). The
+queue directory is removed when every worker succeeded and kept (with each worker's log) otherwise.
+A worker stops when its parent is gone (killed, or its terminal closed): on Linux the kernel sends
+it SIGTERM (``PR_SET_PDEATHSIG``), elsewhere it notices between tasks.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -22,13 +28,46 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-__all__ = ["plan_tasks", "work", "run_workers", "worker_command", "WorkerFailed"]
+__all__ = ["plan_tasks", "work", "run_workers", "worker_command", "die_with_parent", "WorkerFailed",
+           "ParentExited"]
 
 TASKS = "tasks.json"
 
 
 class WorkerFailed(RuntimeError):
     """A worker process exited with a non-zero code (the message names its log)."""
+
+
+class ParentExited(RuntimeError):
+    """The ``compare --jobs`` process that started this worker is gone: the worker stops."""
+
+
+def _load_queue(queue: Path):
+    """(tasks, parent pid or None) of ``queue/tasks.json`` (a bare task list has no parent)."""
+    data = json.loads((queue / TASKS).read_text())
+    if isinstance(data, list):
+        return data, None
+    return data["tasks"], data.get("parent")
+
+
+def _check_parent(parent: Optional[int]) -> None:
+    if parent is not None and os.getppid() != parent:
+        raise ParentExited(f"the compare process {parent} that started this worker has exited; stopping")
+
+
+def die_with_parent(queue: Path) -> bool:
+    """In a worker: ask the kernel for SIGTERM when the parent named in ``queue/tasks.json`` exits
+    (Linux ``prctl(PR_SET_PDEATHSIG)``; returns False elsewhere, where `work` still checks between
+    tasks). Raises `ParentExited` when the parent is already gone."""
+    _, parent = _load_queue(Path(queue))
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0   # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            armed = False
+    _check_parent(parent)   # after arming: a parent that died before it is caught here
+    return armed
 
 
 def _name(task: Dict) -> str:
@@ -57,12 +96,15 @@ def work(queue: Path, run_task: Callable[[str, int], None], *, poll_s: float = 1
     """The loop of one worker: claim the next ready task of ``queue`` (prerequisite done, nobody
     else's claim), ``run_task(method, seed)``, mark it done; return the number of tasks this worker
     ran once every task is claimed. Exceptions of ``run_task`` propagate (the claim stays: the
-    parent then stops the other workers)."""
+    parent then stops the other workers). Raises `ParentExited` (before claiming a task or while
+    waiting for one) when the parent named in ``queue/tasks.json`` is gone, so a worker never waits
+    for a prerequisite that nobody will finish."""
     queue = Path(queue)
-    tasks = json.loads((queue / TASKS).read_text())
+    tasks, parent = _load_queue(queue)
     claimed, done = queue / "claimed", queue / "done"
     ran = 0
     while True:
+        _check_parent(parent)
         waiting = False
         for t in tasks:
             if (claimed / _name(t)).exists():
@@ -98,8 +140,9 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
 
     Args:
         commands: argv lists, one per worker. tasks: `plan_tasks` output (written to
-            ``queue/tasks.json``). queue: a directory (emptied first); ``queue/worker<k>.log``
-            holds worker k's output.
+            ``queue/tasks.json`` with this process's pid as the workers' parent). queue: a
+            directory of this invocation alone (emptied first; removed when every worker exited
+            with 0, kept otherwise); ``queue/worker<k>.log`` holds worker k's output.
     Raises:
         WorkerFailed: a worker exited with a non-zero code (the others are terminated; the message
             names the log and quotes its last lines).
@@ -111,7 +154,7 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
     shutil.rmtree(queue, ignore_errors=True)
     (queue / "claimed").mkdir(parents=True)
     (queue / "done").mkdir()
-    (queue / TASKS).write_text(json.dumps(tasks))
+    (queue / TASKS).write_text(json.dumps({"parent": os.getpid(), "tasks": tasks}))
     procs, logs = [], []
     try:
         for k, cmd in enumerate(commands):
@@ -130,7 +173,7 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
                     raise WorkerFailed(f"compare worker {k} exited with code {c}; its log {logs[k]} ends with:\n"
                                        f"{_tail(logs[k])}")
                 if all(c == 0 for c in codes):
-                    return
+                    break
                 time.sleep(poll_s)
     finally:
         for p in procs:
@@ -141,6 +184,11 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+    shutil.rmtree(queue, ignore_errors=True)   # reached only when every worker succeeded
+    try:
+        queue.parent.rmdir()   # <out>/jobs, when no other invocation's queue is in it
+    except OSError:
+        pass
 
 
 def worker_command(args, variant: str, methods: Sequence[str], threads: int, queue: Path) -> List[str]:

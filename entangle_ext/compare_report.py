@@ -94,7 +94,7 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
     lines += ["", _legend(summary, order, cols, seeds, bool(best))]
     if budget != 1:
         lines += ["", f"Every method's training passes (epochs; Stage 1 / Stage 2 epochs; Retrain's epochs) are "
-                      f"its preset's × {budget:g}, rounded up to whole epochs (one common factor)."]
+                      f"its preset's × {float(budget)!r}, rounded up to whole epochs (one common factor)."]
     failed = [(m, sd, msg) for m, by_seed in (failures or {}).items() for sd, msg in sorted(by_seed.items())]
     if failed:
         lines += ["", "Runs that stopped on a non-finite loss (not in the means; no retry, no tuning):"]

@@ -21,7 +21,7 @@ from entangle_ext.settings import prepare
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="celeba_vit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reduced", action="store_true", help="the CPU variant")
     ap.add_argument("--data-root", help="dir holding celeba/ (default: the data directories)")
     ap.add_argument("--make-miniature", metavar="DIR", help="write a generated miniature there and use it")

@@ -23,7 +23,7 @@ from entangle_ext.settings import prepare
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="cifar100_resnet18", description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=["full", "cpu", "reduced"], default=None,
                     help="default: full on a CUDA device, cpu (the CPU preset) otherwise")
     ap.add_argument("--data-root", help="cifar100.npz or a dir holding it / cifar-100-python/ "

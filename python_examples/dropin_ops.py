@@ -14,6 +14,7 @@ even digits; see `entangle_ext.data.digits`) that uses the operators directly:
 """
 from __future__ import annotations
 
+import argparse
 import copy
 
 import torch
@@ -29,7 +30,8 @@ def acc(model, ds):
         return (model(x).argmax(1) == y).float().mean().item() * 100
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(prog="dropin_ops", description=__doc__.split("\n\n")[0]).parse_args(argv)
     torch.manual_seed(0)
     s, _ = digits_splits(seed=0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2))

@@ -56,7 +56,7 @@ def pixel_baselines(d, sel, seed=0):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="similarity_split_cifar100", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--per-class", type=int, default=100, help="train images per fine class")
     ap.add_argument("--epochs", type=int, default=8)

@@ -21,7 +21,7 @@ from entangle_ext.settings import prepare
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="tinyimagenet_vit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=["full", "scratch", "lite0", "reduced"], default=None,
                     help="default: full with --weights, else scratch")
     ap.add_argument("--data-root", help="tiny-imagenet-200/ (or its parent) or tinyimagenet_dogs_cats.npz")

@@ -22,7 +22,7 @@ from entangle_ext.settings import prepare
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="toxigen_transformer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reduced", action="store_true", help="the CPU variant")
     ap.add_argument("--data-root", help="toxigen_annotated.csv / .parquet or a dir holding it")
     ap.add_argument("--model-path", help="local Hugging Face model dir (default: MiniLM)")

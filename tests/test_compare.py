@@ -270,7 +270,13 @@ def test_cli_compare(tmp_path, capsys, monkeypatch):
     (["--budget", "0"], "budget must be a finite number > 0"),
     (["--budget", "-0.5"], "budget must be a finite number > 0"),
     (["--budget", "nan"], "budget must be a finite number > 0"),
-    (["--budget", "inf"], "budget must be a finite number > 0"),
+    (["--budget", "inf"], "--budget must be a finite number > 0"),
+    (["--budget", "1e308"], "training passes is not a finite number of passes"),   # was OverflowError
+    # method names were checked only after the data and original model were ready
+    (["--methods", "ga,nope"], "--methods: unknown method 'nope'"),
+    (["--methods", "ft,ga,ft", "--jobs", "2"], "--methods names ft more than once"),
+    (["--methods", "original,ga"], "'original' is not a method"),
+    (["--methods", " , "], "--methods is empty"),
 ])
 def test_cli_compare_flags_are_one_line_errors_before_any_data(tmp_path, capsys, monkeypatch, flags, message):
     import entangle_ext.settings as S

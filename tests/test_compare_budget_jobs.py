@@ -5,9 +5,15 @@ and a two-worker comparison that gives the one-process numbers."""
 import dataclasses
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
+import time
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +21,7 @@ import torch
 import entangle_ext as ee
 from entangle_ext import cli
 from entangle_ext.compare import check_budget, effective_config, method_config, method_spec, scale_budget
-from entangle_ext.compare_jobs import WorkerFailed, plan_tasks, run_workers, work
+from entangle_ext.compare_jobs import ParentExited, WorkerFailed, die_with_parent, plan_tasks, run_workers, work
 from entangle_ext.methods import available_methods, get_method
 from entangle_ext.methods.retrain import RetrainConfig
 from entangle_ext.train import TrainRecipe
@@ -78,6 +84,8 @@ def test_factor_one_is_the_identity_and_bad_factors_are_refused():
         scale_budget("two_stage", get_method("ga").Config(), 0.5)
     with pytest.raises(TypeError):
         scale_budget("ga", UnlearnConfig(), 0.5)
+    with pytest.raises(ValueError, match="not a finite number of passes"):   # was an OverflowError
+        scale_budget("ga", None, 1e308, setting="cifar100")
 
 
 def test_the_budget_is_part_of_the_cache_key_only_when_it_is_not_one():
@@ -167,8 +175,7 @@ def test_two_workers_give_the_one_process_numbers(tmp_path, capsys):
             k1, k2 = (json.loads((tmp_path / d / "cache" / m / f"seed{s}.json").read_text())["key"]
                       for d in ("one", "two"))
             assert k1 == k2
-    logs = sorted((tmp_path / "two" / "jobs").glob("worker*.log"))
-    assert len(logs) == 2
+    assert not (tmp_path / "two" / "jobs").exists()   # the queue and logs go when every worker succeeded
 
 
 @pytest.mark.skipif(not ee.available(), reason="extension not loaded")
@@ -184,3 +191,134 @@ def test_a_budget_is_said_under_the_table_and_in_the_json(tmp_path, capsys):
     assert res["budget"] == 0.5 and res["hparams"]["ga"]["budget"] == 0.5
     full = method_spec("ga", setting="digits", variant="reduced").hparams["config"]["epochs"]
     assert res["hparams"]["ga"]["config"]["epochs"] == -(-full // 2)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def _wait_files(paths, timeout=60.0):
+    end = time.monotonic() + timeout
+    while not all(p.exists() and p.read_text().strip() for p in paths):
+        assert time.monotonic() < end, f"not written in {timeout} s: {paths}"
+        time.sleep(0.05)
+
+
+def test_a_worker_stops_when_its_parent_is_gone(tmp_path):
+    # between tasks: tasks.json names a parent that is not this process's parent
+    (tmp_path / "claimed").mkdir()
+    (tmp_path / "done").mkdir()
+    (tmp_path / "tasks.json").write_text(json.dumps({"parent": os.getppid() + 10**6, "tasks": plan_tasks(["ga"], [0])}))
+    with pytest.raises(ParentExited, match="has exited; stopping"):
+        work(tmp_path, lambda m, s: pytest.fail("a task was claimed for a dead parent"))
+    assert not any((tmp_path / "claimed").iterdir())
+    with pytest.raises(ParentExited):
+        die_with_parent(tmp_path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_busy_in_a_task_gets_sigterm_when_its_parent_dies(tmp_path):
+    # was: a worker went on (or polled forever for a prerequisite) after its parent was killed
+    q, pid_file = tmp_path / "q", tmp_path / "worker.pid"
+    q.mkdir()
+    worker = textwrap.dedent(f"""
+        import os, time, sys
+        from entangle_ext.compare_jobs import die_with_parent
+        assert die_with_parent({str(q)!r})
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)   # a long task
+        sys.exit(5)
+    """)
+    parent = textwrap.dedent(f"""
+        import json, os, subprocess, sys, time
+        open({str(q / "tasks.json")!r}, "w").write(json.dumps({{"parent": os.getpid(), "tasks": []}}))
+        subprocess.Popen([sys.executable, "-c", {worker!r}])
+        while not os.path.exists({str(pid_file)!r}):
+            time.sleep(0.05)
+        time.sleep(0.2)
+        os._exit(0)   # the parent dies without terminating its worker
+    """)
+    subprocess.run([sys.executable, "-c", parent], check=True, timeout=120)
+    _wait_files([pid_file])
+    pid = int(pid_file.read_text())
+    end = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not _alive(pid), "the worker outlived its parent"
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_to_the_parent_stops_its_workers(tmp_path, sig):
+    # was: the compare process died at once and left its workers running (orphans)
+    if not hasattr(signal, sig):
+        pytest.skip(f"no {sig} here")
+    pids = [tmp_path / f"w{k}.pid" for k in range(2)]
+    parent = textwrap.dedent(f"""
+        import signal, sys
+        from entangle_ext.cli import _sigterm_interrupts
+        from entangle_ext.compare_jobs import plan_tasks, run_workers
+        slow = lambda f: [sys.executable, "-c", "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(120)" % f]
+        try:
+            with _sigterm_interrupts(signal.SIGTERM, signal.SIGHUP):
+                run_workers([slow({str(pids[0])!r}), slow({str(pids[1])!r})], plan_tasks(["ga"], [0]),
+                            {str(tmp_path / "jobs" / "1")!r}, progress=False, poll_s=0.05)
+        except KeyboardInterrupt:
+            sys.exit(130)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        _wait_files(pids)
+        workers = [int(p.read_text()) for p in pids]
+        assert all(_alive(w) for w in workers)
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=60) == 130
+        assert not any(_alive(w) for w in workers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_jobs_are_capped_at_the_number_of_runs(tmp_path, monkeypatch):
+    import entangle_ext.compare_jobs as J
+    monkeypatch.setattr(J, "run_workers", lambda *a, **k: pytest.fail("workers started for a single run"))
+    pytest.importorskip("sklearn")
+    pytest.importorskip("scipy")
+    if not ee.available():
+        pytest.skip("extension not loaded")
+    assert cli.main(["compare", "--setting", "digits", "--variant", "reduced", "--methods", "ga", "--seeds", "1",
+                     "--no-progress", "--no-relearn", "--jobs", "4", "--out", str(tmp_path / "o")]) == 0
+    assert not (tmp_path / "o" / "jobs").exists()
+
+
+def test_two_invocations_have_their_own_queues(tmp_path, monkeypatch):
+    # was: both used <out>/jobs and the second wiped the first one's queue
+    import entangle_ext.compare_jobs as J
+    seen = []
+    monkeypatch.setattr(J, "run_workers", lambda cmds, tasks, queue, **k: seen.append((Path(queue), cmds)))
+    C = sys.modules["entangle_ext.compare"]   # (the package attribute is the function)
+
+    def stop(*a, **k):
+        raise ValueError("stopped after the workers")
+    monkeypatch.setattr(C, "compare", stop)
+    pytest.importorskip("sklearn")
+    pytest.importorskip("scipy")
+    if not ee.available():
+        pytest.skip("extension not loaded")
+    out = tmp_path / "o"
+    assert cli.main(["compare", "--setting", "digits", "--variant", "reduced", "--methods", "ga,ft", "--seeds", "1",
+                     "--no-progress", "--no-relearn", "--jobs", "3", "--threads", "4", "--out", str(out)]) == 2
+    (queue, cmds), = seen
+    assert queue == out / "jobs" / str(os.getpid()) and len(cmds) == 2   # 2 runs: 2 workers
+    assert cmds[0][cmds[0].index("--threads") + 1] == "2" and cmds[0][cmds[0].index("--worker") + 1] == str(queue)
+
+
+def test_the_note_under_the_table_gives_the_exact_factor():
+    from entangle_ext.compare_report import format_markdown
+    summary = {"ga": {"forget_test_acc": {"mean": 1.0, "std": 0.0, "n": 1}}}
+    third = format_markdown(summary, seeds=[0], order=["ga"], budget=1 / 3)
+    assert "× 0.3333333333333333, rounded up" in third   # was "× 0.333333" (:g)

@@ -75,7 +75,7 @@ def test_a_bad_device_is_an_argparse_error_before_any_data(name, device, says, m
         ex.main(["--device", device])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "error: argument --device: " + says in err
+    assert err.startswith(f"{name}: error: argument --device: " + says)   # one program name (was "x.py")
 
 
 def test_device_arg_normalises_and_refuses():
@@ -87,3 +87,15 @@ def test_device_arg_normalises_and_refuses():
     assert default_device() in ("cpu", "cuda")
     with pytest.raises(argparse.ArgumentTypeError, match="'meta': unsupported device type 'meta'"):
         device_arg("meta")
+
+
+def test_dropin_example_takes_no_flags(capsys):
+    # it ignored every argument; now argparse answers --help and refuses an unknown flag
+    ex = load_example("dropin_ops")
+    with pytest.raises(SystemExit) as info:
+        ex.main(["--epochs", "3"])
+    assert info.value.code == 2
+    assert "dropin_ops: error: unrecognized arguments: --epochs 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        ex.main(["--help"])
+    assert info.value.code == 0 and "usage: dropin_ops" in capsys.readouterr().out
