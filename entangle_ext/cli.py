@@ -390,7 +390,8 @@ def _deterministic(on: bool):
 @contextlib.contextmanager
 def _sigterm_interrupts(*signums):
     """``signums`` (default SIGTERM) raise KeyboardInterrupt in the body (like Ctrl-C), so a killed
-    run ends the same way; the previous handlers are restored. A no-op outside the main thread."""
+    run ends the same way; the previous handlers are restored. A signal the process ignores
+    (``nohup`` sets SIGHUP to SIG_IGN) stays ignored. A no-op outside the main thread."""
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -398,7 +399,8 @@ def _sigterm_interrupts(*signums):
     before = {}
     try:
         for s in signums:
-            before[s] = signal.signal(s, handler)
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                before[s] = signal.signal(s, handler)
     except ValueError:   # not the main thread
         pass
     try:

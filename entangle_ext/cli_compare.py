@@ -11,8 +11,8 @@ a fresh model of the setting trained with the variant's recipe (`entangle_ext.se
 and ``cache/`` (one file per finished (method, seed) run: rerunning the same command resumes where
 it stopped; a run made with another ``--budget`` is replaced, as there is one file per method and
 seed). ``--jobs N`` runs N (method, seed) runs at a time in worker processes sharing that cache
-(`entangle_ext.compare_jobs`; on a CPU, e.g. one worker per core; a worker's queue and log stay
-under ``<out>/jobs/`` only when it failed);
+(`entangle_ext.compare_jobs`; on a CPU, e.g. one worker per core; the queue and the workers' logs
+under ``<out>/jobs/`` are removed when every worker succeeded, kept after a failure or interrupt);
 ``--budget F`` scales every method's epochs by one common factor (``from entangle_ext.compare
 import scale_budget``).
 """
@@ -22,6 +22,7 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,7 +159,9 @@ def main(argv=None) -> int:
             tasks = plan_tasks(methods, seeds)
             jobs = min(args.jobs, len(tasks))
             if jobs > 1:
-                args.out_dir, queue = out, Path(out) / "jobs" / str(os.getpid())   # this invocation's own
+                (Path(out) / "jobs").mkdir(parents=True, exist_ok=True)   # this invocation's own queue:
+                queue = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=Path(out) / "jobs"))
+                args.out_dir = out
                 cmds = [worker_command(args, variant.name, methods, max(1, threads // jobs), queue)
                         for _ in range(jobs)]
                 run_workers(cmds, tasks, queue, progress=not args.no_progress)

@@ -347,7 +347,7 @@ class _Cache:
         if p is None:
             return
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")   # one per process: --jobs workers share the dir
         tmp.write_text(json.dumps({**rec, "env": _env(self.device)}))
         os.replace(tmp, p)
 

@@ -1,7 +1,7 @@
 """``entangle-unlearn compare --jobs N``: the (method, seed) runs of one comparison on N worker
 processes that share its per-run cache (`entangle_ext.compare`: ``<out>/cache/<method>/seed<k>.json``).
 
-The parent writes a task list under ``<out>/jobs/<its pid>/`` and starts N copies of the same
+The parent writes a task list under ``<out>/jobs/<its pid>-<random>/`` and starts N copies of the same
 command with ``--worker <that dir>`` (each with ``max(1, threads // N)`` torch threads; N is capped
 at the number of tasks). A worker loads the data and
 the cached original model once, then repeatedly claims the next task whose prerequisite is done
@@ -11,12 +11,14 @@ the cached original model once, then repeatedly claims the next task whose prere
 it, so each run has its seed's Retrain record as reference exactly as in a one-process comparison,
 and the cache keys are the same: the parent then assembles the table from the cache. A worker that
 fails stops the others; finished runs stay cached (rerunning the command goes on from there). The
-queue directory is removed when every worker succeeded and kept (with each worker's log) otherwise.
+queue directory is removed with the workers' logs when every worker succeeded, and kept otherwise
+(a failure, an interrupt, a killed parent).
 A worker stops when its parent is gone (killed, or its terminal closed): on Linux the kernel sends
 it SIGTERM (``PR_SET_PDEATHSIG``), elsewhere it notices between tasks.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -126,6 +128,49 @@ def work(queue: Path, run_task: Callable[[str, int], None], *, poll_s: float = 1
             time.sleep(poll_s)
 
 
+_STOP = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Hold SIGINT/SIGTERM/SIGHUP while the workers are stopped (POSIX), so a second Ctrl-C or
+    kill cannot cut the cleanup short and leave one running; they are delivered on exit."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is None:
+        yield
+        return
+    old = block(signal.SIG_BLOCK, _STOP)
+    try:
+        yield
+    finally:
+        block(signal.SIG_SETMASK, old)
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    return f"exited with code {code}"
+
+
+def _stop_workers(procs, grace_s: float = 30.0) -> None:
+    """Terminate the workers still running, wait for all of them together up to ``grace_s``,
+    then kill the rest."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def _tail(path: Path, lines: int = 6) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
@@ -157,7 +202,7 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
     (queue / TASKS).write_text(json.dumps({"parent": os.getpid(), "tasks": tasks}))
     procs, logs = [], []
     try:
-        for k, cmd in enumerate(commands):
+        for k, cmd in enumerate(commands):   # (not under _signals_deferred: children inherit the mask)
             logs.append(queue / f"worker{k}.log")
             with open(logs[-1], "w") as log:
                 procs.append(subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env))
@@ -170,20 +215,14 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
                 bad = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
                     k, c = bad[0]
-                    raise WorkerFailed(f"compare worker {k} exited with code {c}; its log {logs[k]} ends with:\n"
+                    raise WorkerFailed(f"compare worker {k} {_exit_text(c)}; its log {logs[k]} ends with:\n"
                                        f"{_tail(logs[k])}")
                 if all(c == 0 for c in codes):
                     break
                 time.sleep(poll_s)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        with _signals_deferred():
+            _stop_workers(procs)
     shutil.rmtree(queue, ignore_errors=True)   # reached only when every worker succeeded
     try:
         queue.parent.rmdir()   # <out>/jobs, when no other invocation's queue is in it

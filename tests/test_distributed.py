@@ -185,26 +185,47 @@ def test_rank_parts_of_each_global_batch_add_up_to_it_and_empty_parts_keep_the_s
     assert [s.shard_span(2) for s in ranks] == [(0, 1, 1), (1, 1, 1), (1, 1, 1)]
 
 
+def _run_group(cmd, log, timeout_s, env):
+    """Run ``cmd`` in a session of its own with output to ``log``; on timeout kill the whole group
+    (torchrun's ranks too) and fail instead of hanging on their pipes."""
+    import signal
+    import subprocess
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            pytest.fail(f"{cmd[:3]} did not finish in {timeout_s} s; its output: {open(log).read()[-2000:]}")
+
+
 def test_the_cli_under_torchrun_equals_one_process_and_exits_cleanly(tmp_path):
     """`torchrun --nproc_per_node 2 -m entangle_ext` on digits: exit code 0 on both ranks (the CLI
     destroys the process group it created: a rank leaving with a live gloo group can abort at
-    exit), the report says 2 ranks, and its accuracies equal the one-process CLI's."""
+    exit), the report says 2 ranks, and its accuracies equal the one-process CLI's within one
+    sample (float32 sums taken in another order may flip a sample on the decision boundary)."""
     import shutil
-    import subprocess
     import sys
+    import torch.distributed as dist
     pytest.importorskip("sklearn")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     if torchrun is None:
         pytest.skip("torchrun is not installed beside this Python")
     args = ["--setting", "digits", "--no-progress", "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "entangle_ext", *args, "--out", str(tmp_path / "one")],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "entangle_ext", *args,
-                          "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=300, env=env)
-    assert two.returncode == 0 and "terminate called" not in two.stderr, two.stderr[-2000:]
+    rc = _run_group([sys.executable, "-m", "entangle_ext", *args, "--out", str(tmp_path / "one")],
+                    tmp_path / "one.log", 300, env)
+    assert rc == 0, (tmp_path / "one.log").read_text()[-2000:]
+    rc = _run_group([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "entangle_ext", *args,
+                     "--out", str(tmp_path / "two")], tmp_path / "two.log", 300, env)
+    out = (tmp_path / "two.log").read_text()
+    assert rc == 0 and "terminate called" not in out, out[-2000:]
     r1, r2 = (json.load(open(tmp_path / d / "report.json")) for d in ("one", "two"))
     assert r2["world_size"] == 2 and r1["world_size"] == 1
-    acc = lambda r: {stage: {s: round(v["acc"], 12) for s, v in ev.items()} for stage, ev in r["evals"].items()}
-    assert acc(r2) == acc(r1)
+    assert r1["evals"].keys() == r2["evals"].keys()
+    for stage, ev in r1["evals"].items():
+        for split, v in ev.items():
+            assert abs(r2["evals"][stage][split]["acc"] - v["acc"]) <= 1.0 / v["n"] + 1e-12, (stage, split)

@@ -360,14 +360,23 @@ def init_from_env(device=None) -> Tuple[Dist, torch.device]:
 @contextlib.contextmanager
 def process_group_from_env(device=None):
     """`init_from_env` as a context: yields (`Dist`, device) and, when it created the default
-    process group, destroys it on the way out (also after an error), so a rank never exits with
-    a live group: gloo's threads torn down at interpreter exit abort the process ("terminate
-    called without an active exception", exit by SIGABRT instead of the run's own code)."""
+    process group, destroys it on the way out, so a rank does not exit with a live group (gloo's
+    threads torn down at interpreter exit can abort the process: "terminate called without an
+    active exception", SIGABRT instead of the run's own exit code). After a normal exit all ranks
+    meet at a barrier first. After an error only a gloo group is destroyed (that is local to the
+    rank); an NCCL group is left to the process exit, as its shutdown waits for collectives that
+    the other ranks may never join."""
     import torch.distributed as dist
     created = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not (dist.is_available() and dist.is_initialized())
     d, dev = init_from_env(device)
+    ok = False
     try:
         yield d, dev
+        ok = True
     finally:
         if created and dist.is_initialized():
-            dist.destroy_process_group()
+            if ok:
+                dist.barrier()
+                dist.destroy_process_group()
+            elif dist.get_backend() == "gloo":
+                dist.destroy_process_group()
