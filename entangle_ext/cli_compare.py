@@ -67,23 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _methods(spec: str):
-    """The method names of ``--methods`` ('all' or a comma list), checked before any data is loaded:
-    ValueError for an empty list, an unknown or repeated name, or 'original' (always a row)."""
-    from .compare import available_methods
+    """The method names of ``--methods`` ('all' or a comma list), checked before any data is loaded
+    (``check_method_names`` of the compare module, its message naming the flag)."""
+    from .compare import available_methods, check_method_names
 
     known = available_methods()
     names = known if spec.strip() == "all" else [m.strip() for m in spec.split(",") if m.strip()]
-    if not names:
-        raise ValueError("--methods is empty")
-    if "original" in names:
-        raise ValueError("--methods: 'original' is not a method (the original model is always a row of the table)")
-    unknown = [m for m in names if m not in known]
-    if unknown:
-        raise ValueError(f"--methods: unknown method {unknown[0]!r}; available here: {known}")
-    repeated = sorted({m for m in names if names.count(m) > 1})
-    if repeated:
-        raise ValueError(f"--methods names {', '.join(repeated)} more than once")
-    return names
+    try:
+        return check_method_names(names, known=known)
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None   # "--methods ..."
 
 
 def _check_flags(args, out: str) -> None:

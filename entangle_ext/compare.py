@@ -46,7 +46,7 @@ from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, sum
 from .unlearn.metrics import METRICS, NonFiniteOutputError, check_relearn_args, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
-           "scale_budget", "available_methods", "fingerprint",
+           "scale_budget", "check_method_names", "available_methods", "fingerprint",
            "summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "DEFAULT_RELEARN"]
 
 DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": 1e-3, "max_steps": 100, "batch_size": 64}
@@ -407,14 +407,30 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, m
     return {"method": spec.name, "seed": seed, "metrics": metrics, "report": _jsonable(slim), "wall_s": wall}
 
 
+def check_method_names(names: Sequence[str], *, known: Optional[Sequence[str]] = None) -> List[str]:
+    """The row names of a comparison, checked: ValueError for no name, 'original' (always a row of
+    its own), a name given twice and, when ``known`` is given, a name not in it. Used by `compare`
+    and, before any data is loaded, by ``entangle-unlearn compare`` (which says ``--methods``)."""
+    names = list(names)
+    if not names:
+        raise ValueError("methods is empty")
+    if "original" in names:
+        raise ValueError("methods: 'original' is not a method (the original model is always a row of the table)")
+    unknown = [m for m in names if known is not None and m not in known]
+    if unknown:
+        raise ValueError(f"methods: unknown method {unknown[0]!r}; available here: {list(known)}")
+    repeated = sorted({m for m in names if names.count(m) > 1})
+    if repeated:
+        raise ValueError(f"methods names {', '.join(repeated)} more than once (they must be distinct)")
+    return names
+
+
 def _specs(methods, *, configs, **kw) -> List[MethodSpec]:
     if isinstance(methods, (str, MethodSpec)):
         methods = [methods]
     specs = [m if isinstance(m, MethodSpec) else method_spec(m, config=(configs or {}).get(m), **kw)
              for m in methods]
-    names = [s.name for s in specs]
-    if not specs or len(set(names)) != len(names) or "original" in names:
-        raise ValueError(f"methods must be a non-empty list of distinct names (not 'original'), got {names}")
+    check_method_names([s.name for s in specs])
     retrain = [s for s in specs if s.name == "retrain"]
     return retrain + [_original_spec()] + [s for s in specs if s.name != "retrain"]
 
