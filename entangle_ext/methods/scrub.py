@@ -18,13 +18,40 @@ from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_pre
 __all__ = ["SCRUB", "SCRUBConfig", "distill_kl", "frozen_copy"]
 
 
+class _DistillKL(torch.autograd.Function):
+    """Per-sample KL(p ‖ q), p = softmax(t/T), q = softmax(s/T), (B, C) → (B,), with the exact
+    gradient (q − p)/T with respect to the student logits s. p and q come from one softmax
+    implementation, so where the student's logits equal the teacher's bitwise (θ = θ0) the
+    gradient is exactly 0 (autograd of ``kl_div(log_softmax(s), softmax(t))`` gives round-off
+    there, ~1e-17, which Adam's normalisation blows up into lr-sized steps in a direction that
+    depends on the summation order: another CPU ISA or a split over ranks)."""
+
+    @staticmethod
+    def forward(ctx, s, t, T: float):
+        log_q, log_p = F.log_softmax(s / T, dim=1), F.log_softmax(t / T, dim=1)
+        p = log_p.exp()
+        ctx.T = T
+        ctx.save_for_backward(log_q, p)
+        # p = 0 (teacher logit -inf) contributes 0, whatever log_q is
+        return torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        log_q, p = ctx.saved_tensors
+        return grad.unsqueeze(1) * (log_q.exp() - p) / ctx.T, None, None
+
+
 def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """KL(softmax(t/T) ‖ softmax(s/T))·T², averaged over the batch (the repdistiller ``DistillKL``
-    used by SCRUB; over the global batch under several ranks, `Dist.means`), for (B, C) logits;
-    0-d, in nats. Teacher logits of −inf give zero target mass."""
+    used by SCRUB; over the global batch under several ranks, `Dist.means`), for (B, C) logits
+    s (student) and t (teacher, detached); 0-d, in nats. Teacher logits of −inf give zero target
+    mass. The gradient with respect to s is the exact (softmax(s/T) − softmax(t/T))·T/B, which is
+    exactly zero where s equals t: SCRUB's first max step starts at θ = θ0, a stationary point
+    of the KL, and takes no step there instead of following round-off (docs/algorithm.md §10).
+    Not twice differentiable."""
     T = float(temperature)
-    kl = F.kl_div(F.log_softmax(student_logits / T, dim=1), F.softmax(teacher_logits.detach() / T, dim=1),
-                  reduction="none").sum(1)
+    kl = _DistillKL.apply(student_logits, teacher_logits.detach(), T)
     return current().means(kl)[0] * (T * T)
 
 
