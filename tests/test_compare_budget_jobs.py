@@ -289,8 +289,12 @@ def test_sigterm_or_sighup_to_the_parent_stops_its_workers(tmp_path, sig):
     if not hasattr(signal, sig):
         pytest.skip(f"no {sig} here")
     pids = [tmp_path / f"w{k}.pid" for k in range(2)]
+    # The parent starts with the signal's default disposition, as from a terminal: under
+    # `nohup make test` SIGHUP arrives here ignored, and the product rightly keeps an inherited
+    # SIG_IGN (test_a_signal_ignored_under_nohup_stays_ignored), which is not what this test is about.
     parent = textwrap.dedent(f"""
         import signal, sys
+        signal.signal(signal.{sig}, signal.SIG_DFL)
         from entangle_ext.cli import _sigterm_interrupts
         from entangle_ext.compare_jobs import plan_tasks, run_workers
         slow = lambda f: [sys.executable, "-c", "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(120)" % f]
