@@ -40,8 +40,12 @@ _OFFSETS_CACHE_MAX = 64
 def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
     """``arange(S + 1) * n`` as int64 on ``device``, cached (saves kernel launches in hot loops).
 
-    Not cached while a CUDA graph is being captured (the tensor would live in the graph's pool).
+    Not cached while a CUDA graph is being captured (the tensor would live in the graph's pool),
+    nor while torch.compile traces (a lookup keyed by the sizes would make Dynamo guard on them,
+    one graph per size).
     """
+    if torch.compiler.is_compiling():
+        return torch.arange(S + 1, device=device, dtype=torch.int64) * n
     key = (S, n, device)
     off = _OFFSETS_CACHE.get(key)
     if off is not None:
@@ -71,7 +75,11 @@ def _as_offsets(op: str, off: OffsetsLike, name: str, device: torch.device) -> t
 
 
 def _host_longest(*offsets) -> Optional[int]:
-    """Longest segment of offsets given as host lists / CPU tensors (None if any is on a GPU)."""
+    """Longest segment of offsets given as host lists / CPU tensors (None if any is on a GPU, or
+    while torch.compile traces: the values are data the graph cannot guard on; the kernel's
+    ``validate`` pass checks a given max_seqlen against the segments instead)."""
+    if torch.compiler.is_compiling():
+        return None
     longest = 0
     for off in offsets:
         if isinstance(off, torch.Tensor):
