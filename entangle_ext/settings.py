@@ -266,8 +266,9 @@ def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None
     digit = int(forget) if isinstance(forget, str) and forget.strip().isdigit() else forget
     if isinstance(forget, str) and digit is forget:
         raise ValueError(f"digits: forget must be a digit 0-9, got {forget!r}")
-    from .data.digits import digits_splits
-    return digits_splits(forget_digit=digit, seed=seed, device=device, max_train_per_digit=max_train_per_class)
+    from .data.digits import SETTING_DTYPE, digits_splits
+    return digits_splits(forget_digit=digit, seed=seed, device=device, max_train_per_digit=max_train_per_class,
+                         dtype=SETTING_DTYPE)
 
 
 def _load_cifar100(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
@@ -333,8 +334,8 @@ def _load_toxigen(root, *, seed, device, cache_dir=None, max_train_per_class=Non
 
 
 def _digits_model(info):
-    from .data.digits import DigitsMLP
-    return DigitsMLP(num_classes=info["num_classes"])
+    from .data.digits import SETTING_DTYPE, DigitsMLP
+    return DigitsMLP(num_classes=info["num_classes"], dtype=SETTING_DTYPE)
 
 
 def _cifar_model(info, arch="resnet18"):
@@ -384,9 +385,9 @@ def _vision_variants(reduced_data, reduced_recipe, stage1=None, stage2=None, ext
 SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("digits", "sklearn digits, parity labels: forget digit 3, adjacent 1/5/7/9, remote even digits",
             "digits", _load_digits, _digits_model, (
-                Variant("full", "2-layer MLP 64-128-128-2", TrainRecipe("adam", lr=1e-3, epochs=60, batch_size=64,
+                Variant("full", "2-layer MLP 64-128-128-2 (float64)", TrainRecipe("adam", lr=1e-3, epochs=60, batch_size=64,
                                                                         schedule="constant")),
-                Variant("reduced", "2-layer MLP, 60 train images per digit",
+                Variant("reduced", "2-layer MLP (float64), 60 train images per digit",
                         TrainRecipe("adam", lr=1e-3, epochs=40, batch_size=64, schedule="constant"),
                         data={"max_train_per_class": 60}, stage2={"epochs": 8}, cpu=True)),
             data_options=("max_train_per_class", "forget"), threads=1),

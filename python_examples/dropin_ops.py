@@ -33,8 +33,9 @@ def acc(model, ds):
 def main(argv=None):
     argparse.ArgumentParser(prog="dropin_ops", description=__doc__.split("\n\n")[0]).parse_args(argv)
     torch.manual_seed(0)
-    s, _ = digits_splits(seed=0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2))
+    f64 = torch.float64   # the printed figures then do not depend on the CPU (entangle_ext/data/digits.py)
+    s, _ = digits_splits(seed=0, dtype=f64)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128, dtype=f64), torch.nn.ReLU(), torch.nn.Linear(128, 2, dtype=f64))
 
     # --- their ordinary training loop -------------------------------------------------------
     x_all = torch.cat([s.forget.tensors[0], s.adjacent.tensors[0], s.remote.tensors[0]])

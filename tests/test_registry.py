@@ -4,6 +4,7 @@ import importlib.util
 import inspect
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from entangle_ext.unlearn import PRESETS, UnlearnConfig
 
 from _tiny import DictDS
 
+ROOT = Path(__file__).resolve().parents[1]
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,7 +93,9 @@ def test_find_data_file_explicit_path_is_the_data(places, tmp_path):
 
 
 def _load_root_module(path):
-    spec = importlib.util.spec_from_file_location("root_copy", path)
+    """A copy of entangle_ext/data/root.py at ``path``, loaded as a module of the real package (its
+    relative imports resolve there; its own ``__file__`` is the copy's)."""
+    spec = importlib.util.spec_from_file_location("entangle_ext.data._root_copy", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -371,3 +375,15 @@ def test_demo_meets_its_criterion(tmp_path, capsys):
     assert ev["stage2"]["forget_test"]["acc"] <= 0.10
     assert abs(ev["stage2"]["adjacent_test"]["acc"] - ev["original"]["adjacent_test"]["acc"]) <= 0.05
     assert "PASS" in capsys.readouterr().out
+    # the README's demo table is what the demo prints, to its digits, on any CPU (the setting runs
+    # in float64: checked with ATEN_CPU_CAPABILITY=avx2 / default and oneDNN off)
+    rows = {"original": "original", "after Stage 1": "stage1", "after Stage 2": "stage2"}
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Demo: digits"):].split("\n\n| model |")[1].split("\n\n")[0]
+    shown = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        shown[rows[cells[0]]] = [float(c) for c in cells[1:]]
+    printed = {tag: [round(100 * ev[tag][f"{s}_test"]["acc"], 2) for s in ("forget", "adjacent", "remote")]
+               for tag in rows.values()}
+    assert printed == shown, f"README demo table {shown} but the demo printed {printed}"
