@@ -30,9 +30,14 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	@touch $@
 
+# The in-place entangle_ext/_C*.so is shared by every VENV of this checkout: after a build for
+# another torch (e.g. VENV=.venv-cpu TORCH_SPEC=torch==2.13.0) it is rebuilt for this one.
 build: $(BUILD_STAMP)
+	@ENTANGLE_NO_JIT=1 $(PY) -W ignore -c "import entangle_ext as e, sys; sys.exit(0 if e.available() else 3)" \
+	  || { echo "entangle_ext/_C was built for another torch: rebuilding for $(TORCH_SPEC)"; \
+	       $(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .; }
 	@$(PY) -c "import entangle_ext as e; assert e.available(), e.load_error(); \
-	  print('entangle_ext', e.__version__, '| CUDA kernels built:', e.cuda_built(), e.cuda_arch_list())"
+	  print('entangle_ext', e.__version__, '| route:', e.build_route(), '| CUDA kernels built:', e.cuda_built(), e.cuda_arch_list())"
 
 test: build
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

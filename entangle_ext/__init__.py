@@ -25,10 +25,11 @@ subpackage/module of the same name as attributes; import from those by name inst
 ``from entangle_ext.unlearn import load_checkpoint`` or ``from entangle_ext.compare import method_config``.
 
 Pure-PyTorch references of every operator are in `entangle_ext.reference`.
-Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`.
+Build information: `cuda_built()`, `cuda_arch_list()`, `available()`, `load_error()`, `build_route()`
+("ahead-of-time" or "first-import": a plain ``pip install .`` compiles at the first import), `build_path()`.
 """
 from ._version import __version__
-from ._ext import available, built_torch_version, cuda_arch_list, cuda_built, load_error
+from ._ext import available, build_path, build_route, built_torch_version, cuda_arch_list, cuda_built, load_error
 from . import reference
 from .wasserstein import wasserstein2_1d
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
@@ -41,6 +42,7 @@ from .compare import available_methods, compare
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
+    "build_route", "build_path",
     "reference", "wasserstein2_1d", "project_orthogonal", "project_orthogonal_", "projection_gram",
     "projection_apply_", "projection_solve", "dual_update_",
     "augmented_lagrangian_term", "AugmentedLagrangian",

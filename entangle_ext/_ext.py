@@ -1,27 +1,63 @@
 """Loading of the native extension (`entangle_ext._C`) and build information.
 
-Importing this module never raises: if the compiled extension is missing or was built against
-another torch, the reason is kept and every operator call raises a `RuntimeError` that names it and
-the fix. The pure-PyTorch reference implementations in `entangle_ext.reference` need no build.
+Two routes (`build_route`): "ahead-of-time" — ``entangle_ext._C`` was compiled when the package
+was installed (``pip install --no-build-isolation .``, ``make build``); "first-import" — no
+compiled module came with the package (a plain ``pip install .``), so `entangle_ext._jit`
+compiles the shipped sources against the imported torch at the first import, into a cache
+directory (`build_path` says where).
+
+Importing this module never raises: if the extension cannot be loaded or compiled, the reason is
+kept (`load_error`) and every operator call raises a `RuntimeError` that names it and the fix.
+The pure-PyTorch reference implementations in `entangle_ext.reference` need no build.
 """
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
+
+from . import _build
 
 _C = None
 _LOAD_ERROR: str | None = None
+_ROUTE: str | None = None
 
 _REBUILD = ("rebuild it against the installed torch with "
             "`pip install --no-build-isolation .` (or `make test`)")
 
 try:
     from . import _C  # noqa: F811  (registers torch.ops.entangle_ext.* as a side effect)
+    _ROUTE = "ahead-of-time"
 except ImportError as exc:  # pragma: no cover - depends on the install
-    _LOAD_ERROR = f"the compiled extension entangle_ext._C could not be imported ({exc}); {_REBUILD}"
-else:
-    if _C.torch_version() != torch.__version__:  # pragma: no cover - depends on the install
-        _LOAD_ERROR = (f"entangle_ext._C was compiled against torch {_C.torch_version()} but torch "
-                       f"{torch.__version__} is installed; {_REBUILD}")
+    if _build.flag("ENTANGLE_NO_JIT"):
+        _LOAD_ERROR = (f"the compiled extension entangle_ext._C could not be imported ({exc}) and ENTANGLE_NO_JIT=1 "
+                       f"forbids compiling it at import; {_REBUILD}")
+    else:
+        from . import _jit
+        try:
+            _C = _jit.load(torch)
+            _ROUTE = "first-import"
+        except _jit.JitBuildError as jexc:
+            _LOAD_ERROR = f"the C++ kernels could not be compiled at the first import: {jexc}"
+            warnings.warn(f"entangle_ext: {_LOAD_ERROR}. The operators raise until this is fixed; the "
+                          "pure-PyTorch references in entangle_ext.reference work.", RuntimeWarning, stacklevel=2)
+if _C is not None and _C.torch_version() != torch.__version__:  # pragma: no cover - depends on the install
+    _LOAD_ERROR = (f"entangle_ext._C was compiled against torch {_C.torch_version()} but torch "
+                   f"{torch.__version__} is installed; {_REBUILD}")
+
+
+def build_route() -> str | None:
+    """How the native extension was built: "ahead-of-time" (at install time, or ``make build``),
+    "first-import" (compiled from the shipped sources by this or an earlier first import, after a
+    plain ``pip install .``), or None when it is not loaded (`load_error` says why)."""
+    return _ROUTE if _LOAD_ERROR is None else None
+
+
+def build_path() -> str | None:
+    """The file of the loaded native extension (in the package, or in the first-import cache
+    directory), or None when it is not loaded."""
+    return None if _C is None or _LOAD_ERROR is not None else os.path.abspath(_C.__file__)
 
 
 def available() -> bool:
@@ -35,10 +71,10 @@ def load_error() -> str | None:
 
 
 def cuda_built() -> bool:
-    """True when this build of entangle_ext contains the CUDA kernels.
+    """True when this build of entangle_ext contains the CUDA kernels (either `build_route`).
 
-    Decided at build time from `torch.version.cuda` (overridable with ENTANGLE_CPU_ONLY=1 /
-    FORCE_CUDA=1), not from whether a GPU is present.
+    Decided at build time from `torch.version.cuda` and a CUDA toolkit (nvcc) being found
+    (overridable with ENTANGLE_CPU_ONLY=1 / FORCE_CUDA=1), not from whether a GPU is present.
     """
     return _C is not None and bool(_C.cuda_built())
 

@@ -23,6 +23,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._paths import user_cache_dir
+
 __all__ = ["data_dirs", "data_root", "find_data_file", "user_cache_dir", "checkout_data_dir", "read_npz",
            "ENV_VARS"]
 
@@ -30,12 +32,6 @@ ENV_VARS = ("ENTANGLE_DATA", "ENTANGLE_SHARED_DATA")
 """Environment variables naming a data directory, in lookup order (the second is an alias)."""
 
 PathLike = Union[str, Path]
-
-
-def user_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/entangle_ext`` or ``~/.cache/entangle_ext`` (need not exist)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "entangle_ext"
 
 
 def checkout_data_dir() -> Optional[Path]:
