@@ -31,8 +31,8 @@ def _argv(out, *extra):
 
 def _digits_mlp():
     pytest.importorskip("sklearn")
-    from entangle_ext.data.digits import DigitsMLP
-    return DigitsMLP()
+    from entangle_ext.data.digits import SETTING_DTYPE, DigitsMLP
+    return DigitsMLP(dtype=SETTING_DTYPE)   # the digits setting's model, as its checkpoints hold it
 
 
 @pytest.fixture(scope="module")

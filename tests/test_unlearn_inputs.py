@@ -89,10 +89,14 @@ def test_non_contiguous_parameters_give_the_contiguous_result(small, kind):
 
 # --------------------------------------------------------------------------- precision
 def _digits_original(cache_dir):
+    """The digits 'reduced' splits and original model, cast to float32 (the setting's float64 is
+    not what these precision tests are about)."""
     pytest.importorskip("sklearn")
+    from torch.utils.data import TensorDataset
     from entangle_ext.settings import prepare
     run = prepare("digits", "reduced", cache_dir=cache_dir, progress=False)
-    return run.splits, run.model
+    splits = ee.Splits(**{k: TensorDataset(d.tensors[0].float(), d.tensors[1]) for k, d in run.splits.named().items()})
+    return splits, run.model.float()
 
 
 @pytest.mark.parametrize("mode", ["bf16_model", "amp_bf16"])
