@@ -1,0 +1,25 @@
+"""Checkpoints written by an earlier version of the package (tests/fixtures/resume, made at 2c33944,
+before the one-run-lifecycle refactor) resume to the uninterrupted run of that version, bit for
+bit: checkpoint file names and keys are a compatibility promise (issue 21)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+import entangle_ext as ee
+from _tiny import mlp, params
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "resume"
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return torch.load(FIXTURES / "expected.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("method", ["two_stage", "no_w2", "ga", "ft"])
+def test_a_checkpoint_of_the_earlier_lifecycles_resumes_to_the_uninterrupted_run(small, expected, method):
+    r = ee.unlearn(mlp(seed=9), small, method=method, resume=FIXTURES / f"{method}.pt", progress=False)
+    torch.testing.assert_close(params(r.model), expected[method]["params"], rtol=0, atol=0)
+    assert [h["step"] for h in r.history] == expected[method]["steps"]
+    assert r.report["resume"]["from"] is not None
