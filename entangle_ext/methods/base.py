@@ -110,6 +110,8 @@ class MethodConfig:
         checkpoint_every: steps (>= 0) between mid-run checkpoints (0 = only at the end); needs
             out_dir.
         eval_batch_size: batch size (>= 1) of the evaluations.
+        histogram_bins: bins (>= 1) of the forget-loss histogram PNG under out_dir (as
+            `UnlearnConfig.histogram_bins`; a resume may change it).
         budget_fields (class attribute, not a field): the dotted names of the fields that count
             training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
             them. Empty: no training loop (e.g. SSD).
@@ -120,6 +122,7 @@ class MethodConfig:
     log_every: int = 10
     checkpoint_every: int = 0
     eval_batch_size: int = 512
+    histogram_bins: int = 40
 
     def __post_init__(self):
         self.validate()
@@ -127,7 +130,7 @@ class MethodConfig:
     def validate(self):
         """Check every field; returns self."""
         _check_fields(self)
-        _at_least(self, 1, "log_every", "eval_batch_size")
+        _at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
         _at_least(self, 0, "checkpoint_every")
         self.check_ranges()
         return self

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 
-from ..unlearn.checkpoint import (Checkpointer, check_resume, load_resume, preserved_rng, restore_objects,
+from ..unlearn.checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
                                   seed_everything, set_rng_state, splits_fingerprint)
 from ..unlearn.data import Splits
 from ..unlearn.distributed import scope
@@ -102,7 +102,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     {"from": checkpoint path, "config_changes": {field: [checkpoint value, new value]}}),
     ``checkpoint``; files under ``out_dir`` as `entangle_ext.unlearn`.
     Randomness (data order, random labels, Retrain's initialisation) is seeded from ``seed``, which
-    replaces ``config.seed`` when given (None keeps it); the caller's generator states are restored.
+    replaces ``config.seed`` when given (None keeps it); every global setting the run changes is restored (as `entangle_ext.unlearn`: generators,
+    deterministic/cuDNN flags, threads, environment).
     Under several ranks as `entangle_ext.unlearn` (docs/algorithm.md §11). ``on_checked`` is
     called once the config, splits and model have passed their checks, before any training.
     ``resume`` / ``allow_config_change``: as `entangle_ext.unlearn` (the same checks, `load_resume`
@@ -122,7 +123,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     warm_imports()
     check_model_and_splits(model, splits, "unlearn")
     cls.check_arguments(setting, hparams, model_fn)
-    with preserved_rng(), scope(model) as (d, model):
+    with preserved_global_state(), scope(model) as (d, model):
         ckpt = load_resume(resume, cls.name)
         from_preset = config is None and ckpt is None
         config, fingerprint, changes = _checked(cls, splits, config, ckpt, setting=setting, hparams=hparams,
@@ -130,16 +131,16 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         require_trainable(model)
         device = model_device(model, device)
         model.to(device).eval()
-        seed_everything(config.seed)
-        if ckpt is not None and "rng" in ckpt:
-            set_rng_state(ckpt["rng"])
         C = _preflight(model, splits, device)
         if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
             on_checked()
+        seed_everything(config.seed)   # after the checks, as in the two-stage driver
+        if ckpt is not None and "rng" in ckpt:
+            set_rng_state(ckpt["rng"])
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
         ckpt = ckpt or {}
         evals: Dict[str, Dict[str, dict]] = dict(ckpt.get("evals", {}))
-        timings: Dict[str, float] = {}
+        timings: Dict[str, float] = {k: v for k, v in ckpt.get("timings", {}).items() if k.startswith("eval_")}
 
         def ev(tag):
             t = time.perf_counter()
@@ -151,7 +152,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             ev("original")
         out = Path(out_dir) if out_dir is not None else None
         saver = Checkpointer(out, {"method": cls.name, "config": config.to_dict(), "evals": evals,
-                                   "fingerprint": {"splits": fingerprint}})
+                                   "fingerprint": {"splits": fingerprint}},
+                             dynamic=lambda: {"timings": dict(timings)})   # a resume reports them
         saver.last_path = ckpt.get("path")   # until this run writes one: the one resumed from
         history, timings["unlearn"] = _unlearn(cls, model, splits, config, ckpt, saver, num_classes=C,
                                                device=device, out=out, progress=progress, model_fn=model_fn)
@@ -164,7 +166,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
                       world_size=d.world, fingerprint=saver.common["fingerprint"], resume=resumed)
         if out is not None and d.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            write_report(out, report, history, evals, bins=40, num_classes=C)
+            write_report(out, report, history, evals, bins=config.histogram_bins, num_classes=C)
         table = format_table(evals)
         if progress and d.is_main:
             print(table)

@@ -123,8 +123,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     cuDNN flags, thread count, CUBLAS_WORKSPACE_CONFIG) is restored on return, also on error.
     Returns:
         `UnlearnResult` (model, report, history, table); ``report["method"]``,
-        ``report["evals"]["final"]`` (the last evaluation) and ``report["timings_s"]["unlearn"]``
-        (seconds of unlearning, evaluation excluded) exist for every method.
+        ``report["evals"]["final"]`` (the last evaluation), ``report["timings_s"]["unlearn"]``
+        (seconds of unlearning, evaluation excluded) and ``report["hparams"]`` /
+        ``report["setting"]`` (the preset the config came from; None for an explicit or resumed
+        config) exist for every method.
     Warns:
         OutDirReusedWarning (a UserWarning, ``entangle_ext.OutDirReusedWarning``): ``out_dir``
             already holds a run and no ``resume`` is given; it names what is overwritten.
@@ -162,17 +164,23 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
                               seed=seed, device=device, out_dir=out_dir, resume=resume,
                               allow_config_change=allow_config_change, progress=progress, on_checked=checked)
+        # the preset family and setting the config came from, reported as a baseline's are
+        preset = {"hparams": hparams, "setting": setting} if config is None and resume is None else \
+            {"hparams": None, "setting": None}
         if config is not None or resume is None:
             config = spec.two_stage_config(config, setting, hparams)
-        return _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
-                          resume=resume, allow_config_change=allow_config_change, progress=progress,
-                          on_checked=checked)
+        result = _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
+                            resume=resume, allow_config_change=allow_config_change, progress=progress,
+                            on_checked=checked, preset=preset)
+        return result
 
 
 def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_dir, resume,
                allow_config_change: bool, progress: bool,
-               on_checked: Optional[Callable[[], None]] = None) -> UnlearnResult:
-    """The two-stage family's run (`unlearn` after the dispatch on ``method``)."""
+               on_checked: Optional[Callable[[], None]] = None,
+               preset: Optional[Dict[str, Any]] = None) -> UnlearnResult:
+    """The two-stage family's run (`unlearn` after the dispatch on ``method``); ``preset``:
+    {"hparams", "setting"} of the preset the config came from (None values otherwise)."""
     with preserved_global_state(), scope(model) as (_, model):
         ckpt = load_resume(resume, method)
         config = _resolve_config(config, ckpt, seed)
@@ -197,7 +205,7 @@ def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_
         run.stage1(c0)
         run.stage2()
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
-        return run.finish(c0, resumed)
+        return run.finish(c0, resumed, preset or {"hparams": None, "setting": None})
 
 
 class OutDirReusedWarning(UserWarning):
@@ -366,7 +374,7 @@ class _Run:
         if self.config.run_stage2 and "stage2" not in self.evals:
             self.evaluate("stage2")
 
-    def finish(self, c0: float, resumed: Optional[Dict[str, Any]]) -> UnlearnResult:
+    def finish(self, c0: float, resumed: Optional[Dict[str, Any]], preset: Dict[str, Any]) -> UnlearnResult:
         """Table, report (and its files under out_dir); prints the table when progress is on."""
         history = self.done["history"]
         table = format_table(self.evals)
@@ -376,6 +384,7 @@ class _Run:
                               checkpoint=self.saver.last_path)
         report["fingerprint"] = self.saver.common["fingerprint"]
         report["resume"] = resumed
+        report.update(preset)
         last = next(t for t in ("stage2", "stage1", "original") if t in report["evals"])
         report["method"], report["evals"]["final"] = self.method, copy.deepcopy(report["evals"][last])
         check_final_losses(self.method, report["evals"]["final"], len(history), self.saver.last_path)
