@@ -38,6 +38,7 @@ from .projection import (project_orthogonal, project_orthogonal_, projection_app
                          projection_solve)
 from .unlearn import (NonFiniteLossError, OutDirReusedWarning, RunInterrupted, Splits, Stage1Config, Stage2Config,
                       UnlearnConfig, UnlearnResult, evaluate, stage1, stage2, unlearn)
+from . import methods as _methods  # noqa: F401,E402  (importing it registers every method, from above the run)
 from .compare import available_methods, compare
 
 __all__ = [

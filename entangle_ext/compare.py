@@ -177,7 +177,7 @@ def effective_config(name: str, config=None, *, setting: Optional[str] = None, h
         if not isinstance(cfg, UnlearnConfig):
             raise TypeError(f"method {name!r} takes an entangle_ext.UnlearnConfig, got {type(cfg).__name__}")
         return cfg.validate()
-    from .methods.runner import resolve_config
+    from .unlearn.method_run import resolve_config
     return resolve_config(cls, config, setting, hparams).validate()
 
 
@@ -237,7 +237,7 @@ def scale_budget(name: str, config=None, factor: float = 1.0, *, setting: Option
         if not isinstance(cfg, UnlearnConfig):
             raise TypeError(f"method {name!r} takes an entangle_ext.UnlearnConfig, got {type(cfg).__name__}")
     else:
-        from .methods.runner import resolve_config
+        from .unlearn.method_run import resolve_config
         cfg = resolve_config(cls, copy.deepcopy(config), setting, hparams)
     for path in type(cfg).budget_fields:
         cfg = _replace_path(cfg, path, lambda n: _scaled_passes(n, factor))

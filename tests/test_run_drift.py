@@ -19,7 +19,7 @@ def test_every_method_restores_the_thread_count_and_deterministic_flags(small, m
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True, warn_only=True)
         return real(*a, **k)
-    for mod in ("entangle_ext.methods.runner", "entangle_ext.unlearn.driver"):
+    for mod in ("entangle_ext.unlearn.method_run", "entangle_ext.unlearn.driver"):
         monkeypatch.setattr(importlib.import_module(mod), "evaluate", changing)
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(2)

@@ -8,7 +8,8 @@ import dataclasses
 from typing import Optional
 
 from ..unlearn.config import PRESETS, UnlearnConfig
-from .base import UnlearningMethod, register_method, warm_imports
+from ..unlearn.method import warm_imports
+from .base import UnlearningMethod, register_method
 
 __all__ = ["TwoStage", "NoW2", "PGDMean", "Stage1Only", "RECIPE_OF_HPARAMS"]
 

@@ -1,5 +1,4 @@
-"""The method registry, the configuration base classes and what every baseline shares
-(docs/algorithm.md §10): optimizers, data streams over the retain set, the optimisation step and
+"""What every baseline shares (docs/algorithm.md §10): `TrainConfig`, optimizers, data streams over the retain set, the optimisation step and
 the run of a `StageLoop` (progress bar, device-side logging, non-finite detection, checkpoints,
 resume).
 
@@ -14,7 +13,7 @@ A baseline is one small class::
             ...                       # build streams and a step function
             return self.loop(stream, config.epochs, step, objects, loop_args, keys, device)
 
-and is called as ``entangle_ext.unlearn(model, splits, method="ga")`` (`run_method` does the
+and is called as ``entangle_ext.unlearn(model, splits, method="ga")`` (the run does the
 evaluation, timing, report and checkpoint plumbing around ``run``). Under several ranks
 (docs/algorithm.md §11) the streams give each rank its part of every global batch, so a method
 writes its losses as global means (``from entangle_ext.unlearn.losses import mean_ce``, `Dist.means`) and takes
@@ -23,31 +22,21 @@ its steps with `descend` / `step_along` / ``grads_of``, which average the gradie
 from __future__ import annotations
 
 import collections
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
 
 import torch
 
-from ..unlearn.checkpoint import optimizer_entry
-from ..unlearn.config import _at_least, _check_fields, _require
+from ..unlearn.config import _at_least, _require
 from ..unlearn.data import BatchStream, Source, Splits, union_source
-from ..unlearn.distributed import current
-from ..unlearn.loop import StageLoop
-from ..unlearn.precision import model_dtype
+# the registry and the base classes live below the run (entangle_ext/unlearn/method.py); the
+# baselines import them from here, with what they share
+from ..unlearn.method import (HPARAMS, METHODS, PAPER_SETTINGS, MethodConfig, UnlearningMethod,  # noqa: F401
+                              available_methods, get_method, register_method)
 
 __all__ = ["METHODS", "HPARAMS", "PAPER_SETTINGS", "register_method", "get_method",
            "available_methods", "MethodConfig", "TrainConfig", "UnlearningMethod", "ZipStream",
            "IndexedStream", "Optimizer", "retain_set", "make_optimizer", "make_presets", "every"]
-
-METHODS: Dict[str, Type["UnlearningMethod"]] = {}
-"""Registered methods by name, in registration order (baselines, then the two-stage family)."""
-
-HPARAMS = ("paper_code", "original")
-"""Preset families: what the paper's released code runs / the baseline authors' own defaults."""
-
-PAPER_SETTINGS = ("cifar100", "tinyimagenet", "celeba", "toxigen")
-"""The paper's settings; every method also has a "digits" preset (our values for the CPU miniature)."""
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 
@@ -65,90 +54,6 @@ def make_presets(paper_code: Dict[str, Dict[str, Any]], original: Dict[str, Dict
            for s in PAPER_SETTINGS}
     out["digits"] = {"paper_code": dict(digits), "original": dict(digits)}
     return out
-
-
-def warm_imports() -> None:
-    """Import what the first optimizer of a process imports (``torch._dynamo``: seconds on a
-    loaded CPU), so that the first method timed in a process is not charged for it."""
-    import torch._dynamo  # noqa: F401
-
-
-def register_method(name: str) -> Callable[[type], type]:
-    """Class decorator: register an `UnlearningMethod` subclass under ``name`` (sets ``cls.name``).
-    Raises ValueError when the name is taken."""
-    def deco(cls):
-        if name in METHODS:
-            raise ValueError(f"method {name!r} is already registered")
-        cls.name = name
-        METHODS[name] = cls
-        return cls
-    return deco
-
-
-def available_methods() -> List[str]:
-    """Names of all registered methods (baselines and the two-stage family)."""
-    return list(METHODS)
-
-
-def get_method(name: str) -> Type["UnlearningMethod"]:
-    """The method class registered as ``name``. Raises ValueError listing every name otherwise."""
-    if not isinstance(name, str) or name not in METHODS:
-        raise ValueError(f"unknown unlearning method {name!r}; choose from {available_methods()}")
-    return METHODS[name]
-
-
-# --------------------------------------------------------------------------------- configs
-@dataclass
-class MethodConfig:
-    """Fields every baseline has. Validated like `UnlearnConfig`: at construction and again at
-    the entry of `entangle_ext.unlearn` (types from the annotations, then ranges).
-
-    Attributes:
-        seed: seeds torch/numpy/random and every data stream of the run.
-        log_every: steps (>= 1) between host reads of the logged values (history, progress bar,
-            non-finite check).
-        checkpoint_every: steps (>= 0) between mid-run checkpoints (0 = only at the end); needs
-            out_dir.
-        eval_batch_size: batch size (>= 1) of the evaluations.
-        histogram_bins: bins (>= 1) of the forget-loss histogram PNG under out_dir (as
-            `UnlearnConfig.histogram_bins`; a resume may change it).
-        budget_fields (class attribute, not a field): the dotted names of the fields that count
-            training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
-            them. Empty: no training loop (e.g. SSD).
-    Raises: TypeError for a wrong field type, ValueError for a value outside its choices/range.
-    """
-    budget_fields: ClassVar[Tuple[str, ...]] = ()
-    seed: int = 0
-    log_every: int = 10
-    checkpoint_every: int = 0
-    eval_batch_size: int = 512
-    histogram_bins: int = 40
-
-    def __post_init__(self):
-        self.validate()
-
-    def validate(self):
-        """Check every field; returns self."""
-        _check_fields(self)
-        _at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
-        _at_least(self, 0, "checkpoint_every")
-        self.check_ranges()
-        return self
-
-    def check_ranges(self) -> None:
-        """Range checks of a subclass's own fields (called by `validate`)."""
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict):
-        """Inverse of `to_dict` (also after a JSON round trip); validates."""
-        return cls(**d)
-
-    def replace(self, **changes):
-        """A validated copy with ``changes`` applied."""
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass
@@ -260,125 +165,3 @@ def make_optimizer(params: Sequence[torch.Tensor], cfg: TrainConfig) -> torch.op
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
     return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-class UnlearningMethod:
-    """Base class of a registered unlearning method.
-
-    Class attributes: ``name`` (set by `register_method`), ``Config`` (its configuration
-    dataclass), ``presets`` = {setting: {"paper_code": {field: value}, "original": {...}}}
-    (overrides of the ``Config`` defaults; sources in docs/algorithm.md §10) and ``two_stage``
-    (True for the two-stage family, which runs through the two-stage driver) and
-    ``required_splits`` (the train splits its objective reads; the runner refuses a `Splits`
-    without one of them before any compute).
-    ``uses_model_fn`` (True for Retrain only, which builds a fresh model with it).
-    Instances carry ``num_classes`` (C, probed by the runner) and ``model_fn`` (Retrain only).
-    """
-    name: ClassVar[str] = ""
-    Config: ClassVar[type] = MethodConfig
-    presets: ClassVar[Dict[str, Dict[str, Dict[str, Any]]]] = {}
-    two_stage: ClassVar[bool] = False
-    required_splits: ClassVar[Tuple[str, ...]] = ("forget", "adjacent", "remote")
-    uses_model_fn: ClassVar[bool] = False
-
-    def __init__(self, num_classes: Optional[int] = None, model_fn: Optional[Callable[[], Any]] = None):
-        self.num_classes, self.model_fn = num_classes, model_fn
-
-    @classmethod
-    def check_arguments(cls, setting: Optional[str] = None, hparams: str = "paper_code",
-                        model_fn: Optional[Callable[[], Any]] = None) -> None:
-        """Check the run arguments besides the config, whether or not they are used (an explicit
-        or resumed config makes ``setting`` / ``hparams`` unused).
-
-        Raises:
-            ValueError: ``hparams`` not in `HPARAMS`; a ``setting`` without a preset of this
-                method; a ``model_fn`` for a method that does not use one (all but Retrain).
-            TypeError: a ``model_fn`` that is not callable.
-        """
-        if hparams not in HPARAMS:
-            raise ValueError(f"hparams must be one of {HPARAMS}, got {hparams!r}")
-        if setting is not None and setting not in cls.presets:
-            raise ValueError(f"method {cls.name!r} has no preset for setting {setting!r}; "
-                             f"choose from {sorted(cls.presets)}")
-        if model_fn is None:
-            return
-        if not cls.uses_model_fn:
-            users = [n for n, m in METHODS.items() if m.uses_model_fn]
-            raise ValueError(f"model_fn is used by method {' / '.join(map(repr, users))} only (it builds the "
-                             f"fresh model); method {cls.name!r} takes none: drop model_fn=")
-        if not callable(model_fn):
-            raise TypeError(f"model_fn must be a callable returning a fresh torch.nn.Module, got "
-                            f"{type(model_fn).__name__}")
-
-    @classmethod
-    def config_for(cls, setting: Optional[str] = None, hparams: str = "paper_code", **overrides):
-        """``Config`` with the ``hparams`` preset of ``setting`` (None: the defaults) and
-        ``overrides``. Raises ValueError for an unknown setting or hparams (`check_arguments`)."""
-        cls.check_arguments(setting, hparams)
-        values = dict(cls.presets[setting][hparams]) if setting is not None else {}
-        return cls.Config(**{**values, **overrides})
-
-    def run(self, model: torch.nn.Module, splits: Splits, config, *, device: torch.device, seed: int,
-            out_dir=None, progress: bool = True, loop_args: Dict[str, Any]) -> List[Dict[str, float]]:
-        """Unlearn in place; returns the per-step history records. Implemented by each method."""
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------ helpers for run()
-    def stream(self, model: torch.nn.Module, data, batch_size: int, name: str, seed: int, device,
-               cls=BatchStream, shuffle: bool = True) -> BatchStream:
-        """A seeded stream named ``"<method>/<name>"`` over ``data`` (a `Source`, e.g.
-        ``splits.source("forget")`` or `retain_set`, so the splits' collate function is kept),
-        shuffled unless ``shuffle`` is False; its floating inputs are cast to ``model``'s dtype
-        (`model_dtype`), as in the two-stage driver."""
-        return cls(data, batch_size, shuffle=shuffle, seed=seed, name=f"{self.name}/{name}", device=device,
-                   input_dtype=model_dtype(model))
-
-    @staticmethod
-    def set_epoch_lr(opt: torch.optim.Optimizer, cfg: TrainConfig, step: int, steps_per_epoch: int) -> None:
-        """lr of the epoch containing ``step``: cfg.lr · cfg.lr_decay^epoch (a pure function of the
-        step, so a resumed run needs no scheduler state)."""
-        lr = cfg.lr * cfg.lr_decay ** (step // steps_per_epoch)
-        for group in opt.param_groups:
-            group["lr"] = lr
-
-    @staticmethod
-    def descend(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], loss: torch.Tensor,
-                cfg: TrainConfig, before_step: Optional[Callable[[], None]] = None) -> None:
-        """zero_grad → loss.backward() → gradients averaged over the ranks (several processes) →
-        ``before_step()`` → gradient clipping → opt.step()."""
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        current().average_grads_(params)
-        if before_step is not None:
-            before_step()
-        if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-
-    @staticmethod
-    def step_along(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
-                   cfg: TrainConfig) -> None:
-        """One optimizer step with ``.grad = direction`` (gradient clipping applied); .grad cleared."""
-        for p, d in zip(params, direction):
-            p.grad = d.to(p.dtype)
-        if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def loop(self, stream, epochs: int, step, objects: Dict[str, Any], loop_args: Dict[str, Any],
-             keys: Sequence[str] = (), device=None, stage: Optional[str] = None):
-        """Run ``step`` over ``epochs`` passes of ``stream`` with a `StageLoop` (stage id
-        ``stage`` or the method name); resumes from ``loop_args["resume_state"]`` when it belongs
-        to that stage (an optimizer among ``objects`` gets its saved state back but keeps the
-        hyperparameters it was built with, i.e. the run's config: `optimizer_entry`). Returns the
-        history records."""
-        objects = {k: optimizer_entry(v) if isinstance(v, torch.optim.Optimizer) else v for k, v in objects.items()}
-        la = dict(loop_args)
-        stage = stage or self.name
-        resume = la.pop("resume_state", None)
-        if resume is not None and resume.get("stage") != stage:
-            resume = None
-        loop = StageLoop(stage, stage, list(keys), **la)
-        _, history = loop.run(stream, epochs, step, objects=objects, resume_state=resume, device=device)
-        return history

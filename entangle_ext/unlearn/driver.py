@@ -8,44 +8,25 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
 from .checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
                          seed_everything, set_rng_state, splits_fingerprint)
 from .config import UnlearnConfig
-from .data import BatchStream, Splits, forward_logits, split_batch
+from .data import Splits
 from .distributed import current, scope, unwrap
 from .evaluate import evaluate
-from .inputs import check_model_and_splits, model_device, require_trainable, training_flags_kept
+from .inputs import check_model_and_splits, model_device, preflight, require_trainable, training_flags_kept
 from .loop import check_final_losses
-from .precision import amp_scope, model_dtype
-from .report import build_report, format_table, write_report
+from .method import get_method
+from .method_run import run_method
+from .report import UnlearnResult, build_report, format_table, write_report
 from .stages import stage1, stage2
 
 __all__ = ["unlearn", "UnlearnResult", "OutDirReusedWarning"]
-
-
-@dataclass
-class UnlearnResult:
-    """Result of `unlearn`.
-
-    Attributes:
-        model: the unlearned model (the input model itself with ``inplace=True``, the module it
-            holds for a DDP wrapper; else a copy), its ``training`` flags as the input's were.
-        report: JSON-serialisable dict: config, c0, λ, step counts, timings, evaluations
-            ({"original"|"stage1"|"stage2": {split: {"acc", "loss", "n", ...}}}), split
-            fingerprint, resume information, paths.
-        history: per-step records (dicts with "stage", "step", "loss", ... floats), every stage.
-        table: the printed accuracy table.
-    """
-    model: torch.nn.Module
-    report: Dict[str, Any]
-    history: List[Dict[str, float]] = field(default_factory=list)
-    table: str = ""
 
 
 def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConfig] = None, *,
@@ -151,7 +132,6 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             during a stage; a checkpoint of the last completed step is written (with out_dir) and
             the message gives the call that resumes.
     """
-    from ..methods import get_method, run_method   # lazy: the methods package builds on this module
     check_model_and_splits(model, splits, "unlearn")
     spec = get_method(method)
     spec.check_arguments(setting, hparams, model_fn)
@@ -192,7 +172,7 @@ def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_
         require_trainable(model)
         device = model_device(model, device)
         model.to(device).eval()
-        num_classes = _preflight(model, splits, device, config.amp)
+        num_classes = preflight(model, splits, device, config.amp)
         if on_checked is not None:
             on_checked()
         seed_everything(config.seed, config.deterministic)
@@ -257,21 +237,6 @@ def _resolve_config(config, ckpt, seed: Optional[int] = None) -> UnlearnConfig:
     if seed is not None:
         config = dataclasses.replace(config, seed=seed)
     return config.validate()
-
-
-@torch.no_grad()
-def _preflight(model, splits: Splits, device, amp=None) -> int:
-    """Probe one batch per split (integer 1-D labels, 2-D logits) before any compute (the caller
-    has checked the trainable parameters, `require_trainable`). Returns C."""
-    C = None
-    with amp_scope(amp):
-        for name in splits.named():
-            probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
-                                device=device, input_dtype=model_dtype(model))
-            inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
-            logits = forward_logits(model, inputs)
-            C = logits.shape[1] if C is None else C
-    return C
 
 
 class _Run:

@@ -1,7 +1,7 @@
 """What every entry point asks of the caller's model and splits, and what it gives back: their
 types, the device a call runs on, the trainable parameters, and the model's train/eval flags,
 restored on exit (docs/algorithm.md §1). One home for these checks, shared by `unlearn`, the
-baselines' runner, `stage1` / `stage2`, `evaluate`, the metrics and `compare`."""
+baselines' run (`unlearn/method_run.py`), `stage1` / `stage2`, `evaluate`, the metrics and `compare`."""
 from __future__ import annotations
 
 import contextlib
@@ -9,10 +9,11 @@ from typing import Iterator, List, Optional
 
 import torch
 
-from .data import Splits
+from .data import BatchStream, Splits, forward_logits, split_batch
 from .losses import trainable_params
+from .precision import amp_scope, model_dtype
 
-__all__ = ["check_model_and_splits", "model_device", "require_trainable", "training_flags_kept"]
+__all__ = ["check_model_and_splits", "model_device", "preflight", "require_trainable", "training_flags_kept"]
 
 
 def check_model_and_splits(model, splits, where: str) -> None:
@@ -60,3 +61,18 @@ def training_flags_kept(model: Optional[torch.nn.Module]) -> Iterator[None]:
     finally:
         for m, training in flags:
             m.training = training
+
+
+@torch.no_grad()
+def preflight(model, splits: Splits, device, amp=None) -> int:
+    """Probe one batch per split (every entry point: the two-stage family and the baselines) (integer 1-D labels, 2-D logits) before any compute (the caller
+    has checked the trainable parameters, `require_trainable`). Returns C."""
+    C = None
+    with amp_scope(amp):
+        for name in splits.named():
+            probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
+                                device=device, input_dtype=model_dtype(model))
+            inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
+            logits = forward_logits(model, inputs)
+            C = logits.shape[1] if C is None else C
+    return C

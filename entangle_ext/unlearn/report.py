@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -26,6 +27,25 @@ UNITS = {"acc": "fraction of samples classified correctly, in [0, 1] (the printe
 
 _LABEL_W, _CELL_W = 10, 25
 _TAGS = {"original": "original", "stage1": "after Stage 1", "stage2": "after Stage 2"}
+
+
+@dataclass
+class UnlearnResult:
+    """Result of `unlearn`.
+
+    Attributes:
+        model: the unlearned model (the input model itself with ``inplace=True``, the module it
+            holds for a DDP wrapper; else a copy), its ``training`` flags as the input's were.
+        report: JSON-serialisable dict: config, c0, λ, step counts, timings, evaluations
+            ({"original"|"stage1"|"stage2": {split: {"acc", "loss", "n", ...}}}), split
+            fingerprint, resume information, paths.
+        history: per-step records (dicts with "stage", "step", "loss", ... floats), every stage.
+        table: the printed accuracy table.
+    """
+    model: torch.nn.Module
+    report: Dict[str, Any]
+    history: List[Dict[str, float]] = field(default_factory=list)
+    table: str = ""
 
 
 # ------------------------------------------------------------------------------------ the table

@@ -10,16 +10,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 
-from ..unlearn.checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
+from .checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
                                   seed_everything, set_rng_state, splits_fingerprint)
-from ..unlearn.data import Splits
-from ..unlearn.distributed import scope
-from ..unlearn.driver import UnlearnResult, _preflight
-from ..unlearn.evaluate import evaluate
-from ..unlearn.loop import check_final_losses
-from ..unlearn.inputs import check_model_and_splits, model_device, require_trainable
-from ..unlearn.report import build_report, format_table, write_report
-from .base import UnlearningMethod, warm_imports
+from .data import Splits
+from .distributed import scope
+from .evaluate import evaluate
+from .loop import check_final_losses
+from .inputs import check_model_and_splits, model_device, preflight, require_trainable
+from .report import UnlearnResult, build_report, format_table, write_report
+from .method import UnlearningMethod, warm_imports
 
 __all__ = ["run_method", "resolve_config"]
 
@@ -131,7 +130,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         require_trainable(model)
         device = model_device(model, device)
         model.to(device).eval()
-        C = _preflight(model, splits, device)
+        C = preflight(model, splits, device)
         if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
             on_checked()
         seed_everything(config.seed)   # after the checks, as in the two-stage driver
