@@ -38,7 +38,6 @@ import contextlib
 import copy
 import json
 import shlex
-import signal
 import sys
 import warnings
 import zipfile
@@ -48,11 +47,11 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .cli_common import PROG, default_device, device_arg, fail, resolve_device, sigterm_interrupts  # noqa: F401  (default_device, device_arg: also imported from here by python_examples/)
 from .cli_config import OPTION_FLAGS, STAGE_FLAGS, build_config, flag_tables, parse_overrides
 
 __all__ = ["main", "build_parser", "exit_on_bad_input", "OPTION_FLAGS", "STAGE_FLAGS"]
 
-_PROG = "entangle-unlearn"
 
 
 def _comma_list(s: str):
@@ -66,12 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .methods import HPARAMS, available_methods
 
     ap = argparse.ArgumentParser(
-        prog=_PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Two-stage unlearning (Cheng et al., ICLR 2026), its ablations or a baseline on a\n"
                     "registered setting (entangle_ext.settings).",
         epilog="subcommands:\n"
                "  compare   several methods over several seeds on one setting, one table of the unlearning\n"
-               f"            metrics (mean ± std): see `{_PROG} compare --help`\n"
+               f"            metrics (mean ± std): see `{PROG} compare --help`\n"
                "            (or `python -m entangle_ext compare --help`)")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
@@ -140,31 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _device(spec: Optional[str], label: Optional[str] = None) -> torch.device:
-    """The run's device; ValueError for a malformed or unavailable one (the message starts with
-    ``label``, by default ``--device SPEC``)."""
-    if spec is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    quoted = f"--device {spec!r}" if label is None else label
-    label = f"--device {spec}" if label is None else label
-    try:
-        d = torch.device(spec)
-    except RuntimeError:
-        raise ValueError(f"{quoted} is not a device; use cpu, cuda, cuda:N or mps") from None
-    if d.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"{label}: CUDA is not available here (torch {torch.__version__}, "
-                             f"built for CUDA {torch.version.cuda}); use --device cpu")
-        if d.index is not None and d.index >= torch.cuda.device_count():
-            raise ValueError(f"{label}: only {torch.cuda.device_count()} CUDA device(s) here")
-    elif d.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ValueError(f"{label}: MPS is not available here; use --device cpu")
-    elif d.type != "cpu":
-        raise ValueError(f"{label}: unsupported device type {d.type!r}; use cpu, cuda, cuda:N or mps")
-    return d
-
-
 @dataclass
 class _Plan:
     """Everything `main` needs, checked before any data is loaded or model trained."""
@@ -180,38 +154,13 @@ class _Plan:
     resume: Optional[dict]
 
 
-def device_arg(spec: str) -> str:
-    """``type=`` of an argparse ``--device`` option (the package CLI and ``python_examples/``).
-
-    Args:
-        spec: the command-line text, e.g. ``cpu``, ``cuda``, ``cuda:1`` or ``mps``.
-
-    Returns:
-        ``spec`` normalised by `torch.device` (``str``), when it names a device this machine has.
-
-    Raises:
-        argparse.ArgumentTypeError: a malformed device string, an unsupported device type, or CUDA /
-            MPS / a CUDA index this machine lacks; argparse turns it into one
-            ``PROG: error: argument --device: ...`` line and exit code 2.
-    """
-    try:
-        return str(_device(spec, label=repr(spec)))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def default_device() -> str:
-    """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``: the default of ``--device``."""
-    return str(_device(None))
-
-
 def _plan(args) -> _Plan:
     from .settings import get_setting
     from .threads import default_threads
     from .unlearn import load_checkpoint
     from .unlearn.checkpoint import check_method, check_resume_config
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     setting = get_setting(args.setting)
     data, model, s1, s2 = flag_tables(args)
     sets = parse_overrides(args.overrides, args.method)   # also: ValueError for an unknown method
@@ -250,12 +199,6 @@ def _jsonable(info: dict) -> dict:
     return out
 
 
-def _fail(e: BaseException, prog: str = _PROG) -> int:
-    """One ``PROG: error: ...`` line on stderr; returns the bad-input exit code 2."""
-    print(f"{prog}: error: {e}", file=sys.stderr)
-    return 2
-
-
 @contextlib.contextmanager
 def exit_on_bad_input(prog: str):
     """For scripts built on the package (``python_examples/``): inside the block, bad input, i.e. a
@@ -265,7 +208,7 @@ def exit_on_bad_input(prog: str):
     try:
         yield
     except (ValueError, TypeError, OSError, ImportError, zipfile.BadZipFile) as e:
-        raise SystemExit(_fail(e, prog)) from None
+        raise SystemExit(fail(e, prog)) from None
 
 
 def _interrupted(argv: List[str], out: str) -> int:
@@ -278,10 +221,10 @@ def _interrupted(argv: List[str], out: str) -> int:
             continue
         rest.append(a)
     if ckpts.is_dir() and any(ckpts.glob("*.pt")):
-        cmd = " ".join(shlex.quote(a) for a in [_PROG] + rest + ["--resume", out])
-        print(f"\n{_PROG}: interrupted; resume with:\n  {cmd}", file=sys.stderr)
+        cmd = " ".join(shlex.quote(a) for a in [PROG] + rest + ["--resume", out])
+        print(f"\n{PROG}: interrupted; resume with:\n  {cmd}", file=sys.stderr)
     else:
-        print(f"\n{_PROG}: interrupted before any checkpoint was written; run the same command again",
+        print(f"\n{PROG}: interrupted before any checkpoint was written; run the same command again",
               file=sys.stderr)
     return 130
 
@@ -343,12 +286,12 @@ def main(argv=None) -> int:
     try:
         plan = _plan(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        return _fail(e)
-    with torch_threads(plan.threads), _sigterm_interrupts(), _one_line_warnings():
+        return fail(e)
+    with torch_threads(plan.threads), sigterm_interrupts(), _one_line_warnings():
         try:
             return _run(args, plan)
         except (ValueError, FileNotFoundError, ImportError) as e:
-            return _fail(e)
+            return fail(e)
         except KeyboardInterrupt:
             return _interrupted(argv, args.out)
 
@@ -363,7 +306,7 @@ def _one_line_warnings():
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, OutDirReusedWarning):
-            print(f"{_PROG}: warning: {message}", file=sys.stderr)
+            print(f"{PROG}: warning: {message}", file=sys.stderr)
         else:
             before(message, category, filename, lineno, file, line)
     warnings.showwarning = show
@@ -385,29 +328,6 @@ def _deterministic(on: bool):
     with preserved_global_state():
         seed_everything(0, deterministic=True)   # the run seeds again from its own seed
         yield
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts(*signums):
-    """``signums`` (default SIGTERM) raise KeyboardInterrupt in the body (like Ctrl-C), so a killed
-    run ends the same way; the previous handlers are restored. A signal the process ignores
-    (``nohup`` sets SIGHUP to SIG_IGN) stays ignored. A no-op outside the main thread."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signums = signums or (signal.SIGTERM,)
-    before = {}
-    try:
-        for s in signums:
-            if signal.getsignal(s) is not signal.SIG_IGN:
-                before[s] = signal.signal(s, handler)
-    except ValueError:   # not the main thread
-        pass
-    try:
-        yield
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .cli_common import fail, resolve_device, sigterm_interrupts
+
 __all__ = ["main", "build_parser"]
 
 
@@ -107,7 +109,6 @@ def main(argv=None) -> int:
     FileNotFoundError / missing package; flags are checked before any data is loaded); 1 a
     ``--jobs`` worker failed (its log is named); 130 interrupted (rerunning the same command resumes
     from the per-run cache)."""
-    from .cli import _device, _fail, _sigterm_interrupts
     from .compare import compare, method_spec
     from .compare_jobs import (ParentExited, WorkerFailed, die_with_parent, plan_tasks, run_workers, work,
                                worker_command)
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         _check_flags(args, out)
-        device = _device(args.device)
+        device = resolve_device(args.device)
         setting = get_setting(args.setting)
         opts = {"weights": args.weights, "model_path": args.model_path}
         data = {k: v for k, v in opts.items() if v is not None and k in setting.data_options}
@@ -130,11 +131,11 @@ def main(argv=None) -> int:
             method_spec(m, setting=args.setting, variant=variant.name, hparams=args.hparams, budget=args.budget)
         threads = args.threads or default_threads(setting.threads)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        return _fail(e, "entangle-unlearn compare")
+        return fail(e, "entangle-unlearn compare")
     # SIGTERM / SIGHUP (a kill, a closed terminal) stop like Ctrl-C: --jobs workers are terminated
     stop = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     try:
-        with torch_threads(threads), _sigterm_interrupts(*stop):
+        with torch_threads(threads), sigterm_interrupts(*stop):
             if args.worker is not None:
                 die_with_parent(Path(args.worker))   # SIGTERM when the parent exits (Linux)
             run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
                 run_workers(cmds, tasks, queue, progress=not args.no_progress)
             res = compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, **kw)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        return _fail(e, "entangle-unlearn compare")
+        return fail(e, "entangle-unlearn compare")
     except (WorkerFailed, ParentExited) as e:
         print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
         return 1

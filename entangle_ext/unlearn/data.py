@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
+from .batch import concat_batches, slice_batch  # noqa: F401  (re-exported)
 from .distributed import Dist, current
 from .precision import autocast_for
 
@@ -417,22 +418,3 @@ def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
 def batch_size_of(batch) -> int:
     _, y = split_batch(batch)
     return int(y.shape[0])
-
-
-def concat_batches(batches: List[Any]):
-    """Concatenate batches along dim 0, or return None when shapes do not allow it (e.g. padded
-    text of different lengths)."""
-    first = batches[0]
-    try:
-        if isinstance(first, dict):
-            return {k: torch.cat([b[k] for b in batches]) for k in first}
-        return tuple(torch.cat([b[i] for b in batches]) for i in range(len(first)))
-    except (RuntimeError, TypeError):
-        return None
-
-
-def slice_batch(batch, start: int, stop: int):
-    """Samples [start, stop) of a tuple/list or dict batch."""
-    if isinstance(batch, dict):
-        return {k: v[start:stop] for k, v in batch.items()}
-    return tuple(v[start:stop] for v in batch)

@@ -37,6 +37,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from .batch import concat_batches
 from .precision import state_dtype
 
 __all__ = ["Dist", "SINGLE", "current", "scope", "unwrap", "GradSum", "init_from_env", "process_group_from_env",
@@ -121,7 +122,6 @@ class Dist:
         """`concat_batches` of this rank's ``batches``, or None when they do not concatenate -
         on any rank for a sharded model, whose forward passes are collectives (every rank must
         take as many)."""
-        from .data import concat_batches
         cat = concat_batches(batches) if len(batches) > 1 else batches[0]
         if self.kind == "sharded" and self.any(cat is None):
             return None

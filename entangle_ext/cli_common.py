@@ -1,0 +1,94 @@
+"""What the command lines (`entangle_ext.cli`, `entangle_ext.cli_compare`, ``python_examples/``)
+share: the device flag, the one-line bad-input exit and SIGTERM/SIGHUP as Ctrl-C."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from typing import Optional
+
+import torch
+
+__all__ = ["PROG", "resolve_device", "device_arg", "default_device", "fail", "sigterm_interrupts"]
+
+PROG = "entangle-unlearn"
+
+
+def resolve_device(spec: Optional[str], label: Optional[str] = None) -> torch.device:
+    """The run's device; ValueError for a malformed or unavailable one (the message starts with
+    ``label``, by default ``--device SPEC``)."""
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    quoted = f"--device {spec!r}" if label is None else label
+    label = f"--device {spec}" if label is None else label
+    try:
+        d = torch.device(spec)
+    except RuntimeError:
+        raise ValueError(f"{quoted} is not a device; use cpu, cuda, cuda:N or mps") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{label}: CUDA is not available here (torch {torch.__version__}, "
+                             f"built for CUDA {torch.version.cuda}); use --device cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"{label}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{label}: MPS is not available here; use --device cpu")
+    elif d.type != "cpu":
+        raise ValueError(f"{label}: unsupported device type {d.type!r}; use cpu, cuda, cuda:N or mps")
+    return d
+
+
+def device_arg(spec: str) -> str:
+    """``type=`` of an argparse ``--device`` option (the package CLI and ``python_examples/``).
+
+    Args:
+        spec: the command-line text, e.g. ``cpu``, ``cuda``, ``cuda:1`` or ``mps``.
+
+    Returns:
+        ``spec`` normalised by `torch.device` (``str``), when it names a device this machine has.
+
+    Raises:
+        argparse.ArgumentTypeError: a malformed device string, an unsupported device type, or CUDA /
+            MPS / a CUDA index this machine lacks; argparse turns it into one
+            ``PROG: error: argument --device: ...`` line and exit code 2.
+    """
+    try:
+        return str(resolve_device(spec, label=repr(spec)))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def default_device() -> str:
+    """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``: the default of ``--device``."""
+    return str(resolve_device(None))
+
+
+def fail(e: BaseException, prog: str = PROG) -> int:
+    """One ``PROG: error: ...`` line on stderr; returns the bad-input exit code 2."""
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    return 2
+
+
+@contextlib.contextmanager
+def sigterm_interrupts(*signums):
+    """``signums`` (default SIGTERM) raise KeyboardInterrupt in the body (like Ctrl-C), so a killed
+    run ends the same way; the previous handlers are restored. A signal the process ignores
+    (``nohup`` sets SIGHUP to SIG_IGN) stays ignored. A no-op outside the main thread."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signums = signums or (signal.SIGTERM,)
+    before = {}
+    try:
+        for s in signums:
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                before[s] = signal.signal(s, handler)
+    except ValueError:   # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
