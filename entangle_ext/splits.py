@@ -453,7 +453,7 @@ def _input_batches(data, batch_size: int, device, dtype):
     """The model inputs of ``data`` (a tensor or a Dataset of (x, y) / dict items), ``batch_size``
     samples at a time, on ``device``, floating tensors cast to ``dtype`` (None: as they are)."""
     from torch.utils.data.dataloader import default_collate
-    from .unlearn.data import _cast_floating, move_batch, split_batch
+    from .unlearn.data import cast_floating, move_batch, split_batch
 
     n = data.shape[0] if isinstance(data, torch.Tensor) else len(data)
     for s in range(0, n, batch_size):
@@ -465,7 +465,7 @@ def _input_batches(data, batch_size: int, device, dtype):
                 x = {k: v for k, v in b.items() if k != "labels"}
             else:
                 x = split_batch(b)[0] if isinstance(b, (tuple, list)) else b
-        yield _cast_floating(move_batch(x, device), dtype)
+        yield cast_floating(move_batch(x, device), dtype)
 
 
 def _features_of(model_or_fn, x, captured: Optional[List[torch.Tensor]]) -> torch.Tensor:

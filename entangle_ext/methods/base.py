@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Literal, Optio
 
 import torch
 
-from ..unlearn.config import _at_least, _require
+from ..unlearn.fields import at_least, require
 from ..unlearn.data import BatchStream, Source, Splits, union_source
 # the registry and the base classes live below the run (entangle_ext/unlearn/method.py); the
 # baselines import them from here, with what they share
@@ -87,10 +87,10 @@ class TrainConfig(MethodConfig):
     train_mode: bool = False
 
     def check_ranges(self) -> None:
-        _at_least(self, 0, "lr", "momentum", "weight_decay", "epochs")
-        _at_least(self, 1, "batch_size", "forget_batch_size")
-        _require(self, self.lr_decay > 0, "lr_decay", "> 0")
-        _require(self, self.grad_clip is None or self.grad_clip > 0, "grad_clip", "None or > 0")
+        at_least(self, 0, "lr", "momentum", "weight_decay", "epochs")
+        at_least(self, 1, "batch_size", "forget_batch_size")
+        require(self, self.lr_decay > 0, "lr_decay", "> 0")
+        require(self, self.grad_clip is None or self.grad_clip > 0, "grad_clip", "None or > 0")
 
 
 # --------------------------------------------------------------------------------- data

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..projection import project_orthogonal_
-from ..unlearn.config import _require
+from ..unlearn.fields import require
 from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
 from .base import (Optimizer, TrainConfig, UnlearningMethod, ZipStream, make_optimizer, make_presets,
                    register_method, retain_set)
@@ -46,8 +46,8 @@ class GDRConfig(TrainConfig):
 
     def check_ranges(self) -> None:
         super().check_ranges()
-        _require(self, self.gamma > 0, "gamma", "> 0")
-        _require(self, self.epsilon >= 0, "epsilon", ">= 0")
+        require(self, self.gamma > 0, "gamma", "> 0")
+        require(self, self.epsilon >= 0, "epsilon", ">= 0")
 
 
 @torch.no_grad()

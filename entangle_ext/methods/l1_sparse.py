@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..unlearn.config import _require
+from ..unlearn.fields import require
 from ..unlearn.losses import per_sample_ce, trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method, retain_set
 
@@ -26,7 +26,7 @@ class L1SparseConfig(TrainConfig):
 
     def check_ranges(self) -> None:
         super().check_ranges()
-        _require(self, self.l1 >= 0, "l1", ">= 0")
+        require(self, self.l1 >= 0, "l1", ">= 0")
 
 
 _SGD = dict(optimizer="sgd", momentum=0.9, weight_decay=0.0, epochs=10)

@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..unlearn.data import _stream_seed, forward_logits, split_batch
+from ..unlearn.data import stream_seed, forward_logits, split_batch
 from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
 from .base import TrainConfig, UnlearningMethod, ZipStream, make_optimizer, make_presets, register_method, retain_set
 from .rl import LabelMode, random_labels
@@ -92,7 +92,7 @@ class MUNBa(UnlearningMethod):
                 self.step_along(opt, params, grads_of(ce_r, params), config)
                 return ce_r, [ce_r, torch.zeros_like(ce_r), one, one]
             inputs, y = split_batch(b["forget"])
-            gen = torch.Generator().manual_seed(_stream_seed(seed, "munba/labels", i))
+            gen = torch.Generator().manual_seed(stream_seed(seed, "munba/labels", i))
             l_f = F.cross_entropy(forward_logits(model, inputs), random_labels(y, int(self.num_classes),
                                                                               config.label_mode, gen))
             g_r, g_f = grads_of(ce_r, params), grads_of(l_f, params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..unlearn.config import _require
+from ..unlearn.fields import require
 from ..unlearn.losses import per_sample_ce, trainable_params
 from .base import (TrainConfig, UnlearningMethod, ZipStream, make_optimizer, make_presets,
                    register_method, retain_set)
@@ -32,8 +32,8 @@ class NegGradPlusConfig(TrainConfig):
 
     def check_ranges(self) -> None:
         super().check_ranges()
-        _require(self, 0.0 <= self.beta <= 1.0, "beta", "in [0, 1]")
-        _require(self, self.l2_pull >= 0, "l2_pull", ">= 0")
+        require(self, 0.0 <= self.beta <= 1.0, "beta", "in [0, 1]")
+        require(self, self.l2_pull >= 0, "l2_pull", ">= 0")
 
 
 @register_method("neggrad_plus")

@@ -8,7 +8,7 @@ from typing import Callable, Literal, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..unlearn.data import _stream_seed, forward_logits, split_batch, union_source
+from ..unlearn.data import stream_seed, forward_logits, split_batch, union_source
 from ..unlearn.distributed import current
 from ..unlearn.losses import trainable_params
 from .base import IndexedStream, TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method
@@ -74,7 +74,7 @@ class RandomLabel(UnlearningMethod):
             batch, idx = b
             self.set_epoch_lr(opt, config, i, len(stream))
             inputs, y = split_batch(batch)
-            gen = torch.Generator().manual_seed(_stream_seed(seed, f"{self.name}/labels", i))
+            gen = torch.Generator().manual_seed(stream_seed(seed, f"{self.name}/labels", i))
             forget = (idx < n_forget).to(y.device, non_blocking=True)
             y = torch.where(forget, random_labels(y, C, config.label_mode, gen,
                                                   span=stream.shard_span(i % len(stream))), y)

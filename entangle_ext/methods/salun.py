@@ -8,7 +8,7 @@ from typing import List, Literal, Optional, Sequence
 
 import torch
 
-from ..unlearn.config import _require
+from ..unlearn.fields import require
 from ..unlearn.losses import grads_of, mean_ce, trainable_params
 from .base import ZipStream, every, make_optimizer, make_presets, register_method
 from .rl import RandomLabel, RLConfig
@@ -45,12 +45,12 @@ class SalUnConfig(RLConfig):
 
     def check_ranges(self) -> None:
         super().check_ranges()
-        _require(self, 0 < self.mask_fraction <= 1, "mask_fraction", "in (0, 1]")
-        _require(self, self.mask_batches is None or self.mask_batches >= 1, "mask_batches", "None or >= 1")
-        _require(self, self.adjacent_batch_size is None or self.adjacent_batch_size >= 1,
+        require(self, 0 < self.mask_fraction <= 1, "mask_fraction", "in (0, 1]")
+        require(self, self.mask_batches is None or self.mask_batches >= 1, "mask_batches", "None or >= 1")
+        require(self, self.adjacent_batch_size is None or self.adjacent_batch_size >= 1,
                  "adjacent_batch_size", "None or >= 1")
-        _require(self, self.beta_adjacent >= 0, "beta_adjacent", ">= 0")
-        _require(self, self.beta_remote >= 0, "beta_remote", ">= 0")
+        require(self, self.beta_adjacent >= 0, "beta_adjacent", ">= 0")
+        require(self, self.beta_remote >= 0, "beta_remote", ">= 0")
 
 
 def saliency_mask(model, params: Sequence[torch.Tensor], batches, fraction: float,

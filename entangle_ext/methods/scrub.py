@@ -9,7 +9,7 @@ from typing import ClassVar, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..unlearn.config import _at_least, _require
+from ..unlearn.fields import at_least, require
 from ..unlearn.data import forward_logits, split_batch
 from ..unlearn.distributed import current
 from ..unlearn.losses import trainable_params
@@ -86,8 +86,8 @@ class SCRUBConfig(TrainConfig):
 
     def check_ranges(self) -> None:
         super().check_ranges()
-        _at_least(self, 0, "msteps", "alpha", "gamma")
-        _require(self, self.temperature > 0, "temperature", "> 0")
+        at_least(self, 0, "msteps", "alpha", "gamma")
+        require(self, self.temperature > 0, "temperature", "> 0")
 
 
 _ADAM = dict(optimizer="adam", momentum=0.0, weight_decay=0.0, alpha=0.1, temperature=1.0, train_mode=False)

@@ -7,7 +7,7 @@ from typing import List, Sequence
 
 import torch
 
-from ..unlearn.config import _require
+from ..unlearn.fields import require
 from ..unlearn.data import union_source
 from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
 from .base import MethodConfig, UnlearningMethod, every, make_presets, register_method
@@ -34,8 +34,8 @@ class SSDConfig(MethodConfig):
 
     def check_ranges(self) -> None:
         for n in ("lam", "alpha", "exponent", "lower_bound"):
-            _require(self, getattr(self, n) > 0, n, "> 0")
-        _require(self, self.batch_size >= 1, "batch_size", ">= 1")
+            require(self, getattr(self, n) > 0, n, "> 0")
+        require(self, self.batch_size >= 1, "batch_size", ">= 1")
 
 
 @torch.no_grad()

@@ -26,11 +26,11 @@ then ranges), which runs at construction and again at the entry of `unlearn`, `s
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
+
+from .fields import at_least, check_fields, require
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -43,101 +43,6 @@ PenaltyOn = Literal["ce", "clipped"]          # Stage 1: ToxiGen penalty on the 
 Amp = Literal["bf16"]
 MicroBatch = Union[int, Literal["auto"], None]   # Stage 2: samples per forward pass / auto / one pass
 RECIPES = typing.get_args(Recipe)
-
-
-# ------------------------------------------------------------------------------- validation
-def _matches(value, hint) -> bool:
-    """Does ``value`` fit the annotation ``hint`` (bool, int, float, str, Optional, Literal,
-    Tuple[...] or a config dataclass)?"""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        return any(value == c and _matches(value, type(c)) for c in args)
-    if origin is typing.Union:
-        return any(_matches(value, a) for a in args)
-    if origin is tuple:
-        return isinstance(value, (tuple, list)) and len(value) == len(args) and \
-            all(_matches(v, a) for v, a in zip(value, args))
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    return isinstance(value, hint)
-
-
-def _choices(hint) -> tuple:
-    """The allowed values of a Literal (or Optional[Literal]) annotation; () otherwise."""
-    if typing.get_origin(hint) is Literal:
-        return typing.get_args(hint)
-    if typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        lits = [a for a in args if typing.get_origin(a) is Literal]
-        if lits and len(lits) == len(args):   # not e.g. int or "auto": a type error then
-            none = (None,) if type(None) in typing.get_args(hint) else ()
-            return none + tuple(c for a in lits for c in typing.get_args(a))
-    return ()
-
-
-def _hint_name(hint) -> str:
-    """A readable name of an annotation: "int", "None", "'auto'", "int or 'auto' or None",
-    "(float, float)"."""
-    if hint is type(None):
-        return "None"
-    if typing.get_origin(hint) is Literal:
-        return " or ".join(repr(c) for c in typing.get_args(hint))
-    if typing.get_origin(hint) is typing.Union:
-        return " or ".join(_hint_name(a) for a in typing.get_args(hint))
-    if typing.get_origin(hint) is tuple:
-        return "(" + ", ".join(_hint_name(a) for a in typing.get_args(hint)) + ")"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _members(hint) -> set:
-    """The plain types an annotation is made of (through Optional/Union and Tuple)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, tuple):
-        return set().union(*(_members(a) for a in args))
-    return {hint}
-
-
-def _expected(hint, value) -> str:
-    """What a field of annotation ``hint`` accepts, in words that are true for ``value``: a float
-    field takes a finite int or float; an int field no float, not even a whole one (2.0 → 2)."""
-    parts, members = [_hint_name(hint)], _members(hint)
-    if float in members:
-        parts.append("(finite: NaN/Inf are refused)")
-    if int in members and float not in members and isinstance(value, float):
-        whole = math.isfinite(value) and value.is_integer()
-        parts.append(f"(an integer: write {int(value)}, not {value!r})" if whole else "(an integer, not a float)")
-    return " ".join(parts)
-
-
-def _check_fields(cfg) -> None:
-    """TypeError for a field whose value does not fit its annotation; ValueError for a value
-    outside a Literal's choices (a recipe switch)."""
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        value, hint = getattr(cfg, f.name), hints[f.name]
-        if _matches(value, hint):
-            continue
-        where = f"{type(cfg).__name__}.{f.name}"
-        choices = _choices(hint)
-        if choices:
-            raise ValueError(f"{where} must be one of {choices}, got {value!r}")
-        raise TypeError(f"{where} must be {_expected(hint, value)}, got {value!r} ({type(value).__name__})")
-
-
-def _require(cfg, ok: bool, name: str, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{type(cfg).__name__}.{name} must be {rule}, got {getattr(cfg, name)!r}")
-
-
-def _at_least(cfg, lo, *names: str) -> None:
-    for n in names:
-        _require(cfg, getattr(cfg, n) >= lo, n, f">= {lo}")
 
 
 # ------------------------------------------------------------------------------- configs
@@ -189,13 +94,13 @@ class Stage1Config:
 
     def validate(self) -> "Stage1Config":
         """Check every field (see the class docstring); returns self."""
-        _check_fields(self)
-        _at_least(self, 1, "remote_batch_size", "forget_batch_size", "epochs")
-        _at_least(self, 0, "lr", "adam_eps", "penalty_factor")
-        _require(self, self.max_steps is None or self.max_steps >= 1, "max_steps", "None or >= 1")
+        check_fields(self)
+        at_least(self, 1, "remote_batch_size", "forget_batch_size", "epochs")
+        at_least(self, 0, "lr", "adam_eps", "penalty_factor")
+        require(self, self.max_steps is None or self.max_steps >= 1, "max_steps", "None or >= 1")
         for n in ("clip", "penalty_eps", "mu"):
-            _require(self, getattr(self, n) > 0, n, "> 0")
-        _require(self, all(0 <= b < 1 for b in self.adam_betas), "adam_betas", "in [0, 1)")
+            require(self, getattr(self, n) > 0, n, "> 0")
+        require(self, all(0 <= b < 1 for b in self.adam_betas), "adam_betas", "in [0, 1)")
         return self
 
 
@@ -254,16 +159,16 @@ class Stage2Config:
 
     def validate(self) -> "Stage2Config":
         """Check every field (see the class docstring); returns self."""
-        _check_fields(self)
-        _require(self, 0.0 <= self.alpha <= 1.0, "alpha", "in [0, 1]")
-        _at_least(self, 1, "adjacent_batch_size", "forget_batch_size", "forget_batch_limit",
+        check_fields(self)
+        require(self, 0.0 <= self.alpha <= 1.0, "alpha", "in [0, 1]")
+        at_least(self, 1, "adjacent_batch_size", "forget_batch_size", "forget_batch_limit",
                   "remote_batch_size", "remote_batch_limit")
-        _at_least(self, 0, "epochs", "lr", "momentum")
-        _require(self, self.micro_batch in (None, "auto") or self.micro_batch >= 1, "micro_batch",
+        at_least(self, 0, "epochs", "lr", "momentum")
+        require(self, self.micro_batch in (None, "auto") or self.micro_batch >= 1, "micro_batch",
                  "None, \"auto\" or >= 1")
-        _require(self, self.rcond is None or 1e-15 <= self.rcond < 1, "rcond",
+        require(self, self.rcond is None or 1e-15 <= self.rcond < 1, "rcond",
                  "None or in [1e-15, 1)")
-        _require(self, self.gram_ridge is None or self.gram_ridge >= 0, "gram_ridge", "None or >= 0")
+        require(self, self.gram_ridge is None or self.gram_ridge >= 0, "gram_ridge", "None or >= 0")
         return self
 
 
@@ -307,11 +212,11 @@ class UnlearnConfig:
 
     def validate(self) -> "UnlearnConfig":
         """Check every field and both stage configs (see the class docstring); returns self."""
-        _check_fields(self)
+        check_fields(self)
         self.stage1.validate()
         self.stage2.validate()
-        _at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
-        _at_least(self, 0, "checkpoint_every")
+        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
+        at_least(self, 0, "checkpoint_every")
         return self
 
     def with_recipe(self, recipe: Recipe) -> "UnlearnConfig":

@@ -154,7 +154,7 @@ class Splits:
                 raise ValueError(f"split {n!r} is empty: every split of Splits needs at least one sample")
 
 
-def _stream_seed(seed: int, stream: str, epoch: int) -> int:
+def stream_seed(seed: int, stream: str, epoch: int) -> int:
     h = hashlib.sha256(f"{seed}/{stream}/{epoch}".encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
@@ -211,7 +211,7 @@ class BatchStream:
             return torch.arange(self.n)
         key = 0 if self.replay_first else epoch
         if self._last_order is None or self._last_order[0] != key:
-            g = torch.Generator().manual_seed(_stream_seed(self.seed, self.name, key))
+            g = torch.Generator().manual_seed(stream_seed(self.seed, self.name, key))
             self._last_order = (key, torch.randperm(self.n, generator=g))
         return self._last_order[1]
 
@@ -352,15 +352,15 @@ def split_batch(batch) -> Tuple[Any, torch.Tensor]:
     raise ValueError("batches must be (x, y) tuples or dicts with 'labels'")
 
 
-def _cast_floating(x, dtype: Optional[torch.dtype]):
+def cast_floating(x, dtype: Optional[torch.dtype]):
     if dtype is None:
         return x
     if isinstance(x, torch.Tensor):
         return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
     if isinstance(x, dict):
-        return {k: _cast_floating(v, dtype) for k, v in x.items()}
+        return {k: cast_floating(v, dtype) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
-        return type(x)(_cast_floating(v, dtype) for v in x)
+        return type(x)(cast_floating(v, dtype) for v in x)
     return x
 
 
@@ -381,7 +381,7 @@ def prepare_batch(batch, input_dtype: Optional[torch.dtype] = None, where: str =
                          f"(any integer dtype: {', '.join(str(d) for d in LABEL_DTYPES)}), got "
                          f"{got}; float, bool, one-hot or soft labels are not supported")
     y = y if y.dtype == torch.int64 else y.long()
-    inputs = _cast_floating(inputs, input_dtype)
+    inputs = cast_floating(inputs, input_dtype)
     return {**inputs, "labels": y} if isinstance(batch, dict) else (inputs, y)
 
 

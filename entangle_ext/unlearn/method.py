@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 import torch
 
 from .checkpoint import optimizer_entry
-from .config import _at_least, _check_fields
+from .fields import at_least, check_fields
 from .data import BatchStream, Splits
 from .distributed import current
 from .loop import StageLoop
@@ -92,9 +92,9 @@ class MethodConfig:
 
     def validate(self):
         """Check every field; returns self."""
-        _check_fields(self)
-        _at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
-        _at_least(self, 0, "checkpoint_every")
+        check_fields(self)
+        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
+        at_least(self, 0, "checkpoint_every")
         self.check_ranges()
         return self
 

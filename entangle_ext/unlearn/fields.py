@@ -1,0 +1,106 @@
+"""Typed-field checks of the configuration dataclasses (`UnlearnConfig`, `Stage1Config`,
+`Stage2Config`, every method's `MethodConfig`): a value must fit its annotation (``int``,
+``float``, ``Optional``, ``Literal`` choices, ``Union``), and range rules name the field."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import typing
+from typing import Literal
+
+__all__ = ["check_fields", "require", "at_least"]
+
+
+def _matches(value, hint) -> bool:
+    """Does ``value`` fit the annotation ``hint`` (bool, int, float, str, Optional, Literal,
+    Tuple[...] or a config dataclass)?"""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return any(value == c and _matches(value, type(c)) for c in args)
+    if origin is typing.Union:
+        return any(_matches(value, a) for a in args)
+    if origin is tuple:
+        return isinstance(value, (tuple, list)) and len(value) == len(args) and \
+            all(_matches(v, a) for v, a in zip(value, args))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, hint)
+
+
+def _choices(hint) -> tuple:
+    """The allowed values of a Literal (or Optional[Literal]) annotation; () otherwise."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        lits = [a for a in args if typing.get_origin(a) is Literal]
+        if lits and len(lits) == len(args):   # not e.g. int or "auto": a type error then
+            none = (None,) if type(None) in typing.get_args(hint) else ()
+            return none + tuple(c for a in lits for c in typing.get_args(a))
+    return ()
+
+
+def _hint_name(hint) -> str:
+    """A readable name of an annotation: "int", "None", "'auto'", "int or 'auto' or None",
+    "(float, float)"."""
+    if hint is type(None):
+        return "None"
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(repr(c) for c in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Union:
+        return " or ".join(_hint_name(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return "(" + ", ".join(_hint_name(a) for a in typing.get_args(hint)) + ")"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _members(hint) -> set:
+    """The plain types an annotation is made of (through Optional/Union and Tuple)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, tuple):
+        return set().union(*(_members(a) for a in args))
+    return {hint}
+
+
+def _expected(hint, value) -> str:
+    """What a field of annotation ``hint`` accepts, in words that are true for ``value``: a float
+    field takes a finite int or float; an int field no float, not even a whole one (2.0 → 2)."""
+    parts, members = [_hint_name(hint)], _members(hint)
+    if float in members:
+        parts.append("(finite: NaN/Inf are refused)")
+    if int in members and float not in members and isinstance(value, float):
+        whole = math.isfinite(value) and value.is_integer()
+        parts.append(f"(an integer: write {int(value)}, not {value!r})" if whole else "(an integer, not a float)")
+    return " ".join(parts)
+
+
+def check_fields(cfg) -> None:
+    """TypeError for a field whose value does not fit its annotation; ValueError for a value
+    outside a Literal's choices (a recipe switch)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, hint = getattr(cfg, f.name), hints[f.name]
+        if _matches(value, hint):
+            continue
+        where = f"{type(cfg).__name__}.{f.name}"
+        choices = _choices(hint)
+        if choices:
+            raise ValueError(f"{where} must be one of {choices}, got {value!r}")
+        raise TypeError(f"{where} must be {_expected(hint, value)}, got {value!r} ({type(value).__name__})")
+
+
+def require(cfg, ok: bool, name: str, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{type(cfg).__name__}.{name} must be {rule}, got {getattr(cfg, name)!r}")
+
+
+def at_least(cfg, lo, *names: str) -> None:
+    for n in names:
+        require(cfg, getattr(cfg, n) >= lo, n, f">= {lo}")
