@@ -25,6 +25,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from .batch import concat_batches, slice_batch  # noqa: F401  (re-exported)
+from .disjoint import check_disjoint
 from .distributed import Dist, current
 from .precision import autocast_for
 
@@ -140,7 +141,9 @@ class Splits:
 
     def check(self, required: Iterable[str] = TRAIN, *, by: Optional[str] = None) -> None:
         """Raise ValueError if a ``required`` split is missing (the message names ``by``, e.g.
-        ``"method 'ga'"``, when given), or any present split is empty, unsized or iterable-style."""
+        ``"method 'ga'"``, when given), or any present split is empty, unsized or iterable-style;
+        then `check_disjoint` of the train splits (ValueError for one object in two splits or
+        Subsets sharing indices; `OverlappingSplitsWarning` for identical rows)."""
         for n in required:
             if getattr(self, n) is None:
                 raise ValueError(f"split {n!r} is required" + (f" by {by}" if by else ""))
@@ -152,6 +155,7 @@ class Splits:
                 raise ValueError(f"split {n!r} must be a sized Dataset") from exc
             if size == 0:
                 raise ValueError(f"split {n!r} is empty: every split of Splits needs at least one sample")
+        check_disjoint({n: getattr(self, n) for n in self.TRAIN if getattr(self, n) is not None})
 
 
 def stream_seed(seed: int, stream: str, epoch: int) -> int:

@@ -1,0 +1,67 @@
+"""Overlapping train splits are refused before any training (issue 24, item 4): the same object
+as two splits, DataLoaders over one dataset, Subsets of one dataset sharing indices; identical
+rows of two tensor datasets warn. For the two-stage family and the baselines (Retrain included)."""
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+import entangle_ext as ee
+from entangle_ext.unlearn import OverlappingSplitsWarning
+from _tiny import mlp, params, tiny_config
+
+METHODS = ["two_stage", "retrain", "ft"]
+
+
+def _run(splits, method):
+    cfg = tiny_config() if method == "two_stage" else None
+    return ee.unlearn(mlp(), splits, cfg, method=method, setting=None if cfg else "digits", progress=False)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("pair", [("forget", "adjacent"), ("forget", "remote"), ("adjacent", "remote")])
+def test_one_object_as_two_splits_is_refused_before_any_training(small, method, pair):
+    model = mlp()
+    before = params(model)
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=small.remote)
+    setattr(s, pair[1], getattr(s, pair[0]))
+    cfg = tiny_config() if method == "two_stage" else None
+    with pytest.raises(ValueError, match=f"splits '{pair[0]}' and '{pair[1]}' are the same object"):
+        ee.unlearn(model, s, cfg, method=method, setting=None if cfg else "digits", progress=False)
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)   # nothing trained or re-initialised
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_subsets_sharing_indices_are_refused_naming_them(small, method):
+    x = torch.cat([small.forget.tensors[0], small.adjacent.tensors[0], small.remote.tensors[0]])
+    y = torch.cat([small.forget.tensors[1], small.adjacent.tensors[1], small.remote.tensors[1]])
+    full = TensorDataset(x, y)
+    nf, na = len(small.forget), len(small.adjacent)
+    forget = Subset(full, list(range(nf)))
+    adjacent = Subset(Subset(full, list(range(nf - 3, len(full)))), list(range(na + 3)))   # nested: 3 shared
+    remote = Subset(full, list(range(nf + na, len(full))))
+    with pytest.raises(ValueError, match=r"splits 'forget' and 'adjacent' share 3 sample\(s\) of one dataset "
+                                         rf"\(indices \[{nf - 3}, {nf - 2}, {nf - 1}\]\)"):
+        _run(ee.Splits(forget=forget, adjacent=adjacent, remote=remote), method)
+    ok = ee.Splits(forget=forget, adjacent=Subset(full, list(range(nf, nf + na))), remote=remote)
+    _run(ok, method)   # disjoint Subsets of one dataset run
+
+
+def test_dataloaders_over_one_dataset_are_refused(small):
+    s = ee.Splits(forget=DataLoader(small.forget, batch_size=4), adjacent=small.adjacent,
+                  remote=DataLoader(small.forget, batch_size=8))
+    with pytest.raises(ValueError, match="'forget' and 'remote' share 20 sample"):
+        s.check()
+
+
+def test_identical_rows_of_two_tensor_datasets_warn(small):
+    x, y = small.remote.tensors
+    copy = TensorDataset(torch.cat([small.forget.tensors[0][:2].clone(), x]),
+                         torch.cat([small.forget.tensors[1][:2].clone(), y]))
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=copy)
+    with pytest.warns(OverlappingSplitsWarning, match=r"'forget' and 'remote' hold 2 identical input row\(s\)"):
+        s.check()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small.check()   # the digits splits are disjoint: no warning
