@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -35,19 +36,34 @@ def flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _nvcc_top(nvcc: str) -> Optional[Path]:
+    """The toolkit root that ``nvcc`` itself reports (``#$ TOP=...`` of a dry run, which prints
+    the real root even when ``nvcc`` on PATH is a wrapper script); None when it reports none."""
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in (out.stdout + out.stderr).splitlines():
+        key, _, value = line.removeprefix("#$ ").partition("=")
+        if key.strip() == "TOP" and value.strip():
+            return Path(value.strip().strip('"')).resolve()
+    return None
+
+
 def locate_cuda_home() -> Optional[str]:
     """Point CUDA_HOME at the real toolkit root (bin/nvcc and include/cuda_runtime.h) before
     torch.utils.cpp_extension guesses it: torch derives it from the first `nvcc` on PATH, and a
-    wrapper such as /usr/local/bin/nvcc gives /usr/local, which has no libcudart. Returns it."""
+    wrapper script in a bin directory outside the toolkit gives a root without libcudart. The root
+    is the one the first `nvcc` on PATH reports (`_nvcc_top`), else the directory above the
+    resolved nvcc's bin/. Returns it, or None (no toolkit found)."""
     if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
         return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    candidates = []
     nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
-    candidates.append(Path("/usr/local/cuda"))
-    for root in candidates:
-        if (root / "include" / "cuda_runtime.h").exists() and (root / "bin" / "nvcc").exists():
+    if not nvcc:
+        return None
+    for root in (_nvcc_top(nvcc), Path(os.path.realpath(nvcc)).parent.parent):
+        if root is not None and (root / "include" / "cuda_runtime.h").exists() and (root / "bin" / "nvcc").exists():
             os.environ["CUDA_HOME"] = str(root)
             return str(root)
     return None

@@ -52,18 +52,19 @@ _DIAG_FILE = re.compile(r"^(?P<file>[^\s(:][^(:]*?)(?:\((?P<l1>\d+)\)|:(?P<l2>\d
 
 
 def _cuda_toolkit():
-    """(nvcc, ptxas) of the toolkit that setup.py builds with, or None."""
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        roots.append(str(Path(os.path.realpath(nvcc)).parent.parent))
-    roots.append("/usr/local/cuda")
-    for root in filter(None, roots):
-        # a wrapper script's directory (e.g. /usr/local/bin) has no ptxas beside it
-        tools = [Path(root, "bin", n) for n in ("nvcc", "ptxas")]
-        if all(t.exists() for t in tools):
-            return tools
-    return None
+    """(nvcc, ptxas) of the toolkit that setup.py builds with (`_build.locate_cuda_home`, called
+    without leaving CUDA_HOME set), or None."""
+    from entangle_ext import _build
+    before = os.environ.get("CUDA_HOME")
+    try:
+        root = _build.locate_cuda_home()
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_HOME", None)
+        else:
+            os.environ["CUDA_HOME"] = before
+    tools = [Path(root, "bin", n) for n in ("nvcc", "ptxas")] if root else []
+    return tools if tools and all(t.exists() for t in tools) else None
 
 
 def _nvcc_command(nvcc, src, arch, out):
@@ -141,3 +142,27 @@ def test_compile_without_warnings_check_catches_planted_warnings(tmp_path):
     assert any("unused" in w for w in ours), output          # EDG: declared but never referenced
     assert any("stream" in w.lower() for w in ours), output  # --Wdefault-stream-launch
     assert not _our_warnings(output, ROOT / "csrc")           # other files' warnings are not ours
+
+
+def test_cuda_home_is_the_root_nvcc_reports_through_a_wrapper(tmp_path, monkeypatch):
+    """A wrapper `nvcc` on PATH outside the toolkit (as on machines whose /usr/local/bin/nvcc is a
+    shell script): CUDA_HOME is the root that nvcc's dry run reports, not the wrapper's parent."""
+    from entangle_ext import _build
+    root = tmp_path / "toolkit"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "cuda_runtime.h").write_text("")
+    (root / "bin").mkdir()
+    (root / "bin" / "nvcc").write_text("#!/bin/sh\necho '#$ TOP=" + str(root / "bin") + "/..' >&2\n")
+    wrapper_dir = tmp_path / "wrapper" / "bin"
+    wrapper_dir.mkdir(parents=True)
+    (wrapper_dir / "nvcc").write_text(f"#!/bin/sh\nexec {root / 'bin' / 'nvcc'} \"$@\"\n")
+    for f in (root / "bin" / "nvcc", wrapper_dir / "nvcc"):
+        f.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", f"{wrapper_dir}:/usr/bin:/bin")
+    assert _build.locate_cuda_home() == str(root)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    if shutil.which("nvcc") is None:
+        assert _build.locate_cuda_home() is None

@@ -35,8 +35,9 @@ PathLike = Union[str, Path]
 
 
 def checkout_data_dir() -> Optional[Path]:
-    """``<repository>/../shared/data`` when this package is imported from a source checkout (the
-    directory above ``entangle_ext/`` holds this project's ``pyproject.toml``), else None."""
+    """The ``shared/data`` folder beside the repository (relative to it) when this package is
+    imported from a source checkout (the directory above ``entangle_ext/`` holds this project's
+    ``pyproject.toml``), else None."""
     repo = Path(__file__).resolve().parents[2]
     pyproject = repo / "pyproject.toml"
     try:
