@@ -1,6 +1,6 @@
-"""What every baseline shares (docs/algorithm.md §10): `TrainConfig`, optimizers, data streams over the retain set, the optimisation step and
-the run of a `StageLoop` (progress bar, device-side logging, non-finite detection, checkpoints,
-resume).
+"""What every baseline shares (docs/algorithm.md §10): `TrainConfig`, optimizers, data streams
+over the retain set, the optimisation step and the run of a `StageLoop` (progress bar,
+device-side logging, non-finite detection, checkpoints, resume).
 
 A baseline is one small class::
 

@@ -49,13 +49,11 @@ def _shared_indices(a: Optional[torch.Tensor], b: Optional[torch.Tensor], n: int
 
 
 def _row_keys(x: torch.Tensor) -> torch.Tensor:
-    """A float64 key per row of ``x`` (a random projection of its bytes): equal rows have equal
+    """A float64 key per row of ``x`` (a fixed random projection of its values): equal rows have equal
     keys; unequal ones almost never do (candidates are compared exactly afterwards)."""
-    flat = x.detach().reshape(x.shape[0], -1).cpu().contiguous()
-    if flat.dtype.is_floating_point or flat.dtype.is_complex:
-        flat = flat.view(torch.uint8) if flat.element_size() == 1 else flat.double()
+    flat = x.detach().reshape(x.shape[0], -1).cpu().double()
     w = torch.rand(flat.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    return flat.double() @ w
+    return flat @ w
 
 
 def _duplicate_rows(a, b) -> Tuple[int, list]:

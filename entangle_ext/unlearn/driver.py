@@ -149,16 +149,15 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             {"hparams": None, "setting": None}
         if config is not None or resume is None:
             config = spec.two_stage_config(config, setting, hparams)
-        result = _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
-                            resume=resume, allow_config_change=allow_config_change, progress=progress,
-                            on_checked=checked, preset=preset)
-        return result
+        return _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
+                          resume=resume, allow_config_change=allow_config_change, progress=progress,
+                          on_checked=checked, preset=preset)
 
 
 def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_dir, resume,
                allow_config_change: bool, progress: bool,
                on_checked: Optional[Callable[[], None]] = None,
-               preset: Optional[Dict[str, Any]] = None) -> UnlearnResult:
+               preset: Dict[str, Any]) -> UnlearnResult:
     """The two-stage family's run (`unlearn` after the dispatch on ``method``); ``preset``:
     {"hparams", "setting"} of the preset the config came from (None values otherwise)."""
     with preserved_global_state(), scope(model) as (_, model):
@@ -185,7 +184,7 @@ def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_
         run.stage1(c0)
         run.stage2()
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
-        return run.finish(c0, resumed, preset or {"hparams": None, "setting": None})
+        return run.finish(c0, resumed, preset)
 
 
 class OutDirReusedWarning(UserWarning):
