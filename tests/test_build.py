@@ -158,11 +158,12 @@ def test_cuda_home_is_the_root_nvcc_reports_through_a_wrapper(tmp_path, monkeypa
     (wrapper_dir / "nvcc").write_text(f"#!/bin/sh\nexec {root / 'bin' / 'nvcc'} \"$@\"\n")
     for f in (root / "bin" / "nvcc", wrapper_dir / "nvcc"):
         f.chmod(0o755)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.delenv("CUDA_PATH", raising=False)
+    for var in ("CUDA_HOME", "CUDA_PATH"):   # set then deleted: monkeypatch restores what was there,
+        monkeypatch.setenv(var, "")           # also after locate_cuda_home sets CUDA_HOME itself
+        monkeypatch.delenv(var)
     monkeypatch.setenv("PATH", f"{wrapper_dir}:/usr/bin:/bin")
     assert _build.locate_cuda_home() == str(root)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_HOME")
     if shutil.which("nvcc") is None:
         assert _build.locate_cuda_home() is None
