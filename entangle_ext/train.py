@@ -209,7 +209,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         raise ValueError("train_original needs at least one non-empty dataset")
     seed_everything(seed)
     stream = BatchStream(data, recipe.batch_size, shuffle=False, seed=seed, name="train/original", device=device,
-                         input_dtype=model_dtype(model))
+                         input_dtype=model_dtype(model), training=True)
     gen = torch.Generator().manual_seed(seed)
     opt = _optimizer(model, recipe)
     steps = len(stream)

@@ -4,6 +4,7 @@ from .checkpoint import load_checkpoint, seed_everything
 from .config import PRESETS, RECIPES, Stage1Config, Stage2Config, UnlearnConfig
 from .data import Splits
 from .disjoint import OverlappingSplitsWarning
+from .data import BatchLargerThanSplitWarning
 from .driver import OutDirReusedWarning, UnlearnResult, unlearn
 from .evaluate import evaluate
 from .loop import NonFiniteLossError, RunInterrupted, StageLoop, StageResult
@@ -13,4 +14,5 @@ from .stages import stage1, stage2
 __all__ = ["unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
            "stage1", "stage2", "evaluate", "format_table", "plot_forget_histograms",
            "NonFiniteLossError", "RunInterrupted", "OutDirReusedWarning", "StageResult", "StageLoop",
-           "load_checkpoint", "seed_everything", "PRESETS", "RECIPES", "OverlappingSplitsWarning"]
+           "load_checkpoint", "seed_everything", "PRESETS", "RECIPES", "OverlappingSplitsWarning",
+           "BatchLargerThanSplitWarning"]

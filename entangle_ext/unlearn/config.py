@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
-from .fields import at_least, check_fields, require
+from .fields import StrictFields, at_least, check_fields, require
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -47,7 +47,7 @@ RECIPES = typing.get_args(Recipe)
 
 # ------------------------------------------------------------------------------- configs
 @dataclass
-class Stage1Config:
+class Stage1Config(StrictFields):
     """Stage 1, augmented Lagrangian: min −L_f(θ) s.t. L_rem(θ) = L_rem(θ0) (docs/algorithm.md §2).
 
     Attributes:
@@ -105,7 +105,7 @@ class Stage1Config:
 
 
 @dataclass
-class Stage2Config:
+class Stage2Config(StrictFields):
     """Stage 2, W-PGD (docs/algorithm.md §3).
 
     Attributes:
@@ -173,7 +173,7 @@ class Stage2Config:
 
 
 @dataclass
-class UnlearnConfig:
+class UnlearnConfig(StrictFields):
     """Full configuration of `entangle_ext.unlearn`.
 
     Attributes:

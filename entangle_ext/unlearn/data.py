@@ -17,6 +17,7 @@ import collections
 import hashlib
 import itertools
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -29,7 +30,7 @@ from .disjoint import check_disjoint
 from .distributed import Dist, current
 from .precision import autocast_for
 
-__all__ = ["Splits", "Source", "BatchStream", "forward_logits", "move_batch", "batch_size_of",
+__all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "forward_logits", "move_batch", "batch_size_of",
            "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
            "check_batch_size"]
 
@@ -173,6 +174,11 @@ class _Plan:
         return (idx.tolist() for idx in self.batches)
 
 
+class BatchLargerThanSplitWarning(UserWarning):
+    """A training stream's batch size exceeds its split: the batches are cut to the split (fewer,
+    smaller steps than the configuration suggests)."""
+
+
 class BatchStream:
     """Deterministic, resumable minibatch stream over a split (Dataset, DataLoader or `Source`).
 
@@ -193,7 +199,7 @@ class BatchStream:
 
     def __init__(self, data, batch_size: int, *, shuffle: bool, seed: int, name: str, device,
                  input_dtype: Optional[torch.dtype] = None, replay_first: bool = False,
-                 dist: Optional[Dist] = None):
+                 dist: Optional[Dist] = None, training: bool = False):
         self.source = as_source(data)
         self.dataset = self.source.dataset
         self.batch_size = check_batch_size(batch_size, f"the batch size of stream {name!r}")
@@ -201,6 +207,10 @@ class BatchStream:
         self.seed, self.name, self.device, self.input_dtype = seed, name, device, input_dtype
         self.dist = dist if dist is not None else current()
         self.n = len(self.dataset)
+        if training and 0 < self.n < self.batch_size:
+            warnings.warn(f"stream {name!r}: batch size {self.batch_size} is larger than its split "
+                          f"({self.n} samples): every batch is the whole split, one step per epoch",
+                          BatchLargerThanSplitWarning, stacklevel=3)
         self.epoch, self.pos = 0, 0  # next batch to deliver (cycling use)
         self._feeds: Dict[str, Tuple[Any, Iterator]] = {}
         self._peeked: Optional[Tuple[Tuple[int, int], Any]] = None

@@ -9,7 +9,33 @@ import numbers
 import typing
 from typing import Literal
 
-__all__ = ["check_fields", "require", "at_least"]
+__all__ = ["check_fields", "require", "at_least", "StrictFields"]
+
+
+class StrictFields:
+    """Base of the configuration dataclasses: setting an attribute that is not one of the class's
+    dataclass fields (``cfg.stage2.alhpa = 0.3``) raises AttributeError naming the closest field,
+    instead of adding an attribute that nothing reads. Field values are checked as before (at
+    construction and at the entry of `entangle_ext.unlearn`)."""
+    __slots__ = ()
+
+    def __setattr__(self, name, value):
+        names = _field_names(type(self))
+        if name not in names:
+            import difflib
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}{hint} (fields: "
+                                 f"{', '.join(sorted(names))})")
+        object.__setattr__(self, name, value)
+
+
+def _field_names(cls) -> frozenset:
+    names = cls.__dict__.get("_strict_field_names")
+    if names is None:
+        names = frozenset(f.name for f in dataclasses.fields(cls))
+        type.__setattr__(cls, "_strict_field_names", names)
+    return names
 
 
 def _matches(value, hint) -> bool:

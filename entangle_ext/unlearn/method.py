@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 import torch
 
 from .checkpoint import optimizer_entry
-from .fields import at_least, check_fields
+from .fields import StrictFields, at_least, check_fields
 from .data import BatchStream, Splits
 from .distributed import current
 from .loop import StageLoop
@@ -62,7 +62,7 @@ def get_method(name: str) -> Type["UnlearningMethod"]:
 
 
 @dataclass
-class MethodConfig:
+class MethodConfig(StrictFields):
     """Fields every baseline has. Validated like `UnlearnConfig`: at construction and again at
     the entry of `entangle_ext.unlearn` (types from the annotations, then ranges).
 
@@ -183,7 +183,7 @@ class UnlearningMethod:
         shuffled unless ``shuffle`` is False; its floating inputs are cast to ``model``'s dtype
         (`model_dtype`), as in the two-stage driver."""
         return cls(data, batch_size, shuffle=shuffle, seed=seed, name=f"{self.name}/{name}", device=device,
-                   input_dtype=model_dtype(model))
+                   input_dtype=model_dtype(model), training=True)
 
     @staticmethod
     def set_epoch_lr(opt: torch.optim.Optimizer, cfg, step: int, steps_per_epoch: int) -> None:

@@ -37,7 +37,7 @@ CheckpointFn = Callable[[int, Dict[str, Any]], Optional[str]]
 def _stream(splits: Splits, name: str, batch_size: int, model, seed: int, stream: str, device,
             **kw) -> BatchStream:
     return BatchStream(splits.source(name), batch_size, shuffle=True, seed=seed, name=stream,
-                       device=device, input_dtype=model_dtype(model), **kw)
+                       device=device, input_dtype=model_dtype(model), training=True, **kw)
 
 
 @torch.no_grad()

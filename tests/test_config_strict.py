@@ -1,0 +1,82 @@
+"""Issue 24 item 14: a typo'd attribute on any configuration dataclass raises instead of running
+silently with the default; a training batch larger than its split warns (the batches are cut)."""
+import copy
+import dataclasses
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import entangle_ext as ee
+from entangle_ext.unlearn import BatchLargerThanSplitWarning, Stage1Config, Stage2Config, UnlearnConfig
+from entangle_ext.unlearn.method import METHODS, available_methods
+from _tiny import mlp, tiny_config
+
+
+def _configs():
+    out = [("UnlearnConfig", UnlearnConfig()), ("Stage1Config", Stage1Config()), ("Stage2Config", Stage2Config())]
+    for name in available_methods():
+        spec = METHODS[name]
+        if not getattr(spec, "two_stage", False):
+            out.append((name, spec.Config()))
+    return out
+
+
+@pytest.mark.parametrize("name,cfg", _configs(), ids=[n for n, _ in _configs()])
+def test_unknown_attributes_are_refused_with_the_closest_field(name, cfg):
+    field = sorted(f.name for f in dataclasses.fields(cfg))[0]
+    typo = field[:-1] + ("x" if field[-1] != "x" else "y")
+    with pytest.raises(AttributeError, match=rf"has no field '{typo}'"):
+        setattr(cfg, typo, getattr(cfg, field))
+    assert not hasattr(cfg, typo)
+    setattr(cfg, field, getattr(cfg, field))   # a real field is still settable
+    # copies, pickles and replace keep working (they do not go through __setattr__ for new names)
+    for other in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg)), dataclasses.replace(cfg)):
+        assert other == cfg
+
+
+def test_the_issue_example_names_alpha():
+    cfg = UnlearnConfig()
+    with pytest.raises(AttributeError, match="Stage2Config has no field 'alhpa'; did you mean 'alpha'"):
+        cfg.stage2.alhpa = 0.3
+    cfg.stage2.alpha = 0.3
+    assert cfg.stage2.alpha == 0.3
+    with pytest.raises(AttributeError, match="did you mean 'stage2'"):
+        cfg.stage_2 = Stage2Config()
+    with pytest.raises(AttributeError, match="has no field 'budget_fields'"):   # a ClassVar is not a field
+        cfg.budget_fields = ()
+
+
+def _caught(fn):
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        fn()
+    return [w for w in rec if issubclass(w.category, BatchLargerThanSplitWarning)]
+
+
+def test_a_stage_batch_larger_than_its_split_warns_naming_the_stream(small):
+    cfg = tiny_config(stage2={"adjacent_batch_size": 10**7})
+    got = _caught(lambda: ee.unlearn(mlp(), small, cfg, progress=False))
+    msgs = [str(w.message) for w in got]
+    assert any("s2/adjacent" in m and "10000000" in m and f"({len(small.adjacent)} samples)" in m
+               for m in msgs), msgs
+    assert len(msgs) == 1, msgs   # evaluation streams (eval_batch_size 512 > every split) do not warn
+
+
+def test_a_baseline_batch_larger_than_its_split_warns(small):
+    cfg = METHODS["ft"].Config(batch_size=10**7, epochs=1)
+    got = _caught(lambda: ee.unlearn(mlp(), small, cfg, method="ft", progress=False))
+    assert got and "ft/" in str(got[0].message), [str(w.message) for w in got]
+
+
+def test_the_original_training_warns_too():
+    from entangle_ext.train import TrainRecipe, train_original
+    data = TensorDataset(torch.randn(10, 64), torch.randint(0, 2, (10,)))
+    got = _caught(lambda: train_original(mlp(), [data], TrainRecipe("adam", epochs=1, batch_size=64),
+                                         device="cpu", seed=0, progress=False))
+    assert got and "train/original" in str(got[0].message)
+    ok = _caught(lambda: train_original(mlp(), [data], TrainRecipe("adam", epochs=1, batch_size=4),
+                                        device="cpu", seed=0, progress=False))
+    assert ok == []
