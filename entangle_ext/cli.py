@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .cli_common import PROG, default_device, device_arg, fail, resolve_device, sigterm_interrupts  # noqa: F401  (default_device, device_arg: also imported from here by python_examples/)
-from .cli_config import OPTION_FLAGS, STAGE_FLAGS, build_config, flag_tables, parse_overrides
+from .cli_config import OPTION_FLAGS, STAGE_FLAGS, build_config, check_conflicts, flag_tables, parse_overrides
 
 __all__ = ["main", "build_parser", "exit_on_bad_input", "OPTION_FLAGS", "STAGE_FLAGS"]
 
@@ -164,6 +164,7 @@ def _plan(args) -> _Plan:
     setting = get_setting(args.setting)
     data, model, s1, s2 = flag_tables(args)
     sets = parse_overrides(args.overrides, args.method)   # also: ValueError for an unknown method
+    check_conflicts(args, sets, getattr(args, "given_flags", None))
     setting.check_options(data, model)
     variant = setting.variant(args.variant, given=set(data) | set(model))
     train = {"epochs": args.original_epochs, **sets["train"]}
@@ -281,6 +282,7 @@ def main(argv=None) -> int:
         from .cli_compare import main as compare_main
         return compare_main(argv[1:])
     args = build_parser().parse_args(argv)
+    args.given_flags = _typed_flags(argv)
     from .threads import torch_threads
 
     try:
@@ -294,6 +296,14 @@ def main(argv=None) -> int:
             return fail(e)
         except KeyboardInterrupt:
             return _interrupted(argv, args.out)
+
+
+def _typed_flags(argv) -> set:
+    """The destinations of the flags typed in ``argv`` (not those left at their defaults)."""
+    ap = build_parser()
+    for action in ap._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(ap.parse_args(argv)))
 
 
 @contextlib.contextmanager

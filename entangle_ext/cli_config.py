@@ -10,8 +10,8 @@ import dataclasses
 import typing
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "flag_tables", "parse_overrides", "hparams_and_recipe",
-           "build_config"]
+__all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "parse_overrides", "hparams_and_recipe",
+           "build_config", "check_conflicts"]
 
 OPTION_FLAGS = {"max_train_per_class": "data", "max_test_per_class": "data", "superclasses": "data",
                 "forget": "data", "model_path": "data", "weights": "model"}
@@ -22,6 +22,11 @@ STAGE_FLAGS = {"stage1_lr": ("stage1", ("lr",)), "stage1_epochs": ("stage1", ("e
                "alpha": ("stage2", ("alpha",)), "micro_batch": ("stage2", ("micro_batch",)),
                "batch_limit": ("stage2", ("forget_batch_limit", "remote_batch_limit"))}
 """Flag destination → (stage, config fields it sets); two-stage family only."""
+
+RUN_FLAGS = {"seed": ("top", "seed"), "log_every": ("top", "log_every"),
+             "checkpoint_every": ("top", "checkpoint_every"), "deterministic": ("top", "deterministic"),
+             "original_epochs": ("train", "epochs")}
+"""Flag destination → the ``--set`` section and field it also sets (every method)."""
 
 
 def flag_name(dest: str) -> str:
@@ -74,6 +79,7 @@ def parse_overrides(items: List[str], method: str = "two_stage") -> Dict[str, Di
     malformed item or a field the method's config does not have (the message lists the known ones)."""
     cls, known, top = _sections(method)
     out: Dict[str, Dict[str, Any]] = {"top": {}, **{s: {} for s in known}}
+    first: Dict[Tuple[str, str], str] = {}
     for item in items:
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -91,8 +97,34 @@ def parse_overrides(items: List[str], method: str = "two_stage") -> Dict[str, Di
             choices = f"{fields}" if section in known else \
                 ", ".join(f"{s}.*" for s in known) + f" or {cls.Config.__name__} fields {top}"
             raise ValueError(f"--set {item!r}: unknown {where} for method {method!r}; choose from {choices}")
-        out[section][name] = _literal(value)
+        value = _literal(value)
+        if name in out[section] and out[section][name] != value:
+            raise ValueError(f"--set {first[(section, name)]!r} and --set {item!r} set one field to two values; "
+                             "give it once")
+        first.setdefault((section, name), item)
+        out[section][name] = value
     return out
+
+
+def check_conflicts(args, sets: Dict[str, Dict[str, Any]], given: Optional[set] = None) -> None:
+    """ValueError (one line naming both) when a flag and a ``--set`` item set one field to two
+    values, e.g. ``--stage2-lr 5e-4 --set stage2.lr=1e-3`` or ``--batch-limit 2 --set
+    stage2.forget_batch_limit=3``. ``given``: the flag destinations typed on the command line (so
+    a flag left at its default does not conflict); None = every flag whose value is not None."""
+    def typed(dest):
+        return getattr(args, dest, None) is not None if given is None else dest in given
+
+    pairs = [(dest, stage, f) for dest, (stage, fields) in STAGE_FLAGS.items() for f in fields]
+    pairs += [(dest, section, f) for dest, (section, f) in RUN_FLAGS.items()]
+    for dest, section, f in pairs:
+        if not typed(dest) or f not in sets.get(section, {}):
+            continue
+        flag, other = getattr(args, dest), sets[section][f]
+        if flag != other:
+            key = f if section == "top" else f"{section}.{f}"
+            value = "" if isinstance(flag, bool) else f" {flag}"
+            raise ValueError(f"{flag_name(dest)}{value} and --set {key}={other!r} set {key} to two values; "
+                             "give one of them")
 
 
 def hparams_and_recipe(method: str, hparams: Optional[str], recipe: Optional[str]) -> Tuple[str, Optional[str]]:

@@ -1,0 +1,51 @@
+"""Issue 24 item 15: two ways of setting one field with different values (a flag and ``--set``, or
+``--set`` twice) exit 2 with one line naming both, before any data is read; equal values, and a
+``--set`` beside a flag left at its default, are accepted."""
+import pytest
+
+from entangle_ext import cli
+
+BASE = ["--setting", "digits", "--out", "unused_out_dir"]
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--stage2-lr", "5e-4", "--set", "stage2.lr=1e-3"], ("--stage2-lr 0.0005", "--set stage2.lr=0.001")),
+    (["--batch-limit", "2", "--set", "stage2.forget_batch_limit=3"],
+     ("--batch-limit 2", "--set stage2.forget_batch_limit=3")),
+    (["--alpha", "0.3", "--set", "stage2.alpha=0.5"], ("--alpha 0.3", "--set stage2.alpha=0.5")),
+    (["--stage1-epochs", "2", "--set", "stage1.epochs=3"], ("--stage1-epochs 2", "--set stage1.epochs=3")),
+    (["--original-epochs", "3", "--set", "train.epochs=5"], ("--original-epochs 3", "--set train.epochs=5")),
+    (["--seed", "1", "--set", "seed=2"], ("--seed 1", "--set seed=2")),
+    (["--log-every", "5", "--set", "log_every=7"], ("--log-every 5", "--set log_every=7")),
+    (["--deterministic", "--set", "deterministic=false"], ("--deterministic", "--set deterministic=False")),
+    (["--set", "stage2.lr=1e-3", "--set", "stage2.lr=2e-3"], ("'stage2.lr=1e-3'", "'stage2.lr=2e-3'")),
+    (["--method", "ft", "--set", "epochs=2", "--set", "epochs=3"], ("'epochs=2'", "'epochs=3'")),
+])
+def test_conflicting_values_exit_2_naming_both_before_any_data(extra, named, capsys, monkeypatch, tmp_path):
+    import entangle_ext.settings as settings
+
+    def no_data(*a, **k):
+        raise AssertionError("data was read before the flags were checked")
+    monkeypatch.setattr(settings, "prepare", no_data)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(BASE + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("entangle-unlearn: error:"), err
+    for n in named:
+        assert n in err[0], (n, err[0])
+    assert not (tmp_path / "unused_out_dir").exists()
+
+
+@pytest.mark.parametrize("extra,field,value", [
+    (["--stage2-lr", "1e-3", "--set", "stage2.lr=1e-3"], ("stage2", "lr"), 1e-3),    # equal values
+    (["--set", "seed=2"], ("top", "seed"), 2),                                      # --seed left at its default
+    (["--set", "stage2.lr=1e-3", "--set", "stage2.lr=0.001"], ("stage2", "lr"), 1e-3),
+])
+def test_equal_values_and_defaulted_flags_are_accepted(extra, field, value):
+    argv = BASE + extra
+    args = cli.build_parser().parse_args(argv)
+    args.given_flags = cli._typed_flags(argv)
+    plan = cli._plan(args)
+    section, name = field
+    got = getattr(plan.config, name) if section == "top" else getattr(getattr(plan.config, section), name)
+    assert got == value
