@@ -222,7 +222,9 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
         weights or ``original`` missing (the message names every place looked at); ImportError: an
         optional package the setting needs (torchvision, transformers, scikit-learn) is missing.
     """
+    from .unlearn.inputs import check_device_usable
     s = get_setting(name)
+    check_device_usable(torch.device(device))
     data, model = _given(data), _given(model)
     s.check_options(data, model)
     v = s.variant(variant, given=set(data) | set(model))

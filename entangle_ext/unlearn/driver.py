@@ -120,7 +120,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             when a config is given), ``model_fn`` for a method other than "retrain",
             missing/empty splits, labels outside the model's classes or not integer,
             non-finite losses of the original model (every method, before any training; names
-            split and samples), non 2-D logits, no trainable parameters (also a model without
+            split and samples), non 2-D logits, a split whose inputs the model cannot take (wrong
+            feature width, integer features; names the split, the input shape and dtype), a
+            ``device`` this process cannot use (e.g. "cuda" without a GPU), no trainable parameters (also a model without
             any parameter), an invalid config, a resume from a checkpoint of another method
             (names both), or whose splits or config differ (TypeError for a wrong field type).
         NonFiniteLossError (a ValueError; ``entangle_ext.NonFiniteLossError``): NaN/Inf loss;

@@ -13,7 +13,7 @@ from .data import BatchStream, Splits, forward_logits, split_batch
 from .losses import trainable_params
 from .precision import amp_scope, model_dtype
 
-__all__ = ["check_model_and_splits", "model_device", "preflight", "require_trainable", "training_flags_kept"]
+__all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "require_trainable", "training_flags_kept"]
 
 
 def check_model_and_splits(model, splits, where: str) -> None:
@@ -30,13 +30,30 @@ def model_device(model: torch.nn.Module, device=None) -> torch.device:
     first buffer. Raises ValueError when ``device`` is None and the model has neither (a module
     without state has no device of its own: pass ``device=``)."""
     if device is not None:
-        return torch.device(device)
+        return check_device_usable(torch.device(device))
     for t in model.parameters():
         return t.device
     for t in model.buffers():
         return t.device
     raise ValueError(f"the model ({type(model).__name__}) has no parameters and no buffers, so it has no "
                      "device to run on: pass device= (e.g. device='cpu')")
+
+
+def check_device_usable(device: torch.device) -> torch.device:
+    """``device`` itself, or ValueError naming it when this process cannot run on it: a CUDA device
+    without a usable GPU (or an index past the GPUs visible), an MPS device without MPS — instead
+    of the driver's error at the first tensor moved there."""
+    if device.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+            raise ValueError(f"device {str(device)!r}: no CUDA GPU is usable here (torch {torch.__version__}, "
+                             f"{build}; torch.cuda.is_available() is False): pass device='cpu'")
+        if device.index is not None and device.index >= n:
+            raise ValueError(f"device {str(device)!r}: only {n} CUDA GPU(s) are visible (cuda:0..cuda:{n - 1})")
+    elif device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"device {str(device)!r}: MPS is not available here: pass device='cpu'")
+    return device
 
 
 def require_trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
@@ -73,6 +90,22 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
             probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
                                 device=device, input_dtype=model_dtype(model))
             inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
-            logits = forward_logits(model, inputs)
+            try:
+                logits = forward_logits(model, inputs)
+            except (RuntimeError, TypeError, IndexError) as e:
+                raise ValueError(f"split {name!r}: the model ({type(model).__name__}) cannot take this split's "
+                                 f"inputs ({_describe_inputs(inputs)}; the model's parameters are "
+                                 f"{model_dtype(model)}): {str(e).splitlines()[0]}") from e
             C = logits.shape[1] if C is None else C
     return C
+
+
+def _describe_inputs(inputs) -> str:
+    """``shape (2, 63) torch.float32`` for a tensor; the same per entry for a tuple/list/dict."""
+    if torch.is_tensor(inputs):
+        return f"shape {tuple(inputs.shape)} {inputs.dtype}"
+    if isinstance(inputs, dict):
+        return ", ".join(f"{k}: {_describe_inputs(v)}" for k, v in inputs.items())
+    if isinstance(inputs, (tuple, list)):
+        return ", ".join(_describe_inputs(v) for v in inputs)
+    return type(inputs).__name__
