@@ -149,7 +149,8 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
     Raises:
         FileNotFoundError: no such file, no checkpoint under the directory.
         ValueError: not a readable torch file (one line: "<path> is not a readable torch file
-            (state dict or entangle_ext checkpoint): <short reason>"), a file holding no state dict,
+            (state dict or entangle_ext checkpoint): <short reason>"; a damaged file, whose record
+            CRC-32s do not match, is refused before ``model`` is touched), a file holding no state dict,
             or one that does not fit ``model``; the message lists the missing, unexpected and
             differently shaped entries, so a file made for another setting, data selection or model
             says so.

@@ -1,6 +1,8 @@
 """Reading the torch files a run writes or is given, safely: `read_torch_file` (``torch.load`` with
 ``weights_only=True``, which runs no code from the file, plus the numpy types of a checkpoint's
-``rng`` entry) and `open_checkpoint` (an out dir, its ``checkpoints/latest.pt`` pointer or a file).
+``rng`` entry, after the CRC-32 of every record of the file's zip archive is checked: torch writes
+them but does not check them on load, so altered bytes inside a tensor would load silently) and
+`open_checkpoint` (an out dir, its ``checkpoints/latest.pt`` pointer or a file).
 `load_checkpoint` (``resume=``, ``--resume``) and `entangle_ext.train.load_model_file`
 (``--original``, the original-model cache) both read through here.
 """
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 import re
 import warnings
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, List, Tuple, Union
 
@@ -49,15 +53,41 @@ def _reason(e: BaseException) -> str:
     return first or type(e).__name__
 
 
+DAMAGED_ADVICE = ("resume from an earlier checkpoint, or delete the file (a deleted cached original model "
+                  "is trained again)")
+
+
+def _damage(path: Union[str, Path]) -> Union[str, None]:
+    """Why the zip archive of a torch file is damaged (None when every record's CRC-32 matches, or
+    the file is no zip archive or cannot be read: torch.load then says what it is). One read of
+    the file."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return None
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError) as e:
+        return f"its zip archive is inconsistent ({' '.join(str(e).split()) or type(e).__name__})"
+    except OSError:
+        return None
+    return None if bad is None else f"the CRC-32 of its record {bad} does not match"
+
+
 def read_torch_file(path: Union[str, Path], map_location: Any = "cpu") -> Any:
     """``torch.load(path, map_location, weights_only=True)``: tensors, numbers, strings, containers
-    and the numpy arrays of a checkpoint's RNG state; no code from the file is run.
+    and the numpy arrays of a checkpoint's RNG state; no code from the file is run. The CRC-32 of
+    every record is checked first (`zipfile.ZipFile.testzip`), so a damaged file is refused before
+    anything is read from it.
 
     Raises:
-        ValueError: the file is corrupt, truncated, not a torch file or pickles other Python
-            objects; one line, "<path> is not a readable torch file (state dict or entangle_ext
-            checkpoint): <short reason>".
+        ValueError: the file is damaged (a record's bytes differ from those written), corrupt,
+            truncated, not a torch file or pickles other Python objects; one line, "<path> is not
+            a readable torch file (state dict or entangle_ext checkpoint): <short reason>".
     """
+    damage = _damage(path)
+    if damage is not None:
+        raise ValueError(f"{path} is not a readable torch file (state dict or entangle_ext checkpoint): "
+                         f"the file is damaged ({damage}); {DAMAGED_ADVICE}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # torch's note on the pickle protocol of a non-torch file
