@@ -311,11 +311,12 @@ def _one_line_warnings():
     """The package's own warnings to the user (e.g. `OutDirReusedWarning`: ``--out`` holds a run
     and no ``--resume``) print as one ``entangle-unlearn: warning: ...`` line; others as usual."""
     from .unlearn import OutDirReusedWarning
+    from .unlearn.report import PlotSkippedWarning
 
     before = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, OutDirReusedWarning):
+        if issubclass(category, (OutDirReusedWarning, PlotSkippedWarning)):
             print(f"{PROG}: warning: {message}", file=sys.stderr)
         else:
             before(message, category, filename, lineno, file, line)

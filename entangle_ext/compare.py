@@ -43,6 +43,7 @@ from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.inputs import model_device
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
+from .unlearn.report import plot_available
 from .unlearn.metrics import METRICS, NonFiniteOutputError, check_relearn_args, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
@@ -537,6 +538,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     check_batch_size(batch_size, "compare: batch_size")
     if mia_max_samples is not None and not (isinstance(mia_max_samples, int) and mia_max_samples >= 1):
         raise ValueError(f"compare: mia_max_samples must be None or an int >= 1, got {mia_max_samples!r}")
+    from .unlearn.metrics import require_metric_dependencies
+    require_metric_dependencies()   # before any run: MIA-efficacy needs scikit-learn
     device = model_device(model, device)
     model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
     rl = _relearn_settings(relearn, model, splits, device, batch_size)
@@ -582,4 +585,7 @@ def _write(res: ComparisonResult, out: Path, fp: str) -> None:
                  "png": str(out / "comparison.png")}
     Path(res.paths["markdown"]).write_text(res.table + "\n")
     Path(res.paths["json"]).write_text(json.dumps({**res.to_dict(), "fingerprint": fp}, indent=1))
+    if not plot_available(res.paths["png"]):
+        del res.paths["png"]
+        return
     plot_comparison(res.summary, res.paths["png"], order=res.methods)

@@ -38,8 +38,10 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
     Raises TypeError when ``forget_digit`` is not an int (a float or bool is not coerced) and
     ValueError when it is not in 0..9.
     """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from .._optional import optional_import
+    load_digits = optional_import("sklearn.datasets", "the digits setting (scikit-learn's bundled digits)",
+                                  "demo").load_digits
+    train_test_split = optional_import("sklearn.model_selection", "the digits setting", "demo").train_test_split
 
     if isinstance(forget_digit, bool) or not isinstance(forget_digit, (int, np.integer)):
         raise TypeError(f"forget_digit must be an int 0..9, got {forget_digit!r} ({type(forget_digit).__name__})")

@@ -75,6 +75,13 @@ def _optional(module: str, what: str):
     return optional_import(module, what, "metrics")
 
 
+def require_metric_dependencies() -> None:
+    """ImportError naming the extra (``entangle_ext[metrics]``) when an optional package the
+    metrics need is missing (scikit-learn, for MIA-efficacy): checked before any run, so a
+    comparison does not train every method and then fail."""
+    _optional("sklearn.svm", "MIA-efficacy (a metric of every comparison)")
+
+
 class NonFiniteOutputError(ValueError):
     """The scored model returns NaN/Inf logits (e.g. the weights of a diverged run overflow)."""
 

@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -14,7 +15,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 __all__ = ["format_table", "plot_forget_histograms", "forget_histogram_figure", "build_report",
-           "write_report", "save_report_json", "split_fingerprint", "UNITS"]
+           "write_report", "save_report_json", "plot_available", "PlotSkippedWarning", "split_fingerprint", "UNITS"]
 
 GOOD_DIRECTION = {"forget": "↓", "adjacent": "↑", "remote": "↑"}
 """Split base name → the direction of its accuracy that unlearning aims for."""
@@ -219,12 +220,32 @@ def save_report_json(out: Path, report: Dict[str, Any]) -> Path:
     return path
 
 
+class PlotSkippedWarning(UserWarning):
+    """matplotlib is not installed: a figure was not drawn (the report and tables are written)."""
+
+
+def plot_available(path) -> bool:
+    """Whether matplotlib can be imported; when not, a `PlotSkippedWarning` names the figure
+    ``path`` that is skipped and how to get it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        warnings.warn(f"matplotlib is not installed: {path} is not drawn (the report and tables are "
+                      "written); pip install matplotlib to get it", PlotSkippedWarning, stacklevel=3)
+        return False
+    return True
+
+
 def write_report(out: Path, report: Dict[str, Any], history: List[Dict[str, float]],
                  evals: Dict[str, Dict[str, dict]], *, bins: int, num_classes: int) -> None:
-    """Write ``forget_loss_hist.png`` (its path goes into ``report["histogram_png"]``),
-    ``report.json`` and ``history.json`` under ``out``."""
-    report["histogram_png"] = plot_forget_histograms(evals, str(out / "forget_loss_hist.png"),
-                                                     bins=bins, num_classes=num_classes)
+    """Write ``report.json`` and ``history.json`` under ``out``, then ``forget_loss_hist.png`` (its
+    path goes into ``report["histogram_png"]``; None, with a `PlotSkippedWarning`, when
+    matplotlib is not installed): the report never depends on the plot."""
+    png = out / "forget_loss_hist.png"
+    report["histogram_png"] = None
     save_report_json(out, report)
     with open(out / "history.json", "w") as f:
         json.dump(history, f)
+    if plot_available(png):
+        report["histogram_png"] = plot_forget_histograms(evals, str(png), bins=bins, num_classes=num_classes)
+        save_report_json(out, report)
