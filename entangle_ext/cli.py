@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .cli_common import PROG, default_device, device_arg, fail, resolve_device, sigterm_interrupts  # noqa: F401  (default_device, device_arg: also imported from here by python_examples/)
+from .cli_common import PROG, command_prefix, default_device, device_arg, fail, resolve_device, sigterm_interrupts  # noqa: F401  (default_device, device_arg: also imported from here by python_examples/)
 from .cli_config import OPTION_FLAGS, STAGE_FLAGS, build_config, check_conflicts, flag_tables, parse_overrides
 
 __all__ = ["main", "build_parser", "exit_on_bad_input", "OPTION_FLAGS", "STAGE_FLAGS"]
@@ -222,7 +222,7 @@ def _interrupted(argv: List[str], out: str) -> int:
             continue
         rest.append(a)
     if ckpts.is_dir() and any(ckpts.glob("*.pt")):
-        cmd = " ".join(shlex.quote(a) for a in [PROG] + rest + ["--resume", out])
+        cmd = " ".join(shlex.quote(a) for a in command_prefix() + rest + ["--resume", out])
         print(f"\n{PROG}: interrupted; resume with:\n  {cmd}", file=sys.stderr)
     else:
         print(f"\n{PROG}: interrupted before any checkpoint was written; run the same command again",

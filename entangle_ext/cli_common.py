@@ -10,9 +10,23 @@ from typing import Optional
 
 import torch
 
-__all__ = ["PROG", "resolve_device", "device_arg", "default_device", "fail", "sigterm_interrupts"]
+__all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "default_device", "fail", "sigterm_interrupts"]
 
 PROG = "entangle-unlearn"
+
+
+def command_prefix() -> list:
+    """How to start this program again from a shell, for the commands the CLI prints: ``[PROG]``
+    when the ``PROG`` found on PATH is the one beside this Python (its venv is active), else
+    ``[sys.executable, "-m", "entangle_ext"]`` (works whether or not the venv is active)."""
+    import os
+    import shutil
+    import sys
+    found = shutil.which(PROG)
+    here = os.path.join(os.path.dirname(sys.executable), PROG)
+    if found and os.path.realpath(found) == os.path.realpath(here):
+        return [PROG]
+    return [sys.executable, "-m", "entangle_ext"]
 
 
 def resolve_device(spec: Optional[str], label: Optional[str] = None) -> torch.device:

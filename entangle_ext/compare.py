@@ -519,7 +519,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         (ImportError without scikit-learn / scipy); a ValueError for a model without
         parameters or buffers when ``device`` is None.
     """
-    from tqdm.auto import tqdm
+    from ._progress import progress_bar
 
     if not isinstance(splits, Splits):
         raise TypeError("splits must be an entangle_ext.Splits")
@@ -548,7 +548,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
     retrained: Dict[int, dict] = {}
     failures: Dict[str, Dict[int, str]] = {}
-    bar = tqdm(total=len(specs) * len(seeds), desc="compare", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
     for spec in specs:
         for seed in seeds:
             ref = retrained.get(seed)

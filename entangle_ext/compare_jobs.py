@@ -193,7 +193,7 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
             names the log and quotes its last lines).
         KeyboardInterrupt: after terminating the workers.
     """
-    from tqdm.auto import tqdm
+    from ._progress import progress_bar
 
     queue = Path(queue)
     shutil.rmtree(queue, ignore_errors=True)
@@ -206,8 +206,7 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
             logs.append(queue / f"worker{k}.log")
             with open(logs[-1], "w") as log:
                 procs.append(subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env))
-        with tqdm(total=len(tasks), desc=f"compare ({len(procs)} workers)", disable=not progress,
-                  dynamic_ncols=True) as bar:
+        with progress_bar(total=len(tasks), desc=f"compare ({len(procs)} workers)", enabled=progress) as bar:
             while True:
                 n = sum(1 for _ in (queue / "done").iterdir())
                 bar.update(n - bar.n)

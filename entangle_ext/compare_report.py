@@ -102,10 +102,21 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
     return "\n".join(lines)
 
 
+def error_bar_caption(summary: Mapping[str, Mapping[str, Mapping[str, float]]], order: Sequence[str]) -> str:
+    """What the comparison figure's error bars are: ± 1 sample standard deviation over the seeds
+    (with their number), or none for one seed."""
+    ns = sorted({int(v["n"]) for m in order for v in summary[m].values() if isinstance(v, Mapping) and "n" in v})
+    if not ns or ns == [1]:
+        return "one seed per method: no error bars"
+    seeds = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    return f"bars: mean over {seeds} seeds; error bars: ± 1 sample standard deviation over the seeds"
+
+
 def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], path: str,
                     order: Optional[Sequence[str]] = None) -> str:
     """PNG (matplotlib, Agg): per-method bars of forget / adjacent / remote held-out accuracy and of
-    MIA-efficacy per split, with ± std error bars (none for one seed). Returns ``path``."""
+    MIA-efficacy per split, with ± std error bars (none for one seed), said under the figure
+    (`error_bar_caption`). Returns ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -124,7 +135,8 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
         ax.set_ylim(0, 105)
         ax.set_title(title)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.text(0.5, 0.005, error_bar_caption(summary, order), ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

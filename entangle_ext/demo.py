@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 
 from .settings import get_setting, prepare
 from .threads import default_threads, torch_threads
-from .unlearn import unlearn
+from .unlearn import OutDirReusedWarning, unlearn
 
 __all__ = ["main"]
 
@@ -42,7 +43,9 @@ def _run(args) -> dict:
           ", ".join(f"{k}: digits {v}" for k, v in run.info["groups"].items()))
     print("sizes:", run.info["sizes"])
     cfg = run.config(recipe=args.recipe, seed=args.seed)
-    res = unlearn(run.model, run.splits, cfg, device="cpu", out_dir=args.out, progress=not args.no_progress)
+    with warnings.catch_warnings():   # a demo rewrites its own out dir on every run: not a mistake
+        warnings.simplefilter("ignore", OutDirReusedWarning)
+        res = unlearn(run.model, run.splits, cfg, device="cpu", out_dir=args.out, progress=not args.no_progress)
     if args.no_progress:
         print(res.table)
     ev = res.report["evals"]

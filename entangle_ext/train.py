@@ -199,7 +199,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
             indices; no ``device`` for a model without parameters or buffers; a ``cache`` file
             that does not fit ``model`` (see `load_model_file`).
     """
-    from tqdm.auto import tqdm
+    from ._progress import progress_bar
 
     device = model_device(model, device)
     model.to(device)
@@ -216,7 +216,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
     steps = len(stream)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(recipe.epochs * steps, 1)) \
         if recipe.schedule == "cosine" else None
-    bar = tqdm(total=recipe.epochs * steps, desc="original model", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
     model.train()
     for e in range(recipe.epochs):
         for idx in torch.randperm(stream.n, generator=gen).split(recipe.batch_size):

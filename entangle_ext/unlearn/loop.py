@@ -335,6 +335,5 @@ def _signal_name(intr: _Interrupts) -> str:
 
 
 def _bar(total: int, initial: int, desc: str, progress: bool):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, initial=initial, desc=desc, disable=not progress, leave=True,
-                dynamic_ncols=True)
+    from .._progress import progress_bar
+    return progress_bar(total=total, initial=initial, desc=desc, enabled=progress)
