@@ -27,7 +27,6 @@ import io
 import json
 import math
 import numbers
-import os
 import re
 import time
 import warnings
@@ -43,6 +42,7 @@ from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.inputs import model_device
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
+from .unlearn.files import atomic_write
 from .unlearn.report import plot_available
 from .unlearn.metrics import METRICS, NonFiniteOutputError, check_relearn_args, unlearning_metrics
 
@@ -348,9 +348,9 @@ class _Cache:
         if p is None:
             return
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")   # one per process: --jobs workers share the dir
-        tmp.write_text(json.dumps({**rec, "env": _env(self.device)}))
-        os.replace(tmp, p)
+        text = json.dumps({**rec, "env": _env(self.device)})   # (one temporary file per process: --jobs workers share the dir)
+        atomic_write(p, lambda tmp: tmp.write_text(text), what="comparison cache entry",
+                     hint="the runs cached so far are kept: free space and rerun the same command to go on")
 
 
 def _env(device) -> Dict[str, str]:
@@ -583,8 +583,11 @@ def _write(res: ComparisonResult, out: Path, fp: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     res.paths = {"markdown": str(out / "comparison.md"), "json": str(out / "comparison.json"),
                  "png": str(out / "comparison.png")}
-    Path(res.paths["markdown"]).write_text(res.table + "\n")
-    Path(res.paths["json"]).write_text(json.dumps({**res.to_dict(), "fingerprint": fp}, indent=1))
+    again = "every run is cached: free space and rerun the same command to write the tables"
+    atomic_write(res.paths["markdown"], lambda tmp: tmp.write_text(res.table + "\n"), what="comparison table",
+                 hint=again)
+    text = json.dumps({**res.to_dict(), "fingerprint": fp}, indent=1)
+    atomic_write(res.paths["json"], lambda tmp: tmp.write_text(text), what="comparison JSON", hint=again)
     if not plot_available(res.paths["png"]):
         del res.paths["png"]
         return

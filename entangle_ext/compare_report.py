@@ -7,6 +7,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .unlearn.files import atomic_write
 from .unlearn.metrics import METRICS
 
 __all__ = ["summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "REFERENCE_ROWS"]
@@ -137,6 +138,8 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8, frameon=False)
     fig.text(0.5, 0.005, error_bar_caption(summary, order), ha="center", va="bottom", fontsize=8)
     fig.tight_layout(rect=(0, 0.03, 1, 0.96))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"), what="comparison plot")
+    finally:
+        plt.close(fig)
     return path

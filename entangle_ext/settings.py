@@ -45,6 +45,7 @@ import torch
 from ._version import __version__
 from .train import TrainRecipe, load_model_file, train_original
 from .unlearn import Splits, UnlearnConfig, seed_everything
+from .unlearn.files import atomic_write
 from .unlearn.report import split_fingerprint
 
 __all__ = ["Setting", "Variant", "Prepared", "SETTINGS", "get_setting", "prepare"]
@@ -247,7 +248,8 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
         train_original(net, [splits.forget, splits.adjacent, splits.remote], recipe, device=device, seed=seed,
                        cache=cache, progress=progress)
         if cache is not None:
-            cache.with_suffix(".json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
+            text = json.dumps(key, indent=1, sort_keys=True, default=str)
+            atomic_write(cache.with_suffix(".json"), lambda tmp: tmp.write_text(text), what="original-model key")
     summary = v.summary   # describes the variant's own data; say so when the caller changed it
     if data:
         summary += "; data options given: " + ", ".join(f"{k}={_option_text(x)}" for k, x in sorted(data.items()))

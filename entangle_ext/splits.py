@@ -31,6 +31,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .unlearn.files import atomic_write
+
 __all__ = ["IndexSplit", "split_by_hierarchy", "split_by_attributes", "split_by_group",
            "split_by_similarity", "extract_features", "save_split", "load_split", "split_hash",
            "subset_splits"]
@@ -114,9 +116,8 @@ def save_split(path: Union[str, Path], split: IndexSplit) -> str:
         raise ValueError(f"split meta must be JSON-serialisable: {e}") from e
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(d, sort_keys=True))
-    tmp.replace(path)
+    text = json.dumps(d, sort_keys=True)
+    atomic_write(path, lambda tmp: tmp.write_text(text), what="split file")
     return d["sha256"]
 
 

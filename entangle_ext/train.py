@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from .unlearn import seed_everything
 from .unlearn.data import BatchStream, forward_logits, split_batch, union_source
-from .unlearn.files import open_checkpoint
+from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
 from .unlearn.precision import model_dtype
 
@@ -235,5 +235,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
     model.eval()
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), cache)
+        state = model.state_dict()
+        atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",
+                     hint="the trained model is returned but not cached: free space, or pass cache=None")
     return model

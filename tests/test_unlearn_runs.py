@@ -4,6 +4,7 @@ nothing, messages that say why no checkpoint exists, and a warning before an out
 import dataclasses
 import json
 import os
+from pathlib import Path
 import signal
 import warnings
 
@@ -333,15 +334,25 @@ def test_interrupt_without_a_checkpoint_says_why(small):
 def test_reused_out_dir_warning_from_a_python_dash_m_main(tmp_path):
     """The warning is attributed to the caller's line; for a `python -m` module (its frame is
     __main__) that must not make the warning machinery fail (it asked the loader for __main__'s
-    source: ImportError). Rerunning the demo into its own out dir warns and succeeds."""
+    source: ImportError). A `python -m` script that runs twice into one out dir warns and succeeds.
+    (The demo itself rewrites its own out dir without a warning.)"""
     pytest.importorskip("sklearn")
     import subprocess
     import sys
-    cmd = [sys.executable, "-m", "entangle_ext.demo", "--out", str(tmp_path / "out"), "--cache",
-           str(tmp_path / "cache"), "--no-progress"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
+    import textwrap
+    (tmp_path / "rerun_twice.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import entangle_ext as ee
+        from entangle_ext.data.digits import digits_splits
+        from _tiny import mlp, tiny_config
+        splits = digits_splits(max_train_per_digit=20)[0]
+        for _ in range(2):
+            ee.unlearn(mlp(), splits, tiny_config(), out_dir={str(tmp_path / "out")!r}, progress=False)
+        print("done")
+    """))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    again = subprocess.run([sys.executable, "-m", "rerun_twice"], capture_output=True, text=True, env=env,
+                           timeout=300, cwd=tmp_path)
+    assert again.returncode == 0 and "done" in again.stdout, again.stderr[-2000:]
     assert "OutDirReusedWarning" in again.stderr and "already holds a finished run" in again.stderr

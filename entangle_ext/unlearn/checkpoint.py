@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .distributed import check_world_size, current
-from .files import POINTER_NAME, open_checkpoint
+from .files import POINTER_NAME, atomic_write, open_checkpoint
 from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
@@ -238,9 +238,12 @@ class Checkpointer:
             state["sharded"] = {"names": names, "path": str(self.dir / f"{tag}.dcp")}
         if d.is_main:
             dyn = self.dynamic() if self.dynamic is not None else {}
+            kept = (f"the last complete checkpoint {self.last_path} is kept ({POINTER_NAME} names it): free "
+                    f"space, then resume from {self.dir.parent} (resume= / --resume)" if self.last_path else
+                    "no checkpoint of this run is complete yet")
             _atomic_save({**self.common, **dyn, **state, "rng": rng_state(), "tag": tag,
-                          "world_size": d.world, "format": CHECKPOINT_FORMAT}, path)
-            _atomic_save({"path": str(path)}, self.dir / POINTER_NAME)
+                          "world_size": d.world, "format": CHECKPOINT_FORMAT}, path, kept)
+            _atomic_save({"path": str(path)}, self.dir / POINTER_NAME, kept)
         self.last_path = str(path)
         return self.last_path
 
@@ -248,10 +251,8 @@ class Checkpointer:
         return self.save(f"stage{state['stage']}_step{step:06d}", state)
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def _atomic_save(obj: Any, path: Path, hint: Optional[str] = None) -> None:
+    atomic_write(path, lambda tmp: torch.save(obj, tmp), what="checkpoint", hint=hint)
 
 
 def load_checkpoint(path: Union[str, Path]) -> Dict[str, Any]:

@@ -5,20 +5,29 @@ them but does not check them on load, so altered bytes inside a tensor would loa
 `open_checkpoint` (an out dir, its ``checkpoints/latest.pt`` pointer or a file).
 `load_checkpoint` (``resume=``, ``--resume``) and `entangle_ext.train.load_model_file`
 (``--original``, the original-model cache) both read through here.
+
+Writing: `atomic_write` — every file the package writes (checkpoints, the latest pointer, the
+original-model cache, report/history JSON, plots, comparison tables and cache, split files) goes to
+a temporary file beside its target and is renamed over it only when complete; a failed write
+(disk full, a file-size limit, permissions) deletes the temporary file and raises a `WriteError`
+naming the file, the cause and the free space, plus what to do next.
 """
 from __future__ import annotations
 
+import errno as _errno
+import os
 import re
+import shutil
 import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, List, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME"]
+__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError"]
 
 #: The file under ``{out_dir}/checkpoints/`` that names the run's latest checkpoint: {"path": str}.
 POINTER_NAME = "latest.pt"
@@ -136,3 +145,74 @@ def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[
         p = _follow(p, obj["path"])
         obj = read_torch_file(p, map_location)
     return p, obj
+
+
+class WriteError(OSError):
+    """A file could not be written (`atomic_write`); ``errno`` is the cause's when known. The
+    target is unchanged (or absent) and no temporary file is left."""
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free in {folder}"
+    except OSError:
+        return f"free space in {folder} unknown"
+
+
+def _likely_errno(tmp: Path) -> Optional[int]:
+    """The OS error behind a write that torch reported only as its zip writer's RuntimeError:
+    EFBIG when the partial file reached this process's file-size limit (RLIMIT_FSIZE), ENOSPC
+    when its file system has (almost) no free space left, else None."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        size = tmp.stat().st_size if tmp.exists() else 0
+        if soft != resource.RLIM_INFINITY and size + 2**16 >= soft:
+            return _errno.EFBIG
+    except (ImportError, OSError, ValueError):
+        pass
+    try:
+        if shutil.disk_usage(tmp.parent).free < 2**20:
+            return _errno.ENOSPC
+    except OSError:
+        pass
+    return None
+
+
+def atomic_write(path: Union[str, Path], write: Callable[[Path], Any], *, what: str,
+                 hint: Optional[str] = None) -> Path:
+    """``write(tmp)`` to a temporary file beside ``path`` (one per process), then rename it over
+    ``path`` (atomic on one file system): a reader sees the old file or the new one, never half.
+
+    Args:
+        path: the target file. write: writes the whole content to the path it is given.
+        what: what the file is, for the error (e.g. "checkpoint"). hint: what to do next (e.g. the
+            resume command), appended to the error.
+    Returns:
+        ``path`` as a `Path`.
+    Raises:
+        WriteError (an OSError): the write or the rename failed (OSError, or torch's RuntimeError
+        from its zip writer); the temporary file is deleted first. The message names the file,
+        the cause (errno and text when the OS gave one), the free space and ``hint``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        code = e.errno if isinstance(e, OSError) else _likely_errno(tmp)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        text = (e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0]
+                if str(e).strip() else type(e).__name__)
+        if code is not None and not isinstance(e, OSError):   # torch's zip writer hides the OS error
+            text = f"{os.strerror(code)}; torch said: {text}"
+        cause = f"{_errno.errorcode.get(code, code)}: {text}" if code is not None else text
+        err = WriteError(f"could not write the {what} {path} ({cause}; {_free_space(path.parent)})"
+                         + (f"; {hint}" if hint else ""))
+        err.errno = code
+        raise err from e
+    return path

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .files import atomic_write
+
 __all__ = ["format_table", "plot_forget_histograms", "forget_histogram_figure", "build_report",
            "write_report", "save_report_json", "plot_available", "PlotSkippedWarning", "split_fingerprint", "UNITS"]
 
@@ -140,7 +142,8 @@ def plot_forget_histograms(evals: Dict[str, Dict[str, dict]], path: str, bins: i
                            num_classes: Optional[int] = None) -> str:
     """Write `forget_histogram_figure` as a PNG to ``path`` (no pyplot state is touched).
     Returns the path written."""
-    forget_histogram_figure(evals, bins=bins, num_classes=num_classes).savefig(path, dpi=110)
+    fig = forget_histogram_figure(evals, bins=bins, num_classes=num_classes)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"), what="histogram plot")
     return path
 
 
@@ -213,11 +216,10 @@ def build_report(*, config: Dict[str, Any], num_classes: int, c0: float, lam: Op
 
 
 def save_report_json(out: Path, report: Dict[str, Any]) -> Path:
-    """(Re)write ``out / "report.json"``; returns its path."""
-    path = Path(out) / "report.json"
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
-    return path
+    """(Re)write ``out / "report.json"`` (`atomic_write`: a failed write is a `WriteError`
+    naming the file, the cause and the free space); returns its path."""
+    return atomic_write(Path(out) / "report.json", lambda tmp: tmp.write_text(json.dumps(report, indent=2)),
+                        what="report")
 
 
 class PlotSkippedWarning(UserWarning):
@@ -244,8 +246,7 @@ def write_report(out: Path, report: Dict[str, Any], history: List[Dict[str, floa
     png = out / "forget_loss_hist.png"
     report["histogram_png"] = None
     save_report_json(out, report)
-    with open(out / "history.json", "w") as f:
-        json.dump(history, f)
+    atomic_write(out / "history.json", lambda tmp: tmp.write_text(json.dumps(history)), what="history")
     if plot_available(png):
         report["histogram_png"] = plot_forget_histograms(evals, str(png), bins=bins, num_classes=num_classes)
         save_report_json(out, report)

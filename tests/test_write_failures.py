@@ -1,0 +1,101 @@
+"""Issue 24 item 3: a failed write (disk full, a file-size limit) stops the run with one error
+that names the file, the cause and the free space and says what to do, and leaves no temporary
+file; the last complete checkpoint stays the one latest.pt names. For every file the package
+writes: checkpoints, report/history JSON, plots, the original-model cache, comparison tables,
+split files (`atomic_write`)."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from entangle_ext.unlearn.files import WriteError, atomic_write
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_checkpoint_write_past_a_file_size_limit_is_one_clear_error(tmp_path):
+    pytest.importorskip("sklearn")
+    script = textwrap.dedent(f"""
+        import resource, sys
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import entangle_ext as ee
+        from entangle_ext.data.digits import digits_splits
+        from _tiny import mlp, tiny_config
+        splits = digits_splits(max_train_per_digit=20)[0]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, resource.RLIM_INFINITY))   # a checkpoint is larger
+        try:
+            ee.unlearn(mlp(), splits, tiny_config(checkpoint_every=2), out_dir={str(tmp_path / 'run')!r}, progress=False)
+        except Exception as e:
+            print("ERROR", type(e).__name__, "|", e)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    line = [x for x in r.stdout.splitlines() if x.startswith("ERROR")]
+    assert line, r.stdout[-2000:] + r.stderr[-2000:]
+    msg = line[0]
+    assert "WriteError" in msg and "could not write the checkpoint" in msg, msg
+    assert "EFBIG" in msg and "MiB free in" in msg, msg
+    assert "no checkpoint of this run is complete yet" in msg or "resume from" in msg, msg
+    assert list((tmp_path / "run").rglob("*.tmp")) == []
+
+
+def test_atomic_write_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path):
+    target = tmp_path / "report.json"
+    target.write_text('{"old": 1}')
+
+    def half_then_fail(tmp):
+        tmp.write_text('{"new": ')
+        raise OSError(28, "No space left on device")
+    with pytest.raises(WriteError, match=r"could not write the report .*report\.json \(ENOSPC: No space left on "
+                                         r"device; [0-9.]+ MiB free in .*\); free space and retry") as e:
+        atomic_write(target, half_then_fail, what="report", hint="free space and retry")
+    assert e.value.errno == 28
+    assert json.loads(target.read_text()) == {"old": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_torch_zip_writer_errors_are_caught_too(tmp_path):
+    def torch_like(tmp):
+        tmp.write_bytes(b"PK")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+    with pytest.raises(WriteError, match=r"could not write the checkpoint .*\(\[enforce fail at inline_container"):
+        atomic_write(tmp_path / "c.pt", torch_like, what="checkpoint")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("writer", ["report", "history", "split", "cache"])
+def test_every_writer_goes_through_atomic_write(writer, tmp_path, monkeypatch):
+    """Each of the package's writers raises WriteError (not a raw OSError) when the disk is full."""
+    import importlib
+    import torch
+    real = atomic_write
+
+    def full(path, write, **kw):
+        return real(path, lambda tmp: (_ for _ in ()).throw(OSError(28, "No space left on device")), **kw)
+    if writer in ("report", "history"):
+        report = importlib.import_module("entangle_ext.unlearn.report")
+        monkeypatch.setattr(report, "atomic_write", full)
+        with pytest.raises(WriteError, match=f"could not write the {writer}"):
+            if writer == "report":
+                report.save_report_json(tmp_path, {"a": 1})
+            else:
+                monkeypatch.setattr(report, "save_report_json", lambda out, rep: None)
+                report.write_report(tmp_path, {}, [], {}, bins=4, num_classes=2)
+    elif writer == "split":
+        splits = importlib.import_module("entangle_ext.splits")
+        monkeypatch.setattr(splits, "atomic_write", full)
+        s = splits.IndexSplit(forget=[0], adjacent=[1], remote=[2])
+        with pytest.raises(WriteError, match="could not write the split file"):
+            splits.save_split(tmp_path / "s.json", s)
+    else:
+        train = importlib.import_module("entangle_ext.train")
+        monkeypatch.setattr(train, "atomic_write", full)
+        from torch.utils.data import TensorDataset
+        data = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+        with pytest.raises(WriteError, match="could not write the original-model cache"):
+            train.train_original(torch.nn.Linear(4, 2), [data], train.TrainRecipe("adam", epochs=1, batch_size=4),
+                                 device="cpu", cache=tmp_path / "m.pt", progress=False)
+    assert list(tmp_path.rglob("*.tmp")) == []
