@@ -9,7 +9,7 @@
 # there, the data file the package finds (cifar100.npz in $ENTANGLE_DATA or the checkout's
 # shared/data) is staged into a temporary folder first, so the split/reassemble/checksum path runs
 # too. --dry-run: the same code path on the CPU with a tiny budget, and the predicted H200 time.
-# Cap: CAP_PAPER seconds for the run (default 200; the README's GPU status section gives the 15-minute plan).
+# Cap: CAP_PAPER seconds for the GPU run (default 200; CAP_PAPER_DRY for --dry-run, default 900; the README's GPU status section gives the 15-minute plan).
 # OUT_DIR receives paper_cifar100.json, paper_cifar100.txt and paper_cifar100.log.
 set -uo pipefail
 
@@ -29,6 +29,7 @@ cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 PY=${PYTHON:-python3}
 CAP_PAPER=${CAP_PAPER:-200}
+[ "$DRY" -eq 1 ] && CAP_PAPER=${CAP_PAPER_DRY:-900}   # the CPU dry run: slow CPUs, shared machines
 STAGE_DIR=${STAGE_DIR:-.gpu_data}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_paper.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
