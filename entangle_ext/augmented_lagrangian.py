@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from . import _ext
+from . import _ext, _fwad
 from ._al_args import (Scalar, as_g, as_mu, check_dual_args, check_kind, check_same_device,
                        check_state_dtype, check_tensors)
 from ._overlap import check_disjoint
@@ -83,9 +83,12 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
             CPU tensor), non-finite g or mu (with check_finite; lam unchanged).
         RuntimeError: extension not loaded / CUDA tensor with a CPU-only build / lam requires grad
             / check_finite=True during CUDA-graph capture.
+        NotImplementedError: lam, g or mu carries a forward-mode tangent (``torch.func.jvp``,
+            ``jacfwd``, dual tensors): the step is not differentiable.
     """
     op = "dual_update_"
     check_tensors(op, lam=lam, g=g)
+    _fwad.refuse(op, lam, g, mu, why=_fwad.NOT_DIFFERENTIABLE)
     check_state_dtype(op, "lam", lam.dtype)
     lam_min, lam_max, damping = check_dual_args(op, kind, lam_min, lam_max, damping)
     if lam.requires_grad:
@@ -112,7 +115,9 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     constraint is active (lam_i + mu_i g_i > 0, term = lam_i g_i + mu_i g_i^2 / 2) and as
     -lam_i^2 / (2 mu_i) elsewhere (0 when lam_i = 0). Gradient with respect to g (fused backward
     kernel): equality lam + mu g; inequality max(0, lam + mu g). lam and mu are constants: no
-    gradient flows to them (they are detached). Double backward is not implemented.
+    gradient flows to them (they are detached). Double backward is not implemented. Forward mode
+    (``torch.func.jvp``, ``jacfwd``, dual tensors) works: the tangent is sum_i s_i t_i with s the
+    gradient above (no tangent flows from lam or mu).
 
     Args:
         g: ``(m,)`` constraint values (CPU or CUDA), usually requiring grad, in the dtype of
@@ -149,6 +154,8 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     lam_c = lam.detach().contiguous()
     check_same_device(op, lam_c, g=g, mu=mu_t)
     _ext.require(op, g, lam_c, mu_t)
+    if _fwad.has_tangent(g):  # forward mode (jvp/jacfwd/dual): register_autograd is reverse only
+        return _fwad.ALForward.apply(g, lam_c, mu_t.detach(), kind)
     return torch.ops.entangle_ext.augmented_lagrangian(g, lam_c, mu_t, kind)
 
 

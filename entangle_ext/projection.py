@@ -39,7 +39,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _ext
+from . import _ext, _fwad
 from ._projection_lists import (MAX_BASIS, DEFAULT_RCOND, check_k, check_rcond, check_ridge, check_tensor,
                                 gather_lists)
 
@@ -81,7 +81,9 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     torch.func transforms work (``grad``, ``vjp``, ``jacrev``, ``functional_call`` + ``grad``;
     ``vmap`` runs the operator once per batch entry). The in-place and split operators
     (`project_orthogonal_`, `projection_gram`, ...) have no autograd and are for gradients, not
-    inside a differentiated function.
+    inside a differentiated function. Forward mode (``torch.func.jvp``, ``jacfwd``, dual tensors)
+    works: the tangent of ``out`` is the projection of the tangent of ``g``. The in-place and split
+    operators raise NotImplementedError on an argument that carries a forward-mode tangent.
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
     non-finite entry in ``g`` or ``basis`` makes every coefficient and every entry of ``out``
@@ -208,6 +210,7 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
             build.
     """
     op = "project_orthogonal_"
+    _fwad.refuse(op, grads, basis, why=_fwad.NOT_DIFFERENTIABLE)
     rcond, ridge = check_rcond(op, rcond), check_ridge(op, "ridge", ridge)
     gs, flat, k, probe = gather_lists(op, grads, basis, inplace=True)
     if process_group is not None:
@@ -244,6 +247,7 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
             written, so ``grads`` may share memory with each other and with the basis).
     """
     op = "projection_gram"
+    _fwad.refuse(op, grads, basis, why=_fwad.NOT_DIFFERENTIABLE)
     gs, flat, k, probe = gather_lists(op, grads, basis, inplace=False)
     if not gs:
         dev = probe.device if probe is not None else "cpu"
@@ -274,6 +278,7 @@ def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis,
             not a ``(k,)`` float64 tensor on the device of ``grads``.
     """
     op = "projection_apply_"
+    _fwad.refuse(op, grads, basis, coeffs, why=_fwad.NOT_DIFFERENTIABLE)
     check_tensor(op, "coeffs", coeffs)
     gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True, also_read=[("coeffs", coeffs)])
     if not gs:
@@ -309,6 +314,7 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
         RuntimeError: the native extension is not built/loaded.
     """
     op = "projection_solve"
+    _fwad.refuse(op, gram, vg, why=_fwad.NOT_DIFFERENTIABLE)
     check_tensor(op, "gram", gram)
     check_tensor(op, "vg", vg)
     rcond, shift = check_rcond(op, rcond), check_ridge(op, "shift", shift)
@@ -382,6 +388,13 @@ class _ProjectOrthogonal(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _setup_context(ctx, inputs, output)
+        ctx.basis = inputs[1]   # for jvp (a constant: detached by project_orthogonal)
+
+    @staticmethod
+    def jvp(ctx, tg, _tbasis, _trcond, _tridge):
+        # linear in g with the basis constant: the tangent of out is the projection of the tangent
+        tout, _ = _ProjectOrthogonal.apply(tg.contiguous(), ctx.basis, ctx.rcond, ctx.ridge)
+        return tout, None
 
     @staticmethod
     def backward(ctx, grad_out, _grad_coeffs):

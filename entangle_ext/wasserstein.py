@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import _ext
+from . import _ext, _fwad
 from ._segments import OffsetsLike, normalize, reduce
 
 __all__ = ["wasserstein2_1d"]
@@ -70,7 +70,9 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         give an empty (or reduced) result that stays connected to the autograd graph. The autograd
         is a C++ function: the ``torch.func`` gradient transforms (``grad``, ``vjp``, ``jacrev``,
         ``functional_call`` + ``grad``) raise RuntimeError (``vmap`` of the forward works); for
-        per-sample gradients loop ``torch.autograd.grad`` over the samples.
+        per-sample gradients loop ``torch.autograd.grad`` over the samples. Forward mode
+        (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad`` dual tensors) works: the
+        tangent of segment s is the sum over s of the local gradients times the input tangents.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets.
@@ -85,9 +87,12 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
     if validate and cu.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{_OP}: validate=True reads values back to the host, which is not "
                            "allowed during CUDA-graph capture; pass validate=False")
-    w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(  # autograd sets grad_u/grad_v as needed
-        cu, cv, seg.u_offsets, seg.v_offsets, -1 if seg.max_seqlen is None else seg.max_seqlen,
-        False, False, validate)
+    max_seqlen = -1 if seg.max_seqlen is None else seg.max_seqlen
+    if _fwad.has_tangent(cu, cv):  # forward mode (jvp/jacfwd/dual): the C++ autograd is reverse only
+        w2, _, _ = _fwad.W2Forward.apply(cu, cv, seg.u_offsets, seg.v_offsets, max_seqlen, validate)
+    else:
+        w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(  # autograd sets grad_u/grad_v as needed
+            cu, cv, seg.u_offsets, seg.v_offsets, max_seqlen, False, False, validate)
     if seg.out_shape != (seg.num_segments,):
         w2 = w2.reshape(seg.out_shape)
     if w2.dtype != seg.input_dtype:

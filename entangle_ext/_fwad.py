@@ -1,0 +1,143 @@
+"""Forward-mode AD (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad`` dual tensors).
+
+The operators' registered autograd (the C++ autograd of `wasserstein2_1d`, the
+``torch.library.register_autograd`` of the augmented-Lagrangian term) is reverse mode only: under
+forward mode it used to give a zero / ``None`` tangent without an error. The wrappers therefore
+check for tangents (`has_tangent`, cheap: nothing is looked at when no dual level is open) and
+
+* route `wasserstein2_1d`, `augmented_lagrangian_term` (and `project_orthogonal`, whose
+  autograd.Function has a ``jvp``) through an autograd.Function with a ``jvp`` rule;
+* `refuse` (NotImplementedError) in the operators that are not differentiable
+  (`dual_update_`, `project_orthogonal_`, `projection_gram`, `projection_apply_`,
+  `projection_solve`), where a dropped tangent would otherwise read as a zero derivative.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.autograd.forward_ad as fwAD
+
+
+def has_tangent(*tensors) -> bool:
+    """True when any tensor argument (or tensor in a list/tuple argument) carries a forward-mode
+    tangent at an open dual level (``make_dual``, ``torch.func.jvp``, ``jacfwd``)."""
+    top = getattr(fwAD, "_current_level", 0)
+    if top < 0:  # no dual level open: no tensor can have a tangent
+        return False
+    for t in _flatten(tensors):
+        for level in range(top + 1):
+            if fwAD.unpack_dual(t, level=level).tangent is not None:
+                return True
+    return False
+
+
+def _flatten(xs) -> Iterable[torch.Tensor]:
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            yield from _flatten(x)
+
+
+def message(op: str) -> str:
+    return (f"forward-mode AD (jvp/jacfwd/dual tensors) is not supported by entangle_ext.{op}; use "
+            "reverse mode (torch.autograd.grad / torch.func.grad / vjp)")
+
+
+def refuse(op: str, *tensors, why: str = "") -> None:
+    """Raise NotImplementedError when a tensor argument of `op` carries a forward-mode tangent."""
+    if has_tangent(*tensors):
+        raise NotImplementedError(message(op) + (f" ({why})" if why else ""))
+
+
+NOT_DIFFERENTIABLE = ("it is not differentiable: its result would carry no tangent, which reads as "
+                      "a zero derivative; pass tensors without tangents, e.g. fwAD.unpack_dual(x).primal")
+
+
+def _segment_sum(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Per-segment sums of the flat ``x`` (N,) with ``(S+1,)`` offsets; no host synchronisation.
+    Elements outside [offsets[0], offsets[-1]) (malformed offsets, validate=False) are dropped."""
+    S = offsets.shape[0] - 1
+    pos = torch.arange(x.shape[-1], device=offsets.device, dtype=offsets.dtype)
+    ids = torch.searchsorted(offsets[1:].contiguous(), pos, right=True)
+    inside = (ids < S) & (pos >= offsets[0])
+    src = torch.where(inside.to(x.device), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return x.new_zeros((S,)).index_add(0, ids.clamp(max=max(S - 1, 0)).to(x.device), src)
+
+
+class W2Forward(torch.autograd.Function):
+    """``entangle_ext::wasserstein2_1d`` with a forward-mode rule. The kernel returns the local
+    gradients du = dW2^2_s/du, dv = dW2^2_s/dv, so the tangent of segment s is
+    sum_{i in s} du_i tu_i + sum_{j in s} dv_j tv_j. Used only when an input carries a tangent (the
+    reverse-only C++ autograd stays the fast path); its backward is the operator's backward."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(u, v, uo, vo, max_seqlen, validate):
+        with torch.no_grad():
+            w2, du, dv = torch.ops.entangle_ext.wasserstein2_1d(u, v, uo, vo, max_seqlen, True, True,
+                                                                validate)
+        return w2, du, dv
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, _, uo, vo, _, _ = inputs
+        _, du, dv = output
+        ctx.mark_non_differentiable(du, dv)
+        ctx.save_for_backward(du, dv, uo, vo)
+        ctx.fw = (du, dv, uo, vo)
+
+    @staticmethod
+    def jvp(ctx, tu, tv, *_):
+        du, dv, uo, vo = ctx.fw
+        t = None
+        if tu is not None:
+            t = _segment_sum(du * tu, uo)
+        if tv is not None:
+            tv_s = _segment_sum(dv * tv, vo)
+            t = tv_s if t is None else t + tv_s
+        return t, None, None
+
+    @staticmethod
+    def backward(ctx, grad, _gdu, _gdv):
+        du, dv, uo, vo = ctx.saved_tensors
+        gu, gv = torch.ops.entangle_ext.wasserstein2_1d_backward(grad.contiguous(), du, dv, uo, vo)
+        return (gu if ctx.needs_input_grad[0] else None, gv if ctx.needs_input_grad[1] else None,
+                None, None, None, None)
+
+
+class ALForward(torch.autograd.Function):
+    """``entangle_ext::augmented_lagrangian`` with a forward-mode rule: the tangent is
+    sum_i s_i t_i with s = lam + mu g (equality) or max(0, lam + mu g) (inequality), the gradient
+    of the term; lam and mu are constants (no tangent flows from them, as no gradient does)."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(g, lam, mu, kind):
+        with torch.no_grad():
+            return torch.ops.entangle_ext.augmented_lagrangian(g, lam, mu, kind)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        g, lam, mu, kind = inputs
+        ctx.save_for_backward(g, lam, mu)
+        ctx.fw = (g, lam, mu)
+        ctx.kind = kind
+
+    @staticmethod
+    def jvp(ctx, tg, *_):
+        g, lam, mu = ctx.fw
+        slope = lam + mu * g
+        if ctx.kind == "inequality":
+            slope = slope.clamp(min=0)
+        return (slope * tg).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g, lam, mu = ctx.saved_tensors
+        gg = None
+        if ctx.needs_input_grad[0]:
+            gg = torch.ops.entangle_ext.augmented_lagrangian_backward(grad.contiguous(), g, lam, mu,
+                                                                      ctx.kind)
+        return gg, None, None, None
