@@ -189,7 +189,8 @@ def _refusing_cases():
     vg = torch.tensor([1.0, -1.0], dtype=F64)
     coeffs = torch.tensor([0.5], dtype=F64)
     return {
-        "dual_update_": (lambda x: ee.dual_update_(lam.clone(), x, 1.0), torch.tensor([0.5, -1.0], dtype=F64)),
+        "dual_update_": (lambda x: ee.dual_update_(lam.clone(), x, 1.0),
+                         torch.tensor([0.5, -1.0], dtype=F64)),
         "dual_update_/lam": (lambda x: ee.dual_update_(x, torch.tensor([0.5, -1.0], dtype=F64), 1.0), lam),
         "project_orthogonal_": (lambda x: ee.project_orthogonal_([x.clone()], [[b]]), g),
         "project_orthogonal_/basis": (lambda x: ee.project_orthogonal_([g.clone()], [[x]]), b),
