@@ -22,9 +22,11 @@ original-model files) is checked before any data is loaded or model trained: bad
 ``entangle-unlearn: error: ...`` line and exits with code 2.
 
 Reusing an ``--out`` that holds a run without ``--resume`` overwrites it, after a one-line
-warning. ``--resume`` continues a run with the same ``--method``, data and configuration: another
-method, or another configuration without ``--allow-config-change``, is refused before any data is
-loaded; other data once the data is known (the same checks as ``entangle_ext.unlearn``).
+warning; an ``--out`` that another live run is writing (its lock ``OUT/.entangle_ext.lock`` is
+held) is refused with a one-line error naming that run (exit code 2). ``--resume`` continues a
+run with the same ``--method``, data and configuration: another method, or another configuration
+without ``--allow-config-change``, is refused before any data is loaded; other data once the data
+is known (the same checks as ``entangle_ext.unlearn``).
 
 Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
 original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
@@ -232,9 +234,12 @@ def _interrupted(argv: List[str], out: str) -> int:
 
 def _run(args, plan: _Plan) -> int:
     from .unlearn.distributed import process_group_from_env
+    from .unlearn.lock import out_dir_lock
 
-    # under torchrun: one process per rank (NCCL on GPUs, else gloo); the group is destroyed on the way out
-    with process_group_from_env(plan.device) as (procs, device):
+    # under torchrun: one process per rank (NCCL on GPUs, else gloo); the group is destroyed on the way out.
+    # One live run per --out: rank 0 locks it before the original model is trained / cached there
+    # (OutDirInUseError, a one-line error, when another run holds it; released on any exit)
+    with process_group_from_env(plan.device) as (procs, device), out_dir_lock(args.out, procs):
         return _run_ranks(args, plan, procs, device)
 
 

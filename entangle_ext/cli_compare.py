@@ -14,11 +14,14 @@ seed). ``--jobs N`` runs N (method, seed) runs at a time in worker processes sha
 (`entangle_ext.compare_jobs`; on a CPU, e.g. one worker per core; the queue and the workers' logs
 under ``<out>/jobs/`` are removed when every worker succeeded, kept after a failure or interrupt);
 ``--budget F`` scales every method's epochs by one common factor (``from entangle_ext.compare
-import scale_budget``).
+import scale_budget``). One live comparison per ``--out``: it is locked (``OUT/.entangle_ext.lock``,
+released when the process ends however it ends) and a second comparison, or an
+``entangle-unlearn`` run, into a locked dir is refused with a one-line error.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -114,6 +117,7 @@ def main(argv=None) -> int:
                                worker_command)
     from .settings import get_setting, prepare
     from .threads import default_threads, torch_threads
+    from .unlearn.lock import out_dir_lock
 
     args = build_parser().parse_args(argv)
     out = args.out or f"runs/compare_{args.setting}"
@@ -135,9 +139,11 @@ def main(argv=None) -> int:
     # SIGTERM / SIGHUP (a kill, a closed terminal) stop like Ctrl-C: --jobs workers are terminated
     stop = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     try:
-        with torch_threads(threads), sigterm_interrupts(*stop):
+        with torch_threads(threads), sigterm_interrupts(*stop), contextlib.ExitStack() as stack:
             if args.worker is not None:
                 die_with_parent(Path(args.worker))   # SIGTERM when the parent exits (Linux)
+            else:   # one live comparison per --out (its workers share the parent's lock)
+                stack.enter_context(out_dir_lock(out))
             run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
                           cache_dir=out, progress=not args.no_progress, data=data, model=model)
             relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)

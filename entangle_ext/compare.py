@@ -41,6 +41,7 @@ from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, e
 from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.inputs import model_device
+from .unlearn.lock import out_dir_lock
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
 from .unlearn.files import atomic_write
 from .unlearn.report import plot_available
@@ -503,7 +504,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             (`scale_budget`: epochs rounded up; also the configs given in ``configs``; not a
             `MethodSpec` given as such); said under the table when it is not 1.
         write_tables: False writes only the per-run cache under ``out_dir`` (no table, JSON or
-            PNG; what the workers of ``entangle-unlearn compare --jobs N`` do).
+            PNG; what the workers of ``entangle-unlearn compare --jobs N`` do). With True (the
+            default) ``out_dir`` is locked for the call (``OUT/.entangle_ext.lock``): a second
+            live comparison or unlearning run into it raises `OutDirInUseError` (a ValueError),
+            before any run; without, no lock is taken (the cache writes are atomic).
         progress: a tqdm bar over the (method, seed) runs.
     Returns: `ComparisonResult`. A run that stops on a non-finite loss (`NonFiniteLossError`, e.g. a
         baseline whose preset diverges on this model), or whose unlearned model returns non-finite
@@ -538,45 +542,48 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     check_batch_size(batch_size, "compare: batch_size")
     if mia_max_samples is not None and not (isinstance(mia_max_samples, int) and mia_max_samples >= 1):
         raise ValueError(f"compare: mia_max_samples must be None or an int >= 1, got {mia_max_samples!r}")
+    # one live comparison per out dir (OutDirInUseError otherwise); write_tables=False (the --jobs
+    # workers) only adds to the per-run cache, atomically, under the lock of the parent
     from .unlearn.metrics import require_metric_dependencies
     require_metric_dependencies()   # before any run: MIA-efficacy needs scikit-learn
-    device = model_device(model, device)
-    model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
-    rl = _relearn_settings(relearn, model, splits, device, batch_size)
-    metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
-    fp, cache = fingerprint(model, splits), _Cache(out_dir, device)
-    runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
-    retrained: Dict[int, dict] = {}
-    failures: Dict[str, Dict[int, str]] = {}
-    bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
-    for spec in specs:
-        for seed in seeds:
-            ref = retrained.get(seed)
-            key = _key(CACHE_FORMAT, spec.name, seed, spec.hparams, fp, metric_kw, ref and ref["key"])
-            bar.set_postfix_str(f"{spec.name} seed {seed}")
-            rec = cache.load(spec.name, seed, key)
-            if rec is None:
-                try:
-                    rec = {"key": key, **_run_one(spec, model, splits, seed, device=device,
-                                                  retrained=ref and ref["metrics"], metric_kw=metric_kw)}
-                except (NonFiniteLossError, _Diverged) as e:   # a diverging method is a result, not a crash
-                    rec = {"key": key, "method": spec.name, "seed": seed, "metrics": {}, "failed": str(e)}
-                cache.save(spec.name, seed, rec)
-            if rec.get("failed"):
-                failures.setdefault(spec.name, {})[seed] = rec["failed"]
-            elif spec.name == "retrain":
-                retrained[seed] = rec
-            runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
-            bar.update(1)
-    bar.close()
-    order = [s.name for s in specs]
-    summary = summarize(runs)
-    table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget)
-    res = ComparisonResult(table=table, summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
-                           hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget)
-    if out_dir is not None and write_tables:
-        _write(res, Path(out_dir), fp)
-    return res
+    with out_dir_lock(out_dir if write_tables else None):
+        device = model_device(model, device)
+        model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
+        rl = _relearn_settings(relearn, model, splits, device, batch_size)
+        metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
+        fp, cache = fingerprint(model, splits), _Cache(out_dir, device)
+        runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
+        retrained: Dict[int, dict] = {}
+        failures: Dict[str, Dict[int, str]] = {}
+        bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
+        for spec in specs:
+            for seed in seeds:
+                ref = retrained.get(seed)
+                key = _key(CACHE_FORMAT, spec.name, seed, spec.hparams, fp, metric_kw, ref and ref["key"])
+                bar.set_postfix_str(f"{spec.name} seed {seed}")
+                rec = cache.load(spec.name, seed, key)
+                if rec is None:
+                    try:
+                        rec = {"key": key, **_run_one(spec, model, splits, seed, device=device,
+                                                      retrained=ref and ref["metrics"], metric_kw=metric_kw)}
+                    except (NonFiniteLossError, _Diverged) as e:   # a diverging method is a result, not a crash
+                        rec = {"key": key, "method": spec.name, "seed": seed, "metrics": {}, "failed": str(e)}
+                    cache.save(spec.name, seed, rec)
+                if rec.get("failed"):
+                    failures.setdefault(spec.name, {})[seed] = rec["failed"]
+                elif spec.name == "retrain":
+                    retrained[seed] = rec
+                runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
+                bar.update(1)
+        bar.close()
+        order = [s.name for s in specs]
+        summary = summarize(runs)
+        table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget)
+        res = ComparisonResult(table=table, summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
+                               hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget)
+        if out_dir is not None and write_tables:
+            _write(res, Path(out_dir), fp)
+        return res
 
 
 def _write(res: ComparisonResult, out: Path, fp: str) -> None:

@@ -7,12 +7,14 @@ from .disjoint import OverlappingSplitsWarning
 from .data import BatchLargerThanSplitWarning
 from .driver import OutDirReusedWarning, UnlearnResult, unlearn
 from .evaluate import evaluate
+from .lock import OutDirInUseError
 from .loop import NonFiniteLossError, RunInterrupted, StageLoop, StageResult
 from .report import format_table, plot_forget_histograms
 from .stages import stage1, stage2
 
 __all__ = ["unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
            "stage1", "stage2", "evaluate", "format_table", "plot_forget_histograms",
-           "NonFiniteLossError", "RunInterrupted", "OutDirReusedWarning", "StageResult", "StageLoop",
+           "NonFiniteLossError", "RunInterrupted", "OutDirReusedWarning", "OutDirInUseError",
+           "StageResult", "StageLoop",
            "load_checkpoint", "seed_everything", "PRESETS", "RECIPES", "OverlappingSplitsWarning",
            "BatchLargerThanSplitWarning"]

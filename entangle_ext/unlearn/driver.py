@@ -20,6 +20,7 @@ from .data import Splits
 from .distributed import current, scope, unwrap
 from .evaluate import evaluate
 from .inputs import check_model_and_splits, model_device, preflight, require_trainable, training_flags_kept
+from .lock import OutDirLock
 from .loop import check_final_losses
 from .method import get_method
 from .method_run import run_method
@@ -79,6 +80,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
             Ctrl-C / SIGTERM). A directory that already holds a run (its report.json or
             checkpoints/) is overwritten, with an `OutDirReusedWarning`, unless ``resume`` is given.
+            One live run per dir: the run locks it (``OUT/.entangle_ext.lock``, an OS lock that
+            ends with the process, so a killed run leaves no stale lock) from its checks to its
+            return, and a second run into a locked dir raises `OutDirInUseError`.
         resume: checkpoint path / out dir / loaded dict; continues from that point (``config``
             None: the checkpoint's config), for every method. The checkpoint must have been
             written by ``method`` itself (not by another member of the two-stage family, nor a
@@ -125,6 +129,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             ``device`` this process cannot use (e.g. "cuda" without a GPU), no trainable parameters (also a model without
             any parameter), an invalid config, a resume from a checkpoint of another method
             (names both), or whose splits or config differ (TypeError for a wrong field type).
+        OutDirInUseError (a ValueError; ``entangle_ext.OutDirInUseError``): another
+            live run (another process, or another thread) holds ``out_dir``; raised after the
+            input checks, before any training or file written; names its pid, host, start time
+            and command.
         NonFiniteLossError (a ValueError; ``entangle_ext.NonFiniteLossError``): NaN/Inf loss;
             names the stage and step; the last good checkpoint is kept (without one, the message
             says why none was written and what keeps one). Also when the final evaluation gives
@@ -140,8 +148,14 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     if not inplace:
         model = _copy(model)
     # warned once the configuration and splits are known to be valid, at the caller's line
-    checked = _reuse_warning(out_dir, sys._getframe(1)) if resume is None else None
-    with training_flags_kept(model):
+    warn = _reuse_warning(out_dir, sys._getframe(1)) if resume is None else None
+    lock = OutDirLock(out_dir)
+
+    def checked():   # the checks passed: lock the out dir (one live run per dir), then warn
+        lock.acquire()
+        if warn is not None:
+            warn()
+    with lock, training_flags_kept(model):
         if not spec.two_stage:
             return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
                               seed=seed, device=device, out_dir=out_dir, resume=resume,

@@ -15,6 +15,7 @@ from .checkpoint import (Checkpointer, check_resume, load_resume, preserved_glob
 from .data import Splits
 from .distributed import scope
 from .evaluate import evaluate
+from .lock import OutDirLock
 from .loop import check_final_losses
 from .inputs import check_model_and_splits, model_device, preflight, require_trainable
 from .report import UnlearnResult, build_report, format_table, write_report
@@ -116,13 +117,16 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             split, bad labels, no trainable parameters, a non-finite loss of the original model
             on any split (names the split and the sample indices; raised before any training), a
             checkpoint of another method, a resume whose splits differ, or whose config differs
-            without ``allow_config_change``; NonFiniteLossError (a ValueError) for a NaN/Inf loss
-            during unlearning (names the step) or in the final evaluation (the run diverged).
+            without ``allow_config_change``; OutDirInUseError (a ValueError) when another live
+            run holds ``out_dir`` (after the checks, before any training); NonFiniteLossError (a
+            ValueError) for a NaN/Inf loss during unlearning (names the step) or in the final
+            evaluation (the run diverged).
     """
     warm_imports()
     check_model_and_splits(model, splits, "unlearn")
     cls.check_arguments(setting, hparams, model_fn)
-    with preserved_global_state(), scope(model) as (d, model):
+    lock = OutDirLock(out_dir)   # taken once the checks passed (re-entrant under `entangle_ext.unlearn`)
+    with lock, preserved_global_state(), scope(model) as (d, model):
         ckpt = load_resume(resume, cls.name)
         from_preset = config is None and ckpt is None
         config, fingerprint, changes = _checked(cls, splits, config, ckpt, setting=setting, hparams=hparams,
@@ -131,6 +135,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         device = model_device(model, device)
         model.to(device).eval()
         C = preflight(model, splits, device)
+        lock.acquire(d)   # one live run per out dir: OutDirInUseError before any training
         if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
             on_checked()
         seed_everything(config.seed)   # after the checks, as in the two-stage driver
