@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from .unlearn import seed_everything
-from .unlearn.data import BatchStream, forward_logits, split_batch, union_source
+from .unlearn.data import BatchStream, forward_logits, has_batchnorm, split_batch, union_source
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
 from .unlearn.precision import model_dtype
@@ -40,7 +40,9 @@ class TrainRecipe:
         optimizer: "sgd" (with ``momentum``), "adam" or "adamw" (``torch.optim``, default betas/eps).
         lr: learning rate (peak value under "cosine").
         epochs: passes over the union of the training datasets (0 = leave the model as built).
-        batch_size: samples per step (the last batch of an epoch may be smaller).
+        batch_size: samples per step (the last batch of an epoch may be smaller; for a model with
+            BatchNorm a 1-sample tail is folded into the batch before it, see `BatchStream`
+            in ``entangle_ext/unlearn/data.py``).
         momentum: SGD momentum (ignored by Adam/AdamW).
         weight_decay: the optimizer's weight decay (L2 for SGD/Adam, decoupled for AdamW).
         schedule: "constant", or "cosine" = `CosineAnnealingLR` over all steps, stepped per batch.
@@ -210,7 +212,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         raise ValueError("train_original needs at least one non-empty dataset")
     seed_everything(seed)
     stream = BatchStream(data, recipe.batch_size, shuffle=False, seed=seed, name="train/original", device=device,
-                         input_dtype=model_dtype(model), training=True)
+                         input_dtype=model_dtype(model), training=True, fold_tail=has_batchnorm(model))
     gen = torch.Generator().manual_seed(seed)
     opt = _optimizer(model, recipe)
     steps = len(stream)
@@ -219,7 +221,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
     bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
     model.train()
     for e in range(recipe.epochs):
-        for idx in torch.randperm(stream.n, generator=gen).split(recipe.batch_size):
+        for idx in stream.split(torch.randperm(stream.n, generator=gen)):   # no 1-sample batch
             inputs, y = split_batch(stream.fetch(idx))
             if recipe.augment and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
                 inputs = cifar_augment(inputs, gen, recipe.crop_padding)

@@ -58,7 +58,9 @@ class Retrain(UnlearningMethod):
     by `entangle_ext.train.train_original` on ``[splits.adjacent, splits.remote]`` — the forget
     split is never read — with ``config.recipe`` and ``config.seed`` (which also seeds the global
     generators just before the fresh weights are drawn); the weights are then loaded
-    into ``model`` (updated in place like every method). Presets: the setting's original-model
+    into ``model`` (updated in place like every method). The caller's weights are restored when the
+    run raises (a failed step, non-finite weights, an interrupt): a failed Retrain never leaves a
+    re-initialised or half-trained model behind. Presets: the setting's original-model
     recipe (`entangle_ext.settings`, default variant) under both keys; "original" on cifar100 is
     Unlearn-Sparse's retrain (SGD lr 0.1, 160 epochs; its step schedule at epochs 91/136 becomes
     cosine here). A ``model_fn`` that returns anything but a `torch.nn.Module` is a TypeError."""
@@ -73,6 +75,16 @@ class Retrain(UnlearningMethod):
         return RetrainConfig(recipe=config) if isinstance(config, TrainRecipe) else config
 
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
+        saved = _saved_state(model)   # the caller's weights come back if anything below raises
+        try:
+            self._retrain(model, splits, config, device=device, seed=seed, progress=progress)
+        except BaseException:         # also KeyboardInterrupt: no re-initialised model left behind
+            with torch.no_grad():
+                model.load_state_dict(saved)
+            raise
+        return []
+
+    def _retrain(self, model, splits, config, *, device, seed, progress):
         seed_everything(seed)   # the initial weights: a function of the seed alone (not of what ran before)
         fresh = self.model_fn() if self.model_fn is not None else None
         if fresh is None:
@@ -90,4 +102,12 @@ class Retrain(UnlearningMethod):
                     from None
         if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
             raise ValueError("retraining produced non-finite weights (lower the recipe's learning rate)")
-        return []
+
+
+def _saved_state(model: torch.nn.Module) -> dict:
+    """A detached copy of ``model.state_dict()`` (on the CPU; sharded DTensors copied where they are)."""
+    def copy(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.detach().clone() if type(v).__name__ == "DTensor" else v.detach().to("cpu", copy=True)
+    return {k: copy(v) for k, v in model.state_dict().items()}

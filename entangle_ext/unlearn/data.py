@@ -32,7 +32,7 @@ from .precision import autocast_for
 
 __all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "forward_logits", "move_batch", "batch_size_of",
            "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
-           "check_batch_size"]
+           "check_batch_size", "has_batchnorm"]
 
 #: Label dtypes accepted (cast to int64 where batches are made).
 LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16,
@@ -159,6 +159,14 @@ class Splits:
         check_disjoint({n: getattr(self, n) for n in self.TRAIN if getattr(self, n) is not None})
 
 
+def has_batchnorm(model: Optional[torch.nn.Module]) -> bool:
+    """Whether ``model`` holds a BatchNorm layer (``torch.nn.BatchNorm1d/2d/3d``, their lazy forms,
+    ``SyncBatchNorm``), whatever its train/eval mode: its training streams fold 1-sample tails
+    (`BatchStream`)."""
+    return model is not None and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                                     for m in model.modules())
+
+
 def stream_seed(seed: int, stream: str, epoch: int) -> int:
     h = hashlib.sha256(f"{seed}/{stream}/{epoch}".encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
@@ -189,6 +197,17 @@ class BatchStream:
     (no drop_last), as with a DataLoader. Datasets without ``.tensors`` are loaded through a
     DataLoader over the stream's own index batches (workers, prefetching).
 
+    One-sample tails: a training stream of a model with BatchNorm never delivers a batch of one
+    sample (BatchNorm in train mode cannot normalise it: "Expected more than 1 value per channel
+    when training"). With ``fold_tail`` (None, the default: ``training``; the library's training
+    streams pass ``training and has_batchnorm(model)``), when ``n % batch_size == 1`` and
+    ``n > batch_size`` the 1-sample tail of every epoch is folded into the batch before it (that
+    batch has ``batch_size + 1`` samples, e.g. [64, 65] for n = 129): every sample is still used
+    once per epoch, ``len(stream)`` is one fewer, and the fold is a function of (n, batch_size)
+    alone, so orders, counters and resumes stay deterministic. Models without BatchNorm and
+    evaluation streams keep the plain split (a 1-sample last batch, which under several ranks gives
+    one rank an empty part). A split of one sample is still one batch of one.
+
     Under several ranks (``dist``, default: the `current` run of ``entangle_ext/unlearn/distributed.py``)
     ``batch_size`` is the global batch: every rank computes the same global order and index
     batches and loads only its contiguous part of each (`Dist.shard`; docs/algorithm.md §11), so
@@ -199,7 +218,7 @@ class BatchStream:
 
     def __init__(self, data, batch_size: int, *, shuffle: bool, seed: int, name: str, device,
                  input_dtype: Optional[torch.dtype] = None, replay_first: bool = False,
-                 dist: Optional[Dist] = None, training: bool = False):
+                 dist: Optional[Dist] = None, training: bool = False, fold_tail: Optional[bool] = None):
         self.source = as_source(data)
         self.dataset = self.source.dataset
         self.batch_size = check_batch_size(batch_size, f"the batch size of stream {name!r}")
@@ -207,6 +226,10 @@ class BatchStream:
         self.seed, self.name, self.device, self.input_dtype = seed, name, device, input_dtype
         self.dist = dist if dist is not None else current()
         self.n = len(self.dataset)
+        self.training = bool(training)
+        #: the 1-sample tail of each epoch is folded into the batch before it (see the docstring)
+        fold_tail = self.training if fold_tail is None else bool(fold_tail)
+        self.fold = fold_tail and self.n > self.batch_size and self.n % self.batch_size == 1
         if training and 0 < self.n < self.batch_size:
             warnings.warn(f"stream {name!r}: batch size {self.batch_size} is larger than its split "
                           f"({self.n} samples): every batch is the whole split, one step per epoch",
@@ -217,7 +240,16 @@ class BatchStream:
         self._last_order: Optional[Tuple[int, torch.Tensor]] = None
 
     def __len__(self) -> int:
-        return (self.n + self.batch_size - 1) // self.batch_size
+        return (self.n + self.batch_size - 1) // self.batch_size - int(self.fold)
+
+    def split(self, order: torch.Tensor) -> List[torch.Tensor]:
+        """``order`` (a permutation of the n indices) cut into this stream's index batches: runs of
+        ``batch_size``, the last one smaller, or ``batch_size + 1`` when a 1-sample tail is folded
+        (``self.fold``)."""
+        parts = list(torch.split(order, self.batch_size))
+        if self.fold and len(parts) >= 2 and parts[-1].numel() == 1:
+            parts[-2:] = [torch.cat(parts[-2:])]
+        return parts
 
     def order(self, epoch: int) -> torch.Tensor:
         """The sample order of epoch ``epoch`` (the last one asked for is kept)."""
@@ -231,7 +263,7 @@ class BatchStream:
 
     def global_batch_indices(self, epoch: int) -> List[torch.Tensor]:
         """The index batches of epoch ``epoch`` (global: the batches of one process)."""
-        return list(torch.split(self.order(epoch), self.batch_size))
+        return self.split(self.order(epoch))
 
     def batch_indices(self, epoch: int) -> List[torch.Tensor]:
         """This rank's part of each index batch of epoch ``epoch`` (all of it for one process)."""
@@ -244,7 +276,8 @@ class BatchStream:
     def shard_span(self, pos: int) -> Tuple[int, int, int]:
         """(lo, hi, n): this rank's positions [lo, hi) within global batch ``pos`` of an epoch,
         and that batch's size n (host arithmetic, no data)."""
-        n = min(self.batch_size, self.n - pos * self.batch_size)
+        n = self.batch_size + 1 if self.fold and pos == len(self) - 1 else \
+            min(self.batch_size, self.n - pos * self.batch_size)
         return (*self.dist.shard_span(n), n)
 
     def _finish(self, batch):

@@ -95,7 +95,11 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             keep their saved values; optimizer hyperparameters are the new config's).
         inplace: True (default): ``model`` itself is updated (its weights change); False: a deep
             copy is unlearned and returned, ``model`` is left untouched (not for FSDP models,
-            which cannot be copied).
+            which cannot be copied). When the call raises, ``model`` (with inplace=True) holds
+            the weights of the last step taken — its original weights when no step was taken
+            (the checks, pre-flight and evaluations change nothing) — and a checkpoint (with
+            ``out_dir``) is what resumes; Retrain, whose steps train a re-initialised model,
+            restores the original weights instead.
         progress: tqdm bars (rank 0 only under several ranks).
     Several processes (``torchrun``; docs/algorithm.md §11): when `torch.distributed` is
     initialised with more than one rank, every rank calls ``unlearn`` with the same arguments and

@@ -13,7 +13,7 @@ import torch
 
 from .checkpoint import optimizer_entry
 from .fields import StrictFields, at_least, check_fields
-from .data import BatchStream, Splits
+from .data import BatchStream, Splits, has_batchnorm
 from .distributed import current
 from .loop import StageLoop
 from .precision import model_dtype
@@ -183,7 +183,7 @@ class UnlearningMethod:
         shuffled unless ``shuffle`` is False; its floating inputs are cast to ``model``'s dtype
         (`model_dtype`), as in the two-stage driver."""
         return cls(data, batch_size, shuffle=shuffle, seed=seed, name=f"{self.name}/{name}", device=device,
-                   input_dtype=model_dtype(model), training=True)
+                   input_dtype=model_dtype(model), training=True, fold_tail=has_batchnorm(model))
 
     @staticmethod
     def set_epoch_lr(opt: torch.optim.Optimizer, cfg, step: int, steps_per_epoch: int) -> None:

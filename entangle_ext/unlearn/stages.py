@@ -20,7 +20,7 @@ from ..lagrangian import AugmentedLagrangian
 from ..projection import project_orthogonal_
 from .checkpoint import Reconfigured, optimizer_entry
 from .config import Stage1Config, Stage2Config
-from .data import BatchStream, Splits, batch_size_of
+from .data import BatchStream, Splits, batch_size_of, has_batchnorm
 from .distributed import Dist, current, scope
 from .inputs import model_device, require_trainable
 from .loop import NonFiniteLossError, StageLoop, StageResult, updating
@@ -37,7 +37,8 @@ CheckpointFn = Callable[[int, Dict[str, Any]], Optional[str]]
 def _stream(splits: Splits, name: str, batch_size: int, model, seed: int, stream: str, device,
             **kw) -> BatchStream:
     return BatchStream(splits.source(name), batch_size, shuffle=True, seed=seed, name=stream,
-                       device=device, input_dtype=model_dtype(model), training=True, **kw)
+                       device=device, input_dtype=model_dtype(model), training=True,
+                       fold_tail=has_batchnorm(model), **kw)
 
 
 @torch.no_grad()
