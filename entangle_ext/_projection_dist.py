@@ -3,7 +3,7 @@
 
 Each rank holds a disjoint part of g and V. The partial Gram and V g of every shard
 (``projection_gram``) add up to those of the whole, so one all-reduce (sum) of k*k + k float64
-numbers gives every rank the same system; every rank then runs the same solve (``projection_solve``)
+numbers gives every rank the same system; every rank then runs the same solve (the ``projection_solve`` operator)
 and projects its own shard (``projection_apply_``). For float64 tensors the rows are first rescaled
 by powers of two from their global max |.| (a max all-reduce), which the single-process kernels do
 only when squares under- or overflow; without data-dependent branches here, no rank ever waits for
@@ -56,7 +56,7 @@ def project_sharded_(gs: List[torch.Tensor], flat: List[torch.Tensor], k: int,
     import torch.distributed as dist
 
     from . import _ext
-    from .projection import projection_solve
+    from ._projection_lists import check_rcond
 
     if probe is None:
         raise ValueError("project_orthogonal_: with process_group every rank must pass its "
@@ -80,7 +80,9 @@ def project_sharded_(gs: List[torch.Tensor], flat: List[torch.Tensor], k: int,
         G.diagonal().add_(sh if scale is None else _ldexp(sh, 2 * _exponent(scale[:k])))
     buf = torch.cat([G.reshape(-1), b])
     dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-    c = projection_solve(buf[:k * k].view(k, k), buf[k * k:], rcond=rcond)
+    G, b = buf[:k * k].view(k, k).contiguous(), buf[k * k:].contiguous()
+    c = op.projection_solve(G, b, check_rcond("project_orthogonal_", rcond), 0.0)   # as projection.projection_solve
+    c = torch.where(torch.isfinite(G).all() & torch.isfinite(b).all(), c, float("nan"))
     if scale is None:
         c_apply, c_user = c, c
     else:
