@@ -24,7 +24,7 @@ from .unlearn import seed_everything
 from .unlearn.data import BatchStream, forward_logits, has_batchnorm, split_batch, union_source
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
-from .unlearn.precision import model_dtype
+from .unlearn.precision import AMP_DTYPES, LOW_PRECISION, amp_scope, model_dtype
 
 __all__ = ["TrainRecipe", "train_original", "load_model_file", "cifar_augment"]
 
@@ -50,6 +50,11 @@ class TrainRecipe:
             (`cifar_augment`) on image batches ((B, C, H, W) tensors); ignored for other inputs.
         crop_padding: the translation range in pixels (4 = the usual CIFAR RandomCrop(32,
             padding=4); 0 = flips only).
+        amp: None (the parameters' dtype) or "bf16": forward passes under
+            `torch.autocast(dtype=torch.bfloat16)` (`entangle_ext.unlearn.precision.amp_scope`),
+            the loss in float32 from the bfloat16 logits, float32 weights and optimizer state. On
+            CPU it pays only where `cpu_has_bf16_matmul()` is True. Left out of `to_dict` (and so
+            of the original-model cache key) when None.
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
             momentum or weight decay, a negative crop_padding.
@@ -63,6 +68,7 @@ class TrainRecipe:
     schedule: Schedule = "cosine"
     augment: bool = False
     crop_padding: int = 4
+    amp: Optional[str] = None
 
     def __post_init__(self):
         if self.optimizer not in ("sgd", "adam", "adamw"):
@@ -79,13 +85,18 @@ class TrainRecipe:
             raise ValueError("TrainRecipe.momentum and weight_decay must be >= 0")
         if int(self.crop_padding) != self.crop_padding or self.crop_padding < 0:
             raise ValueError(f"TrainRecipe.crop_padding must be an integer >= 0, got {self.crop_padding}")
+        if self.amp is not None and self.amp not in AMP_DTYPES:
+            raise ValueError(f"TrainRecipe.amp must be None or one of {sorted(AMP_DTYPES)}, got {self.amp!r}")
 
     def replace(self, **changes) -> "TrainRecipe":
         """A copy with ``changes`` applied (validated); None values are ignored."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["amp"] is None:   # recipes from before the field hash (and cache) as they did
+            del d["amp"]
+        return d
 
 
 def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None, padding: int = 4) -> torch.Tensor:
@@ -220,19 +231,8 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         if recipe.schedule == "cosine" else None
     bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
     model.train()
-    for e in range(recipe.epochs):
-        for idx in stream.split(torch.randperm(stream.n, generator=gen)):   # no 1-sample batch
-            inputs, y = split_batch(stream.fetch(idx))
-            if recipe.augment and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
-                inputs = cifar_augment(inputs, gen, recipe.crop_padding)
-            loss = F.cross_entropy(forward_logits(model, inputs), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", epoch=e + 1)  # one host read per epoch
+    with amp_scope(recipe.amp):
+        _train_epochs(model, stream, recipe, opt, sched, gen, bar)
     bar.close()
     model.eval()
     if cache is not None:
@@ -241,3 +241,23 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",
                      hint="the trained model is returned but not cached: free space, or pass cache=None")
     return model
+
+
+def _train_epochs(model, stream, recipe: TrainRecipe, opt, sched, gen, bar) -> None:
+    """The epochs of `train_original` (inside its `amp_scope`)."""
+    for e in range(recipe.epochs):
+        for idx in stream.split(torch.randperm(stream.n, generator=gen)):   # no 1-sample batch
+            inputs, y = split_batch(stream.fetch(idx))
+            if recipe.augment and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+                inputs = cifar_augment(inputs, gen, recipe.crop_padding)
+            logits = forward_logits(model, inputs)
+            if logits.dtype in LOW_PRECISION:   # autocast / a half model: the loss in float32
+                logits = logits.float()
+            loss = F.cross_entropy(logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", epoch=e + 1)  # one host read per epoch

@@ -18,13 +18,25 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 
 __all__ = ["LOW_PRECISION", "AMP_DTYPES", "state_dtype", "model_dtype", "amp_scope", "autocast_for",
-           "MasterParams"]
+           "MasterParams", "cpu_has_bf16_matmul"]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: ``UnlearnConfig.amp`` values and the autocast dtype each one selects.
 AMP_DTYPES = {"bf16": torch.bfloat16}
 
 _AMP: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("entangle_amp", default=None)
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware through oneDNN (AMX tiles or
+    AVX-512-BF16), i.e. whether ``amp="bf16"`` can speed up CPU forward/backward passes (measured
+    3.2x for a ResNet-18 at CIFAR shapes on an AMX Xeon, issue notes); False elsewhere (autocast
+    would then emulate bfloat16 and be slower). Uses torch.cpu's capability queries (private in
+    torch 2.13/2.14; False when they are missing)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    checks = [getattr(torch.cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    return any(bool(c()) for c in checks if c is not None)
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
