@@ -18,8 +18,8 @@ methods and seeds from one original model, §10); the paper settings in `entangl
 CLI `python -m entangle_ext` / `entangle-unlearn` (also under ``torchrun``; ``compare`` subcommand).
 The exceptions a run raises for the caller to catch, `NonFiniteLossError` (a ValueError) and
 `RunInterrupted` (a KeyboardInterrupt), `OutDirInUseError` (a ValueError: another live run
-holds the out dir), the `OutDirReusedWarning` it may emit, and
-`available_methods` are importable from here.
+holds the out dir), the `OutDirReusedWarning` it may emit, the `MIAUndefinedWarning` of a
+metric without signal (MIA-efficacy NaN), and `available_methods` are importable from here.
 
 Note: ``entangle_ext.unlearn`` and ``entangle_ext.compare`` are the functions, which hide the
 subpackage/module of the same name as attributes; import from those by name instead, e.g.
@@ -42,6 +42,7 @@ from .unlearn import (NonFiniteLossError, OutDirInUseError, OutDirReusedWarning,
                       UnlearnConfig, UnlearnResult, evaluate, stage1, stage2, unlearn)
 from . import methods as _methods  # noqa: F401,E402  (importing it registers every method, from above the run)
 from .compare import available_methods, compare
+from .unlearn.metrics import MIAUndefinedWarning
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
@@ -51,5 +52,5 @@ __all__ = [
     "augmented_lagrangian_term", "AugmentedLagrangian",
     "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
     "stage1", "stage2", "evaluate", "compare", "available_methods", "NonFiniteLossError", "RunInterrupted",
-    "OutDirReusedWarning", "OutDirInUseError",
+    "OutDirReusedWarning", "OutDirInUseError", "MIAUndefinedWarning",
 ]

@@ -54,7 +54,9 @@ __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_c
 DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": 1e-3, "max_steps": 100, "batch_size": 64}
 """Relearn time: threshold = ``fraction`` × the original model's forget-train accuracy; the rest are
 `relearn_time` arguments."""
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+"""Part of every cache key: 2 since an MIA attack without signal scores NaN (undefined) instead of
+0 or 100 %, so records of format 1 (coin-flip MIA values) are recomputed, not reused."""
 
 
 @dataclass
@@ -78,8 +80,9 @@ class ComparisonResult:
 
     Attributes:
         table: markdown table (mean ± std over seeds). summary: {method: {metric: {"mean", "std",
-        "n"}}} (std None for one seed). runs: {method: {seed: {metric: value}}}. seeds, methods: as
-        run. paths: files written ({"markdown", "json", "png"}; empty without ``out_dir``).
+        "n"}}} (std None for one seed; over the defined values, see `summarize`). runs: {method:
+        {seed: {metric: value}}} (NaN = undefined: an MIA attack without signal; null in the JSON
+        and cache files). seeds, methods: as run. paths: files written ({"markdown", "json", "png"}; empty without ``out_dir``).
         relearn: relearn settings.
         hparams: {method: the `MethodSpec.hparams` it ran with (a registered method's effective
         config without its seed, setting, variant, hparams family)}.
@@ -117,6 +120,18 @@ def available_methods() -> List[str]:
 def _methods():
     from . import methods   # lazy: the registry imports the settings and every method module
     return methods
+
+
+def _json_nan_free(obj) -> Any:
+    """``obj`` with every NaN / ±Inf float (an undefined metric, e.g. MIA-efficacy without signal)
+    replaced by None: JSON has no NaN (``json.dumps(..., allow_nan=False)`` then holds)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {k: _json_nan_free(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_nan_free(v) for v in obj]
+    return obj
 
 
 def _jsonable(obj) -> Any:
@@ -337,6 +352,8 @@ class _Cache:
             return None   # unreadable: run again
         if rec.get("key") != key:
             return None
+        for k in rec.get("nan_metrics", ()):   # stored as null (JSON has no NaN): back to NaN
+            rec["metrics"][k] = math.nan
         env, here = rec.get("env"), _env(self.device)
         if env is not None and env != here:
             warnings.warn(f"compare: reusing the cached {method} seed {seed} made with torch {env.get('torch')} "
@@ -349,7 +366,9 @@ class _Cache:
         if p is None:
             return
         p.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({**rec, "env": _env(self.device)})   # (one temporary file per process: --jobs workers share the dir)
+        nan = sorted(k for k, v in rec.get("metrics", {}).items() if isinstance(v, float) and math.isnan(v))
+        text = json.dumps(_json_nan_free({**rec, **({"nan_metrics": nan} if nan else {}), "env": _env(self.device)}),
+                          allow_nan=False)   # (one temporary file per process: --jobs workers share the dir)
         atomic_write(p, lambda tmp: tmp.write_text(text), what="comparison cache entry",
                      hint="the runs cached so far are kept: free space and rerun the same command to go on")
 
@@ -593,7 +612,7 @@ def _write(res: ComparisonResult, out: Path, fp: str) -> None:
     again = "every run is cached: free space and rerun the same command to write the tables"
     atomic_write(res.paths["markdown"], lambda tmp: tmp.write_text(res.table + "\n"), what="comparison table",
                  hint=again)
-    text = json.dumps({**res.to_dict(), "fingerprint": fp}, indent=1)
+    text = json.dumps(_json_nan_free({**res.to_dict(), "fingerprint": fp}), indent=1, allow_nan=False)
     atomic_write(res.paths["json"], lambda tmp: tmp.write_text(text), what="comparison JSON", hint=again)
     if not plot_available(res.paths["png"]):
         del res.paths["png"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+import math
+
 import numpy as np
 
 from .unlearn.files import atomic_write
-from .unlearn.metrics import METRICS
+from .unlearn.metrics import METRICS, MIA_MIN_BALANCED_ACCURACY
 
 __all__ = ["summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "REFERENCE_ROWS"]
 
@@ -21,21 +23,39 @@ TABLE_COLUMNS = ("acc_forget_test", "acc_adjacent_test", "acc_remote_test", "UA"
 def summarize(runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
     """{method: {metric: {"mean", "std", "n"}}} over seeds; std is the sample standard deviation
     (ddof 1), None for one value (undefined, not zero: one seed says nothing about the spread);
-    None values are left out."""
+    None values are left out. NaN values (undefined metrics: an MIA attack without signal,
+    docs/algorithm.md §10) are left out of mean, std and "n" (the count of defined values) and
+    counted in "undefined" (present only when > 0); a metric undefined on every seed has mean and
+    std None and n 0."""
     out = {}
     for method, by_seed in runs.items():
         keys = [k for r in by_seed.values() for k in r]
         out[method] = {}
         for k in dict.fromkeys(keys):
-            v = np.array([float(r[k]) for r in by_seed.values() if r.get(k) is not None])
+            vals = [float(r[k]) for r in by_seed.values() if r.get(k) is not None]
+            v = np.array([x for x in vals if not math.isnan(x)])
+            undefined = len(vals) - v.size
             if v.size:
                 out[method][k] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else None,
                                   "n": int(v.size)}
+            elif undefined:
+                out[method][k] = {"mean": None, "std": None, "n": 0}
+            if undefined:
+                out[method][k]["undefined"] = undefined
     return out
 
 
+def _defined(s: Optional[Mapping[str, Any]]) -> bool:
+    return s is not None and s.get("mean") is not None
+
+
 def _cell(k: str, s: Mapping[str, Any]) -> str:
-    """"mean ± std", or the mean alone when std is None (one value)."""
+    """"mean ± std", or the mean alone when std is None (one value); "–" when undefined on every
+    seed; "(n/N)" after it when only n of N values are defined."""
+    if not _defined(s):
+        return "–"
+    if s.get("undefined"):
+        return f"{_cell(k, {**s, 'undefined': 0})} ({s['n']}/{s['n'] + s['undefined']})"
     if k == "forget_quality":
         mean, std = f"{s['mean']:.3g}", None if s["std"] is None else f"{s['std']:.2g}"
     else:
@@ -49,14 +69,15 @@ def _best(summary, order: Sequence[str], cols: Sequence[str]) -> Dict[str, float
     metrics where at least two of them have a value (with one, "best" would say nothing)."""
     best = {}
     for k in cols:
-        cand = [summary[m][k]["mean"] for m in order if m not in REFERENCE_ROWS and k in summary[m]]
+        cand = [summary[m][k]["mean"] for m in order if m not in REFERENCE_ROWS and _defined(summary[m].get(k))]
         if len(cand) >= 2:
             best[k] = max(cand) if METRICS[k].direction == "up" else min(cand)
     return best
 
 
 def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[int], bold: bool) -> str:
-    stds = [summary[m][k]["std"] for m in order for k in cols if k in summary[m]]
+    undefined = any(summary[m].get(k, {}).get("undefined") for m in order for k in cols)
+    stds = [summary[m][k]["std"] for m in order for k in cols if _defined(summary[m].get(k))]
     if stds and all(s is None for s in stds):
         spread = f"One value per cell (seeds {list(seeds)}: one run each, so no std)."
     else:
@@ -67,15 +88,19 @@ def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[
     units = ", ".join(f"{METRICS[k].label} in {METRICS[k].unit}" for k in cols if METRICS[k].unit != "%")
     return (f"{spread} ↑ higher is better, ↓ lower is better; {mark}. Accuracies, UA/RA/TA and MIA in %; "
             f"{units}. MIA-efficacy = % of a split's train samples an SVC on the true-label probability calls "
-            "non-member: high on forget = forgotten, high on adjacent / remote = damaged (docs/algorithm.md §10).")
+            "non-member: high on forget = forgotten, high on adjacent / remote = damaged (docs/algorithm.md §10)."
+            + (" MIA \"–\" = undefined on every seed, \"(n/N)\" = mean over the n of N seeds where it is defined: "
+               "undefined when the attack has no signal on its own members vs non-members (balanced accuracy "
+               f"<= {MIA_MIN_BALANCED_ACCURACY})." if undefined else ""))
 
 
 def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, seeds: Sequence[int] = (),
                     order: Optional[Sequence[str]] = None, columns: Sequence[str] = TABLE_COLUMNS,
                     failures: Optional[Mapping[str, Mapping[int, str]]] = None, budget: float = 1.0) -> str:
     """Markdown table: rows = methods (``order``), columns = the metrics of ``columns`` present in
-    ``summary`` with their direction (↑ / ↓), cells "mean ± std" (the mean alone for one seed);
-    the best mean per column among the rows other than original / retrain is in bold when at least
+    ``summary`` with their direction (↑ / ↓), cells "mean ± std" (the mean alone for one seed;
+    "–" for a metric undefined on every seed, "(n/N)" after a mean over n of N seeds, see
+    `summarize`); the best (defined) mean per column among the rows other than original / retrain is in bold when at least
     two such rows have that metric. A legend follows the table (what the cells and the bold mean),
     then, when ``budget`` is not 1, the common factor of every method's epochs
     (``from entangle_ext.compare import scale_budget``), then one line per failed run of ``failures``
@@ -90,7 +115,7 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
         for k in cols:
             s = summary[m].get(k)
             c = "–" if s is None else _cell(k, s)
-            cells.append(f"**{c}**" if s is not None and m not in REFERENCE_ROWS and s["mean"] == best.get(k) else c)
+            cells.append(f"**{c}**" if _defined(s) and m not in REFERENCE_ROWS and s["mean"] == best.get(k) else c)
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", _legend(summary, order, cols, seeds, bool(best))]
     if budget != 1:
@@ -106,7 +131,8 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
 def error_bar_caption(summary: Mapping[str, Mapping[str, Mapping[str, float]]], order: Sequence[str]) -> str:
     """What the comparison figure's error bars are: ± 1 sample standard deviation over the seeds
     (with their number), or none for one seed."""
-    ns = sorted({int(v["n"]) for m in order for v in summary[m].values() if isinstance(v, Mapping) and "n" in v})
+    ns = sorted({int(v["n"]) for m in order for v in summary[m].values()
+                 if isinstance(v, Mapping) and v.get("n")})
     if not ns or ns == [1]:
         return "one seed per method: no error bars"
     seeds = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
@@ -117,7 +143,8 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
                     order: Optional[Sequence[str]] = None) -> str:
     """PNG (matplotlib, Agg): per-method bars of forget / adjacent / remote held-out accuracy and of
     MIA-efficacy per split, with ± std error bars (none for one seed), said under the figure
-    (`error_bar_caption`). Returns ``path``."""
+    (`error_bar_caption`); no bar where a value is absent or undefined (an MIA attack without
+    signal on every seed). Returns ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -129,9 +156,10 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
     x, w = np.arange(len(order)), 0.8 / 3
     for ax, (title, keys) in zip(axes[:, 0], panels):
         for j, (k, color) in enumerate(zip(keys, ("tab:red", "tab:orange", "tab:blue"))):
-            s = [summary[m].get(k, {"mean": np.nan, "std": None}) for m in order]
-            ax.bar(x + (j - 1) * w, [v["mean"] for v in s], w, yerr=[v["std"] or 0.0 for v in s], capsize=2,
-                   color=color, label=k.split("_")[1])
+            s = [summary[m].get(k) for m in order]
+            keep = [i for i, v in enumerate(s) if _defined(v)]   # no bar for an absent / undefined value
+            ax.bar(x[keep] + (j - 1) * w, [s[i]["mean"] for i in keep], w, yerr=[s[i]["std"] or 0.0 for i in keep],
+                   capsize=2, color=color, label=k.split("_")[1])
         ax.set_xticks(x, order, rotation=30, ha="right")
         ax.set_ylim(0, 105)
         ax.set_title(title)

@@ -215,8 +215,10 @@ def test_unlearning_metrics_on_digits(digits):
     pytest.importorskip("scipy")
     s, net = digits
     forgot = _forgot(net, s.forget)
-    ref = M.unlearning_metrics(net, s, keep_losses=True)
-    out = M.unlearning_metrics(forgot, s, retrained=ref, seconds=1.5, relearn={"threshold": 0.9, "lr": 1e-2})
+    with pytest.warns(M.MIAUndefinedWarning):
+        ref = M.unlearning_metrics(net, s, keep_losses=True)
+    with pytest.warns(M.MIAUndefinedWarning):
+        out = M.unlearning_metrics(forgot, s, retrained=ref, seconds=1.5, relearn={"threshold": 0.9, "lr": 1e-2})
     assert set(out) - {"relearn_reached"} <= set(M.METRICS) and all(v.direction in ("up", "down")
                                                                        for v in M.METRICS.values())
     assert out["acc_forget"] == 0.0 and out["UA"] == 100.0 and out["time_s"] == 1.5
@@ -224,10 +226,15 @@ def test_unlearning_metrics_on_digits(digits):
     ra = 100 * (ev["adjacent"]["acc"] * ev["adjacent"]["n"] + ev["remote"]["acc"] * ev["remote"]["n"]) \
         / (ev["adjacent"]["n"] + ev["remote"]["n"])
     assert out["RA"] == pytest.approx(ra)
-    assert out["mia_forget"] > ref["mia_forget"]                 # forgetting raises forget MIA-efficacy
+    # on these 20-per-digit splits both models generalise: the attack has no signal on its own members
+    # vs non-members (balanced accuracy 0.51-0.55), so MIA is undefined (it used to read 100 vs 10 at
+    # seed 0, but 0 at seed 1: a coin flip, tests/test_mia_undefined.py) and avg gap is UA, RA, TA's
+    assert all(math.isnan(d[f"mia_{k}"]) for d in (out, ref) for k in ("forget", "adjacent", "remote"))
+    assert out["avg_gap"] == pytest.approx(M.average_gap(out, ref, keys=("UA", "RA", "TA")))
     assert out["relearn_steps"] > 0 and out["relearn_reached"]
     assert out["avg_gap"] == pytest.approx(M.average_gap(out, ref))
     assert out["forget_quality"] < 1e-6 and len(ref["forget_losses"]) == len(s.forget)
-    same = M.unlearning_metrics(net, s, retrained=net)         # a model against itself: no gap
+    with pytest.warns(M.MIAUndefinedWarning):
+        same = M.unlearning_metrics(net, s, retrained=net)     # a model against itself: no gap
     assert same["avg_gap"] == 0.0 and same["forget_quality"] == 1.0 and "relearn_steps" not in same
     assert not math.isnan(same["TA"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
@@ -31,7 +32,7 @@ from .inputs import model_device, training_flags_kept
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
-           "average_gap", "forget_quality_ks", "relearn_time", "unlearning_metrics"]
+           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "NonFiniteOutputError", "average_gap", "forget_quality_ks", "relearn_time", "unlearning_metrics"]
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,14 @@ METRICS: Dict[str, MetricInfo] = {
     "UA": MetricInfo("UA", "up", "%", f"unlearning accuracy = 100 - forget-train accuracy; {_SALUN}"),
     "RA": MetricInfo("RA", "up", "%", f"retain (adjacent + remote) train accuracy; {_SALUN}"),
     "TA": MetricInfo("TA", "up", "%", f"retain (adjacent + remote) held-out accuracy; {_SALUN}"),
-    "mia_forget": MetricInfo("MIA forget", "up", "%", f"MIA-efficacy, % predicted non-member; {_SALUN}"),
-    "mia_adjacent": MetricInfo("MIA adjacent", "down", "%", "MIA-efficacy on D_adj (high = damaged); "
-                               "docs/algorithm.md §10"),
-    "mia_remote": MetricInfo("MIA remote", "down", "%", "MIA-efficacy on D_rem (high = damaged); "
-                             "docs/algorithm.md §10"),
-    "avg_gap": MetricInfo("avg gap", "down", "points", f"mean |Δ| of UA, RA, TA, MIA vs Retrain; {_SALUN}"),
+    "mia_forget": MetricInfo("MIA forget", "up", "%", f"MIA-efficacy, % predicted non-member; NaN (undefined) "
+                             f"when the attack has no signal on its own training data; {_SALUN}"),
+    "mia_adjacent": MetricInfo("MIA adjacent", "down", "%", "MIA-efficacy on D_adj (high = damaged); NaN as "
+                               "MIA forget; docs/algorithm.md §10"),
+    "mia_remote": MetricInfo("MIA remote", "down", "%", "MIA-efficacy on D_rem (high = damaged); NaN as "
+                             "MIA forget; docs/algorithm.md §10"),
+    "avg_gap": MetricInfo("avg gap", "down", "points", f"mean |Δ| of UA, RA, TA, MIA vs Retrain (an undefined "
+                          f"MIA left out); {_SALUN}"),
     "forget_quality": MetricInfo("forget quality", "up", "p-value", "KS test of per-sample forget losses vs "
                                  "Retrain; after Maini et al. 2024 (TOFU)"),
     "relearn_steps": MetricInfo("relearn", "up", "steps", "relearn time; Golatkar et al. 2020"),
@@ -84,6 +87,19 @@ def require_metric_dependencies() -> None:
 
 class NonFiniteOutputError(ValueError):
     """The scored model returns NaN/Inf logits (e.g. the weights of a diverged run overflow)."""
+
+
+MIA_MIN_BALANCED_ACCURACY = 0.55
+"""The MIA attack must beat this balanced accuracy on its own training data (members vs
+non-members), else its MIA-efficacy is undefined (NaN, `MIAUndefinedWarning`): at or below it the
+SVC has no signal and its verdict on a target split only says on which side of an arbitrary
+boundary the split's features lie (100 or 0 % from one member subset to the next)."""
+
+
+class MIAUndefinedWarning(UserWarning):
+    """MIA-efficacy is undefined (NaN) for the named splits: the attack's balanced accuracy on its
+    own members vs non-members is <= `MIA_MIN_BALANCED_ACCURACY` (e.g. identical features, or an
+    SVC that predicts one class for all)."""
 
 
 @torch.no_grad()
@@ -123,14 +139,19 @@ def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int 
 
 
 def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
-                               targets: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+                               targets: Mapping[str, torch.Tensor], *,
+                               min_balanced_accuracy: float = MIA_MIN_BALANCED_ACCURACY) -> Dict[str, float]:
     """MIA-efficacy from 1-D features (docs/algorithm.md §10; SalUn ``evaluation/SVC_MIA.py``).
 
     An RBF SVC (``sklearn.svm.SVC(C=3, gamma="auto")``) is fit on ``members`` (label 1) vs
     ``nonmembers`` (label 0); each target's score is the percentage of its samples predicted
-    non-member (higher = more forgotten).
+    non-member (higher = more forgotten). When the attack has no signal - its balanced accuracy
+    on the members and non-members it was fit on is <= ``min_balanced_accuracy`` (default
+    `MIA_MIN_BALANCED_ACCURACY` = 0.55; e.g. every feature identical, or one class predicted for
+    all) - every target's score is NaN (undefined) and one `MIAUndefinedWarning` names the targets
+    and the balanced accuracy.
     Args: (N,) real tensors (any float dtype/device); targets: {name: (M,) tensor}.
-    Returns: {name: percentage in [0, 100]}.
+    Returns: {name: percentage in [0, 100], or NaN}.
     Raises: ValueError for empty or non-finite inputs; ImportError without scikit-learn.
     """
     svm = _optional("sklearn.svm", "MIA-efficacy")
@@ -143,6 +164,16 @@ def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
     x = torch.cat([members.reshape(-1), nonmembers.reshape(-1)]).double().cpu().numpy()[:, None]
     y = np.concatenate([np.ones(members.numel()), np.zeros(nonmembers.numel())])
     clf = svm.SVC(C=3, gamma="auto", kernel="rbf").fit(x, y)
+    pred = clf.predict(x)
+    bacc = 0.5 * (float((pred[y == 1] == 1).mean()) + float((pred[y == 0] == 0).mean()))
+    if bacc <= min_balanced_accuracy:
+        why = ("every member and non-member feature is the same" if np.ptp(x) == 0 else
+               "it predicts one class for all" if np.unique(pred).size == 1 else "no better than chance")
+        warnings.warn(f"MIA-efficacy undefined (NaN) for {sorted(targets)}: the attack's balanced accuracy on "
+                      f"its own members vs non-members is {bacc:.3f} <= {min_balanced_accuracy} ({why}); its "
+                      "verdict on a split would only say on which side of an arbitrary boundary it lies",
+                      MIAUndefinedWarning, stacklevel=2)
+        return {k: math.nan for k in targets}
     return {k: 100.0 * float((clf.predict(v.reshape(-1, 1).double().cpu().numpy()) == 0).mean())
             for k, v in targets.items()}
 
@@ -184,7 +215,8 @@ def mia_efficacy(model: torch.nn.Module, splits: Splits, *, targets: Sequence[st
 
     Args: model returning (B, C) logits; splits; targets: train split names scored, each present
         in ``splits``; features: optional cache {split: `per_sample` dict}, filled in place.
-    Returns: {split: percentage in [0, 100]}.
+    Returns: {split: percentage in [0, 100]}; NaN for every split, with an `MIAUndefinedWarning`,
+        when the attack has no signal on its own members vs non-members (`mia_efficacy_from_features`).
     Raises: ValueError (no retain-train split, no held-out retain split, a target that is unknown or
         absent from ``splits``, non-finite logits, max_samples < 1), all before any forward pass
         but the last; ImportError without scikit-learn.
@@ -228,12 +260,14 @@ def forget_quality_ks(losses: Union[Sequence[float], torch.Tensor],
 
 def average_gap(metrics: Mapping[str, Any], retrained: Mapping[str, Any], keys: Sequence[str] = _GAP_KEYS) -> float:
     """Average gap to Retrain (SalUn): mean over ``keys`` (default UA, RA, TA, MIA-efficacy on
-    forget; percentage points) of |metrics[k] - retrained[k]|; keys missing or None in either dict
-    (e.g. TA without held-out data) are skipped. ↓ better. Raises ValueError when none is left."""
+    forget; percentage points) of |metrics[k] - retrained[k]|; keys missing, None or NaN in either
+    dict (e.g. TA without held-out data; an undefined MIA-efficacy) are skipped. ↓ better. Raises ValueError when none is left."""
+    def defined(v):
+        return v is not None and not math.isnan(float(v))
     d = [abs(float(metrics[k]) - float(retrained[k])) for k in keys
-         if metrics.get(k) is not None and retrained.get(k) is not None]
+         if defined(metrics.get(k)) and defined(retrained.get(k))]
     if not d:
-        raise ValueError(f"average_gap: none of {list(keys)} is in both metric dicts")
+        raise ValueError(f"average_gap: none of {list(keys)} is defined in both metric dicts")
     return sum(d) / len(d)
 
 
@@ -344,7 +378,8 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
         relearn: keyword arguments of `relearn_time` (``threshold`` required); None = skipped.
         seed: MIA member/non-member subsets and the relearn subset.
         keep_losses: add "forget_losses" (list of per-sample forget-train CE, nats).
-    Returns: {metric key: float, or None where not computable}; percentages in [0, 100].
+    Returns: {metric key: float, or None where not computable}; percentages in [0, 100]; the
+        "mia_<split>" values NaN where the attack has no signal (`MIAUndefinedWarning`).
     Raises: ValueError without the forget train split; as `mia_efficacy`, `relearn_time`;
         ImportError without scikit-learn / scipy.
     """
