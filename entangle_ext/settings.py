@@ -268,8 +268,9 @@ def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None
     if root is not None:
         raise ValueError("the digits setting reads scikit-learn's bundled digits; it takes no data root")
     digit = int(forget) if isinstance(forget, str) and forget.strip().isdigit() else forget
-    if (isinstance(forget, str) and digit is forget) or not (isinstance(digit, int) and 0 <= digit <= 9):
-        raise ValueError(f"digits: forget (--forget on the command line) must be a digit 0-9, got {forget!r}")
+    in_range = isinstance(digit, bool) or not isinstance(digit, int) or 0 <= digit <= 9   # other types: TypeError below
+    if (isinstance(forget, str) and digit is forget) or not in_range:
+        raise ValueError(f"digits: forget must be a digit 0-9 (the --forget flag of the command line), got {forget!r}")
     from .data.digits import SETTING_DTYPE, digits_splits
     return digits_splits(forget_digit=digit, seed=seed, device=device, max_train_per_digit=max_train_per_class,
                          dtype=SETTING_DTYPE)

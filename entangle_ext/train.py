@@ -51,10 +51,10 @@ class TrainRecipe:
         crop_padding: the translation range in pixels (4 = the usual CIFAR RandomCrop(32,
             padding=4); 0 = flips only).
         amp: None (the parameters' dtype) or "bf16": forward passes under
-            `torch.autocast(dtype=torch.bfloat16)` (`entangle_ext.unlearn.precision.amp_scope`),
+            `torch.autocast(dtype=torch.bfloat16)` (``amp_scope`` of entangle_ext/unlearn/precision.py),
             the loss in float32 from the bfloat16 logits, float32 weights and optimizer state. On
-            CPU it pays only where `cpu_has_bf16_matmul()` is True. Left out of `to_dict` (and so
-            of the original-model cache key) when None.
+            CPU it pays only where ``cpu_has_bf16_matmul()`` (entangle_ext/unlearn/precision.py)
+            is True.
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
             momentum or weight decay, a negative crop_padding.
@@ -93,10 +93,7 @@ class TrainRecipe:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        if d["amp"] is None:   # recipes from before the field hash (and cache) as they did
-            del d["amp"]
-        return d
+        return dataclasses.asdict(self)
 
 
 def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None, padding: int = 4) -> torch.Tensor:

@@ -20,10 +20,10 @@ def _net():
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
 
 
-def test_amp_is_validated_and_left_out_of_the_key_when_off():
+def test_amp_is_validated_and_part_of_the_recipe():
     with pytest.raises(ValueError, match="TrainRecipe.amp must be None or one of"):
         TrainRecipe(amp="fp8")
-    assert "amp" not in TrainRecipe().to_dict()      # old cache keys unchanged
+    assert TrainRecipe().to_dict()["amp"] is None    # part of the original-model cache key
     assert TrainRecipe(amp="bf16").to_dict()["amp"] == "bf16"
 
 
