@@ -205,7 +205,7 @@ def test_method_registry(setup, monkeypatch, tmp_path):
     with Retrain's recipe and model_fn, the baselines' hparams preset, the two-stage recipe of
     hparams; the cache key follows the effective hyperparameters (an edited preset reruns)."""
     s, net = setup
-    assert C.available_methods() == available_methods() and len(available_methods()) == 16
+    assert C.available_methods() == available_methods() and len(available_methods()) == 17
     seen = []
 
     def fake_unlearn(model, splits, config=None, **kw):

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not load
               pytest.mark.usefixtures("one_thread")]
 
 NAMES = ["retrain", "ft", "ga", "neggrad_plus", "rl", "l1_sparse", "salun", "scrub", "ssd", "gdr", "munba",
-         "delete", "two_stage", "no_w2", "pgd_mean", "stage1_only"]
+         "delete", "two_stage", "no_w2", "pgd_mean", "stage1_only", "two_stage_basis4"]
 SPLITS = ("forget", "adjacent", "remote", "forget_test", "adjacent_test", "remote_test")
 
 

@@ -1,6 +1,6 @@
 """Unlearning methods for comparison (docs/algorithm.md §10): the baselines Retrain, FT, GA,
 NegGrad+, RL, ℓ1-sparse, SalUn, SCRUB, SSD, GDR-GMA, MUNBa and DELETE, and the two-stage family
-(two_stage and the ablations no_w2, pgd_mean, stage1_only), one registry.
+(two_stage and the ablations no_w2, pgd_mean, stage1_only, two_stage_basis4), one registry.
 
     import entangle_ext
     from entangle_ext.methods import available_methods, get_method

@@ -46,6 +46,11 @@ ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
 #: are fields of every method's config, the others of `UnlearnConfig`.
 RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "run_stage2",
                            "stage2.micro_batch")
+#: Config fields added after checkpoints of this format were first written, with the value that
+#: reproduces the earlier runs: a checkpoint whose config has the field's section (e.g. a
+#: "stage2" entry) but not the field is read as holding this value (`check_resume_config`;
+#: `UnlearnConfig.from_dict` fills it from the dataclass default).
+ADDED_CONFIG_DEFAULTS = {"stage2.basis_every": 1}
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -379,6 +384,10 @@ def check_resume_config(ckpt: Dict[str, Any], config: Dict[str, Any], *,
     """The config half of `check_resume` (it needs no data: the command line runs it before
     loading any). Returns the accepted differences; raises ValueError as `check_resume`."""
     old, new = (_flatten(json.loads(json.dumps(c))) for c in (ckpt.get("config", {}), config))
+    for k, default in ADDED_CONFIG_DEFAULTS.items():
+        section = k.rsplit(".", 1)[0] + "."
+        if k not in old and any(o.startswith(section) for o in old):
+            old[k] = default
     diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
             if old.get(k) != new.get(k) and k not in RESUMABLE_CONFIG_FIELDS}
     if diff and not allow_config_change:

@@ -135,6 +135,13 @@ class Stage2Config(StrictFields):
         gram_ridge: ρ >= 0 added to the diagonal of the projection's Gram matrix once per
             parameter tensor (T·ρ in all; reference: 1e-8), passed to the projection operator as
             ``ridge`` where it supports it; None = no ridge (paper: the pseudo-inverse).
+        basis_every: r >= 1 (ours, not in the paper or the reference code; docs/algorithm.md §3,
+            "basis_every (ours)"): recompute the projection basis g_f, g_rem (with the forget
+            objective, W2² and CE values logged with it) at steps 0, r, 2r, ... only and project
+            the steps in between onto the cached one; the forget/remote streams advance one pass
+            per refresh. 1 (default, every recipe and preset) = the reference: a new basis every
+            step. r > 1 cuts Stage 2's forget/remote passes about r-fold and changes the algorithm
+            (method "two_stage_basis4" reports it as its own row).
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range.
     """
@@ -153,6 +160,7 @@ class Stage2Config(StrictFields):
     micro_batch: MicroBatch = "auto"
     rcond: Optional[float] = None
     gram_ridge: Optional[float] = 1e-8
+    basis_every: int = 1
 
     def __post_init__(self):
         self.validate()
@@ -162,7 +170,7 @@ class Stage2Config(StrictFields):
         check_fields(self)
         require(self, 0.0 <= self.alpha <= 1.0, "alpha", "in [0, 1]")
         at_least(self, 1, "adjacent_batch_size", "forget_batch_size", "forget_batch_limit",
-                  "remote_batch_size", "remote_batch_limit")
+                  "remote_batch_size", "remote_batch_limit", "basis_every")
         at_least(self, 0, "epochs", "lr", "momentum")
         require(self, self.micro_batch in (None, "auto") or self.micro_batch >= 1, "micro_batch",
                  "None, \"auto\" or >= 1")

@@ -65,7 +65,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             construction are checked too. For a baseline ``method``: that method's Config (None:
             its preset, docs/algorithm.md §10).
         method: a name of `entangle_ext.available_methods()`: "two_stage" (this method),
-            its ablations "no_w2", "pgd_mean", "stage1_only" (rewrite the UnlearnConfig), or a
+            its ablations "no_w2", "pgd_mean", "stage1_only", "two_stage_basis4" (rewrite the UnlearnConfig), or a
             baseline (run by `entangle_ext.methods.run_method`; same report structure).
         setting, hparams: when ``config`` is None, the preset of that setting ("digits",
             "cifar100", ...) in the family "paper_code" (the released code; recipe "reference")

@@ -271,19 +271,66 @@ def _momentum_and_project_(v: List[torch.Tensor], g_adj: List[torch.Tensor], bas
         return project_orthogonal_(flat[0], flat[1:], **proj_kw)
 
 
+class _Basis:
+    """The cached projection basis of ``basis_every = r > 1`` (docs/algorithm.md §3, "basis_every
+    (ours)"): g_f and g_rem in the momentum buffer's dtype and layout, and the four values logged
+    with them (forget objective, W2², forget CE, remote CE; float64, 0-d). A run object (saved in
+    every mid-stage checkpoint, restored on resume); ``valid`` is False until the first refresh
+    or a restore (a checkpoint without a basis, i.e. written with r = 1, leaves it False: the
+    first resumed step refreshes)."""
+
+    def __init__(self, v: List[torch.Tensor]):
+        self.g_f = [torch.zeros_like(t) for t in v]
+        self.g_rem = [torch.zeros_like(t) for t in v]
+        self.logged = [torch.zeros((), dtype=torch.float64, device=v[0].device) for _ in range(4)]
+        self.valid = False
+
+    def store(self, g_f, g_rem, logged) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(self.g_f, g_f)
+            torch._foreach_copy_(self.g_rem, g_rem)
+            for t, x in zip(self.logged, logged):
+                t.copy_(x.detach().double().reshape(()))
+        self.valid = True
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"g_f": [t.detach().clone() for t in self.g_f],
+                "g_rem": [t.detach().clone() for t in self.g_rem],
+                "logged": [t.clone() for t in self.logged], "valid": self.valid}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        with torch.no_grad():
+            for mine, theirs in ((self.g_f, state["g_f"]), (self.g_rem, state["g_rem"]),
+                                 (self.logged, state["logged"])):
+                if len(mine) != len(theirs):
+                    raise ValueError(f"checkpoint holds a basis of {len(theirs)} tensors where the "
+                                     f"run has {len(mine)}")
+                for t, x in zip(mine, theirs):
+                    t.copy_(x)
+        self.valid = bool(state["valid"])
+
+
 def _stage2_step(model, ref: torch.Tensor, params, master: MasterParams, opt, v, streams,
-                 config: Stage2Config, d: Dist):
+                 config: Stage2Config, d: Dist, basis: Optional[_Basis] = None):
     """The step function of Stage 2 on one adjacent batch ``ab`` (see `stage2`): every forward
     pass first, then v, the parameters (and their float32 copies) change. ``ref`` holds −ℓ(θ̄) of
     every forget sample (`reference_losses`). ``micro_batch="auto"`` is resolved once, on the
-    first forget batch of the first step (`auto_micro_batch`)."""
+    first forget batch of the first step that computes a basis (`auto_micro_batch`).
+
+    ``basis`` (``basis_every = r > 1`` only): step i recomputes g_f, g_rem from pass i // r of the
+    forget/remote streams when i % r == 0 (or no basis is cached yet) and stores them in
+    ``basis``; other steps project onto the cached ones and log the cached values, plus a
+    ``basis_refreshed`` flag (1 / 0). Without ``basis`` (r = 1) every step uses pass i, as the
+    reference."""
     forget, remote = streams
     proj_kw = _projection_kwargs(config)
+    r = config.basis_every
+    if basis is not None:
+        flags = [torch.full((), float(x), dtype=torch.float64, device=v[0].device) for x in (0, 1)]
 
-    def step(i, ab):
+    def fresh(i):
+        """g_f, g_rem and the logged [f_obj, w2, f_ce, r_ce] from pass ``i`` of the streams."""
         nonlocal config
-        l_adj = mean_ce(model, ab)
-        g_adj = grads_of(l_adj, params)
         fidx = forget.pass_indices(i, config.forget_batch_limit)
         b_ref = ref[torch.cat(fidx).to(ref.device, non_blocking=True)]
         f_batches = forget.fetch_pass(i, config.forget_batch_limit)
@@ -294,11 +341,26 @@ def _stage2_step(model, ref: torch.Tensor, params, master: MasterParams, opt, v,
         r_sizes = [len(x) for x in remote.pass_indices(i, config.remote_batch_limit)]
         g_rem, r_ce = remote_grad(model, params, remote.fetch_pass(i, config.remote_batch_limit),
                                   r_sizes, config.micro_batch)
+        return g_f, g_rem, [f_obj, w2, f_ce, r_ce]
+
+    def step(i, ab):
+        l_adj = mean_ce(model, ab)
+        g_adj = grads_of(l_adj, params)
+        refresh = basis is None or i % r == 0 or not basis.valid
+        if basis is None:
+            g_f, g_rem, logged = fresh(i)
+        elif refresh:
+            g_f, g_rem, logged = fresh(i // r)
+        else:
+            g_f, g_rem, logged = basis.g_f, basis.g_rem, basis.logged
+        extra = [] if basis is None else [flags[int(refresh)]]
         with updating():
-            coeffs = _momentum_and_project_(v, _like(g_adj, v), [_like(g_f, v), _like(g_rem, v)],
-                                            config, proj_kw, d)
+            g_f, g_rem = _like(g_f, v), _like(g_rem, v)
+            if basis is not None and refresh:
+                basis.store(g_f, g_rem, logged)
+            coeffs = _momentum_and_project_(v, _like(g_adj, v), [g_f, g_rem], config, proj_kw, d)
             master.step(opt, v)
-        return l_adj, [f_obj, w2, f_ce, r_ce, coeffs[0], coeffs[1]]
+        return l_adj, [*logged, coeffs[0], coeffs[1], *extra]
     return step
 
 
@@ -321,6 +383,10 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
     v ← v − Vᵀ(VVᵀ)⁺Vv with V = [g_f; g_rem] over all trainable parameters (with the per-tensor
     Gram ridge ``gram_ridge`` where the projection operator supports it); SGD step θ ← θ − η·v.
     Forget/remote batches come from a fresh shuffled pass of their streams at every step.
+    ``basis_every = r > 1`` (ours, docs/algorithm.md §3 "basis_every (ours)"): g_f and g_rem (the
+    W2² term included: it is part of g_f) are recomputed at steps 0, r, 2r, ... only, from pass
+    i // r of the forget/remote streams, and cached in between (in every mid-stage checkpoint);
+    the history gains a ``basis_refreshed`` column (1 / 0).
 
     Args:
         model: classifier returning (B, C) logits; updated in place, left in eval mode. Any
@@ -340,7 +406,8 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
     require_trainable(model)
     device = model_device(model, device)
     loop = StageLoop(2, "stage 2 (W-PGD)",
-                     ["forget_obj", "w2", "forget_ce", "remote_ce", "c_f", "c_rem"],
+                     ["forget_obj", "w2", "forget_ce", "remote_ce", "c_f", "c_rem"]
+                     + (["basis_refreshed"] if config.basis_every > 1 else []),
                      postfix=lambda last: dict(adj=f"{last['loss']:.3f}", w2=f"{last['w2']:.2e}",
                                                f_ce=f"{last['forget_ce']:.2f}"),
                      log_every=log_every, checkpoint_every=checkpoint_every,
@@ -372,7 +439,12 @@ def _run_stage2(d: Dist, model, splits: Splits, config: Stage2Config, loop: Stag
     objects = {"model": model, "optimizer": optimizer_entry(opt), "momentum": v}
     if master.low:
         objects["master"] = master.tensors
-    step = _stage2_step(model, ref, params, master, opt, v, (forget, remote), config, d)
+    basis = _Basis(v) if config.basis_every > 1 else None
+    if basis is not None:
+        objects["basis"] = basis
+        if resume_state is not None and "basis" not in resume_state:   # written with r = 1
+            resume_state = {**resume_state, "basis": basis.state_dict()}   # first step refreshes
+    step = _stage2_step(model, ref, params, master, opt, v, (forget, remote), config, d, basis)
     try:
         steps, history = loop.run(adjacent, config.epochs, step, device=device,
                                   resume_state=resume_state, objects=objects)
