@@ -384,10 +384,11 @@ def check_resume_config(ckpt: Dict[str, Any], config: Dict[str, Any], *,
     """The config half of `check_resume` (it needs no data: the command line runs it before
     loading any). Returns the accepted differences; raises ValueError as `check_resume`."""
     old, new = (_flatten(json.loads(json.dumps(c))) for c in (ckpt.get("config", {}), config))
-    for k, default in ADDED_CONFIG_DEFAULTS.items():
+    for k, default in ADDED_CONFIG_DEFAULTS.items():   # on both sides: either may predate the field
         section = k.rsplit(".", 1)[0] + "."
-        if k not in old and any(o.startswith(section) for o in old):
-            old[k] = default
+        for side in (old, new):
+            if k not in side and any(o.startswith(section) for o in side):
+                side[k] = default
     diff = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
             if old.get(k) != new.get(k) and k not in RESUMABLE_CONFIG_FIELDS}
     if diff and not allow_config_change:
