@@ -39,7 +39,7 @@ def check_dual_args(op: str, kind: str, lam_min, lam_max, damping
     if not 0.0 <= damping <= 1.0:
         raise ValueError(f"{op}: damping must be in [0, 1], got {damping:g}")
     for name, v in (("lam_min", lo), ("lam_max", hi)):
-        if v is not None and math.isnan(v):
+        if v is not None and v != v:   # NaN; not math.isnan, a graph break on a symbolic float
             raise ValueError(f"{op}: {name} is NaN")
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"{op}: lam_min ({lo:g}) > lam_max ({hi:g})")
@@ -60,9 +60,11 @@ def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tens
     """mu as a tensor of the dtype of lam. A Python number or a CPU tensor must be > 0, and with
     ``finite`` also finite (ValueError); a CUDA tensor is not checked here (that would cost a host
     sync). Without ``finite``, non-finite mu is left to the kernels (`entangle_ext.dual_update_`:
-    ``check_finite``). While torch.compile traces (``torch.compiler.is_compiling()``) the CPU tensor
-    is not read either: a data-dependent check would break the graph (``fullgraph=True`` fails);
-    `AugmentedLagrangian` has checked its mu when it was set."""
+    ``check_finite``). While torch.compile traces (``torch.compiler.is_compiling()``) neither the CPU
+    tensor nor a Python float is checked: a data-dependent check would break the graph
+    (``fullgraph=True`` fails) and a comparison of a symbolic float would specialise it on the
+    value; eager calls keep both checks, and `AugmentedLagrangian` has checked its mu when it was
+    set."""
     if isinstance(mu, torch.Tensor):
         if mu.dtype != lam.dtype:
             raise TypeError(f"{op}: mu is {mu.dtype} but lam is {lam.dtype} (same dtype required)")
@@ -75,7 +77,17 @@ def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tens
     if isinstance(mu, bool) or not isinstance(mu, numbers.Real):
         raise TypeError(f"{op}: mu must be a tensor or a Python float, got {type(mu).__name__}")
     mu = float(mu)
-    if (finite and not math.isfinite(mu)) or (math.isfinite(mu) and mu <= 0):
+    if torch.compiler.is_compiling():
+        # Not compared while torch.compile traces: under dynamic=True a float mu (an argument, a
+        # default, a closure) is a symbolic float that becomes a tensor input of the graph; a
+        # host comparison would specialise the graph on its value (one graph per mu) and
+        # math.isfinite would break it. Eager calls (and AugmentedLagrangian, when mu is set)
+        # keep the check; in a compiled graph a bad float mu behaves as a CUDA tensor mu does.
+        # zeros + mu, not torch.full: Dynamo keeps the float symbolic (a graph input) only when
+        # it enters the graph through arithmetic; torch.full would specialise it.
+        return torch.zeros((), dtype=lam.dtype, device=lam.device) + mu
+    is_finite = -math.inf < mu < math.inf
+    if (finite and not is_finite) or (is_finite and mu <= 0):
         need = "> 0 and finite" if finite else "> 0"
         raise ValueError(f"{op}: the penalty mu must be {need}, got {mu}")
     # torch.full is a device fill (capturable), but the value is baked into a captured CUDA graph.

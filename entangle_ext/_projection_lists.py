@@ -48,10 +48,14 @@ def check_rcond(op: str, rcond) -> Optional[float]:
 
 
 def check_ridge(op: str, name: str, x) -> float:
+    """A float in [0, inf). The test is two comparisons, not ``math.isfinite``: under
+    ``torch.compile(dynamic=True)`` a ridge from an argument, a default or a closure is a symbolic
+    float, and ``math.isfinite`` of one is a graph break (an error with ``fullgraph=True``);
+    comparisons are guards (NaN fails both)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(f"{op}: {name} must be a float, got {type(x).__name__}")
     x = float(x)
-    if not (math.isfinite(x) and x >= 0.0):
+    if not (0.0 <= x < math.inf):
         raise ValueError(f"{op}: {name} must be finite and >= 0, got {x}")
     return x
 

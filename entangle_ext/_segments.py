@@ -137,8 +137,13 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
                              f"{max(n, m)} values")
         uo = dense_offsets(S, n, device)
         vo = dense_offsets(S, m, device)
+        # The bound goes to the operator's ``int max_seqlen`` (not SymInt): while torch.compile
+        # traces, max(n, m) there would specialise the graph on the sizes (one graph per size), so
+        # the known bound is only the caller's max_seqlen (a constant hint; None: the kernel
+        # finds it, on CUDA the device path unless validating).
+        known = max_seqlen if torch.compiler.is_compiling() else max(n, m)
         return Segments(_flat(u, compute), _flat(v, compute), uo, vo, S, () if u.dim() == 1 else (S,),
-                        max(n, m), u.dtype, False)
+                        known, u.dtype, False)
 
     if u.dim() != 1 or v.dim() != 1:
         raise ValueError(f"{op}: with offsets, u and v must be flat 1-D tensors; got shapes "

@@ -128,6 +128,12 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     if g.dtype not in _DTYPES:
         raise TypeError(f"{op}: g must be float32, float64, float16 or bfloat16, got {g.dtype}")
     _ext.require(op, g, basis)
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace an autograd.Function with a jvp rule when g requires grad (a graph
+        # break, an error with fullgraph=True): call the operator, whose registered autograd
+        # (`_backward`, the same projection) is what torch.compile traces. Forward mode and the
+        # torch.func transforms keep the Function in eager mode.
+        return torch.ops.entangle_ext.project_orthogonal(g, basis.detach(), rcond, ridge)
     return _ProjectOrthogonal.apply(g, basis.detach(), rcond, ridge)
 
 

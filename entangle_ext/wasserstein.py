@@ -49,7 +49,10 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         max_seqlen: optional upper bound on every segment length (ragged form), as in
             variable-length attention APIs; on CUDA it selects the shared-memory kernel without a
             host read of the offsets. Known automatically in the dense form, from offsets given
-            as a list or CPU tensor, and when validating. A bound below the longest segment
+            as a list or CPU tensor, and when validating; while torch.compile traces, only the
+            value given here is used (the dense sizes are symbolic, and the operator's int
+            argument would specialise the graph on them: one graph per size), so pass a constant
+            bound to keep the shared-memory CUDA kernel in a compiled unvalidated call. A bound below the longest segment
             raises ValueError whenever it can be checked without a device sync (dense form,
             host offsets, or ``validate=True``); with CUDA offsets and ``validate=False`` such a
             segment gets NaN and a zero gradient (never an out-of-range access). The CPU kernels
