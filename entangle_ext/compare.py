@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import io
 import json
 import math
 import numbers
@@ -34,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-import numpy as np
 import torch
 
 from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
 from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
+from .unlearn.fingerprint import fingerprint
 from .unlearn.inputs import model_device
 from .unlearn.lock import out_dir_lock
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
@@ -303,35 +302,6 @@ def _original_spec() -> MethodSpec:
 
 
 # ------------------------------------------------------------------------------------ caching
-def _update_tensor(h, t: torch.Tensor) -> None:
-    t = t.detach().cpu().contiguous()
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def fingerprint(model: torch.nn.Module, splits: Splits) -> str:
-    """SHA-256 (hex, 16 chars) of the model's state dict and of the splits' datasets (of a
-    DataLoader split, the dataset it loads: `Splits.source`): every tensor of datasets exposing
-    ``.tensors``; for other datasets the length and 16 evenly spaced items."""
-    h = hashlib.sha256()
-    for k, v in model.state_dict().items():
-        h.update(k.encode())
-        _update_tensor(h, v)
-    for name in splits.named():
-        ds = splits.source(name).dataset
-        h.update(f"{name}:{len(ds)}".encode())
-        tensors = getattr(ds, "tensors", None)
-        if tensors is not None:
-            for t in tensors:
-                _update_tensor(h, t)
-            continue
-        for i in sorted({int(j) for j in np.linspace(0, len(ds) - 1, 16)}):
-            buf = io.BytesIO()
-            torch.save(ds[i], buf)
-            h.update(buf.getvalue())
-    return h.hexdigest()[:16]
-
-
 class _Cache:
     """``out_dir/cache/<method>/seed<k>.json``, written atomically; None dir = no cache."""
 
@@ -371,6 +341,13 @@ class _Cache:
                           allow_nan=False)   # (one temporary file per process: --jobs workers share the dir)
         atomic_write(p, lambda tmp: tmp.write_text(text), what="comparison cache entry",
                      hint="the runs cached so far are kept: free space and rerun the same command to go on")
+
+
+def cached_note(reused: Mapping[str, Sequence[int]], root: Optional[Path]) -> str:
+    """The line under the table naming the results reused from the cache, e.g. "cached: ft seeds
+    0,1 (from OUT/cache; delete to recompute)"."""
+    parts = "; ".join(f"{m} seed{'s' if len(k) > 1 else ''} {','.join(str(i) for i in k)}" for m, k in reused.items())
+    return f"cached: {parts} (from {root}; delete to recompute)"
 
 
 def _env(device) -> Dict[str, str]:
@@ -574,6 +551,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
         retrained: Dict[int, dict] = {}
         failures: Dict[str, Dict[int, str]] = {}
+        reused: Dict[str, List[int]] = {}   # the (method, seed) results taken from the cache
         bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
         for spec in specs:
             for seed in seeds:
@@ -581,6 +559,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                 key = _key(CACHE_FORMAT, spec.name, seed, spec.hparams, fp, metric_kw, ref and ref["key"])
                 bar.set_postfix_str(f"{spec.name} seed {seed}")
                 rec = cache.load(spec.name, seed, key)
+                if rec is not None:
+                    reused.setdefault(spec.name, []).append(seed)
                 if rec is None:
                     try:
                         rec = {"key": key, **_run_one(spec, model, splits, seed, device=device,
@@ -598,6 +578,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         order = [s.name for s in specs]
         summary = summarize(runs)
         table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget)
+        if reused:
+            table += "\n\n" + cached_note(reused, cache.root)
         res = ComparisonResult(table=table, summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
                                hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget)
         if out_dir is not None and write_tables:

@@ -46,7 +46,7 @@ from ._version import __version__
 from .train import TrainRecipe, load_model_file, train_original
 from .unlearn import Splits, UnlearnConfig, seed_everything
 from .unlearn.files import atomic_write
-from .unlearn.report import split_fingerprint
+from .unlearn.fingerprint import splits_fingerprint
 
 __all__ = ["Setting", "Variant", "Prepared", "SETTINGS", "get_setting", "prepare"]
 
@@ -152,7 +152,7 @@ class Prepared:
 
     ``cache`` is the original-model file used (cached or given), ``key`` what produced the model
     (setting, variant, data root and options, model options, recipe, seed, package version, the
-    `split_fingerprint` of the data and the model's parameter shapes); its hash names the cache."""
+    `splits_fingerprint` of the data and the model's parameter shapes); its hash names the cache."""
     model: torch.nn.Module
     splits: Splits
     info: dict
@@ -207,7 +207,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
         device: where the data and the model live. progress: tqdm bar while training.
         cache_dir: directory of the cached original model; the file name carries a hash of
             everything that produced the model (`Prepared.key`: setting, variant, data root and
-            options, model options, recipe, seed, package version, the `split_fingerprint` of the
+            options, model options, recipe, seed, package version, the `splits_fingerprint` of the
             loaded data and the model's parameter shapes), so other data or another recipe never
             reuses a model; the key is also written beside it as ``<file>.json``. None = no cache.
         data, model: options on top of the variant's (`Setting.data_options` / `model_options`);
@@ -239,7 +239,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     root = None if data_root is None else str(Path(data_root).resolve())
     key = dict(setting=s.name, variant=v.name, data_root=root,
                data=data_kw, model=model_kw, recipe=recipe.to_dict(), seed=seed, version=__version__,
-               splits=split_fingerprint(splits), architecture=_architecture(net))
+               splits=splits_fingerprint(splits), architecture=_architecture(net))
     if original is not None:
         cache = Path(original)
         load_model_file(net.to(device), cache, device=device).eval()

@@ -305,7 +305,7 @@ def test_table_and_report_json(tmp_path, capsys):
     assert rep["entangle_ext_version"] == ee.__version__ and rep["created_utc"].endswith("+00:00")
     assert "nats" in rep["units"]["loss"] and "[0, 1]" in rep["units"]["acc"]
     fp = rep["splits_fingerprint"]
-    assert fp["sizes"]["forget"] == 10 and len(fp["sha256"]) == 64
+    assert fp["forget"]["n"] == 10 and len(fp["forget"]["hash"]) == 16
     assert rep["run"]["setting"] == "digits" and rep["run"]["data"] == {"max_train_per_class": 10}
 
 

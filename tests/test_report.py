@@ -57,7 +57,7 @@ def test_split_fingerprint_sees_labels_sizes_and_inputs():
     mk = lambda x, y: Splits(forget=td(x[:2], y[:2]), adjacent=td(x[2:4], y[2:4]), remote=td(x[4:], y[4:]))
     a = split_fingerprint(mk(x, y))
     assert a == split_fingerprint(mk(x.clone(), y.clone().int()))      # label dtype does not matter
-    assert a["sizes"] == {"forget": 2, "adjacent": 2, "remote": 2}
+    assert {k: v["n"] for k, v in a.items()} == {"forget": 2, "adjacent": 2, "remote": 2}
     assert split_fingerprint(mk(x, 1 - y)) != a and split_fingerprint(mk(x + 1, y)) != a
 
     class Dicts(torch.utils.data.Dataset):                                 # HF-style dict items

@@ -15,7 +15,6 @@ it; run objects holding sharded (FSDP DTensor) state are written by every rank w
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -27,11 +26,12 @@ import torch
 
 from .distributed import check_world_size, current
 from .files import POINTER_NAME, atomic_write, open_checkpoint
+from .fingerprint import FINGERPRINT_VERSION, splits_fingerprint
 from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
            "capture_state", "restore_state", "restore_objects", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
-           "splits_fingerprint", "check_resume", "check_resume_config", "check_method", "load_resume", "RESUMABLE_CONFIG_FIELDS",
+           "splits_fingerprint", "fingerprint_entry", "check_resume", "check_resume_config", "check_method", "load_resume", "RESUMABLE_CONFIG_FIELDS",
            "Reconfigured", "optimizer_entry"]
 
 # 2: Stage-1 multipliers as an `AugmentedLagrangian` state dict; 3: fingerprint, done, timings;
@@ -290,50 +290,10 @@ def check_format(ckpt: Dict[str, Any], where: str = "the checkpoint") -> None:
 
 
 # ------------------------------------------------------------------------------ fingerprints
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def _hash_dataset(h, ds, depth: int = 0) -> None:
-    """Feed what identifies ``ds`` cheaply into ``h``: tensors' shapes, the labels and 64 evenly
-    spaced rows of the inputs (`TensorDataset`), a Subset's indices (and its dataset), or a
-    ``targets``/``labels`` attribute; otherwise only the type (the length is recorded apart)."""
-    h.update(type(ds).__name__.encode())
-    tensors = getattr(ds, "tensors", None)
-    if isinstance(tensors, (tuple, list)) and tensors and all(isinstance(t, torch.Tensor) for t in tensors):
-        for t in tensors:
-            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-        rows = torch.linspace(0, max(len(tensors[0]) - 1, 0), min(64, len(tensors[0]))).long()
-        h.update(_tensor_bytes(tensors[0][rows.to(tensors[0].device)]))
-        for t in tensors[1:]:
-            h.update(_tensor_bytes(t))
-        return
-    indices = getattr(ds, "indices", None)
-    if indices is not None and depth < 4:
-        h.update(_tensor_bytes(torch.as_tensor(list(indices), dtype=torch.int64)))
-        if hasattr(ds, "dataset"):
-            _hash_dataset(h, ds.dataset, depth + 1)
-        return
-    for attr in ("targets", "labels"):
-        lab = getattr(ds, attr, None)
-        if isinstance(lab, (list, tuple, torch.Tensor)) or type(lab).__name__ == "ndarray":
-            try:
-                h.update(_tensor_bytes(torch.as_tensor(lab)))
-                return
-            except (TypeError, ValueError, RuntimeError):
-                continue
-
-
-def splits_fingerprint(splits) -> Dict[str, Dict[str, Any]]:
-    """{split name: {"n": samples, "hash": 16 hex digits}} of every present split of a `Splits`
-    (see `_hash_dataset` for what the hash covers). One host read of the labels per split."""
-    out = {}
-    for name in splits.named():
-        ds = splits.source(name).dataset
-        h = hashlib.sha256()
-        _hash_dataset(h, ds)
-        out[name] = {"n": len(ds), "hash": h.hexdigest()[:16]}
-    return out
+# (`splits_fingerprint` lives in fingerprint.py, the one home of the package's fingerprints)
+def fingerprint_entry(splits_fp: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """The ``fingerprint`` entry of a checkpoint (and of a report): {"version", "splits"}."""
+    return {"version": FINGERPRINT_VERSION, "splits": splits_fp}
 
 
 def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -363,7 +323,13 @@ def check_resume(ckpt: Dict[str, Any], fingerprint: Dict[str, Any], config: Dict
             differs and ``allow_config_change`` is False; the message names every difference and
             what to do (in Python and on the command line).
     """
-    old_fp = ckpt.get("fingerprint", {}).get("splits", {})
+    entry = ckpt.get("fingerprint", {})
+    if entry.get("version") != FINGERPRINT_VERSION:
+        raise ValueError(f"resume: the checkpoint's splits fingerprint is of an earlier version of entangle_ext "
+                         f"(version {entry.get('version', 1)}; this one writes {FINGERPRINT_VERSION}, which hashes "
+                         "every item of every split), so it cannot show that the data are unchanged: restart the "
+                         "run without resume (command line: without --resume, in a fresh --out)")
+    old_fp = entry.get("splits", {})
     bad = []
     for name in sorted(set(old_fp) | set(fingerprint)):
         a, b = old_fp.get(name), fingerprint.get(name)
@@ -371,7 +337,7 @@ def check_resume(ckpt: Dict[str, Any], fingerprint: Dict[str, Any], config: Dict
             what = ("absent" if a is None else f"{a['n']} samples") + " in the checkpoint vs " + \
                    ("absent" if b is None else f"{b['n']} samples") + " now"
             if a is not None and b is not None and a["n"] == b["n"]:
-                what = f"same size ({a['n']}) but different content (labels / samples / indices)"
+                what = f"same size ({a['n']}) but different content (labels / samples / order)"
             bad.append(f"split {name!r}: {what}")
     if bad:
         raise ValueError("resume: the splits differ from those of the checkpoint (the table would "

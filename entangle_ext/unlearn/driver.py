@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, Optional, Union
 import torch
 
 from .checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
-                         seed_everything, set_rng_state, splits_fingerprint)
+                         seed_everything, set_rng_state, splits_fingerprint,
+                         fingerprint_entry)
 from .config import UnlearnConfig
 from .data import Splits
 from .distributed import current, scope, unwrap
@@ -282,7 +283,7 @@ class _Run:
         self._running: Optional[tuple] = None   # (name, start, seconds before this process)
         self.saver = Checkpointer(self.out, {"method": method, "config": config.to_dict(),
                                              "evals": self.evals, "done": self.done,
-                                             "fingerprint": {"splits": fingerprint}},
+                                             "fingerprint": fingerprint_entry(fingerprint)},
                                   dynamic=lambda: {"timings": self._timings_now()})
         self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
         # stages completed by the checkpoint we resume from

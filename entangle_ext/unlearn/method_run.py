@@ -11,7 +11,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 import torch
 
 from .checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
-                                  seed_everything, set_rng_state, splits_fingerprint)
+                                  seed_everything, set_rng_state, splits_fingerprint,
+                                  fingerprint_entry)
 from .data import Splits
 from .distributed import scope
 from .evaluate import evaluate
@@ -156,7 +157,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             ev("original")
         out = Path(out_dir) if out_dir is not None else None
         saver = Checkpointer(out, {"method": cls.name, "config": config.to_dict(), "evals": evals,
-                                   "fingerprint": {"splits": fingerprint}},
+                                   "fingerprint": fingerprint_entry(fingerprint)},
                              dynamic=lambda: {"timings": dict(timings)})   # a resume reports them
         saver.last_path = ckpt.get("path")   # until this run writes one: the one resumed from
         history, timings["unlearn"] = _unlearn(cls, model, splits, config, ckpt, saver, num_classes=C,

@@ -4,7 +4,6 @@ fingerprint of the splits a run (or a cached original model) was made from."""
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import warnings
@@ -15,6 +14,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .files import atomic_write
+from .fingerprint import splits_fingerprint
 
 __all__ = ["format_table", "plot_forget_histograms", "forget_histogram_figure", "build_report",
            "write_report", "save_report_json", "plot_available", "PlotSkippedWarning", "split_fingerprint", "UNITS"]
@@ -148,45 +148,8 @@ def plot_forget_histograms(evals: Dict[str, Dict[str, dict]], path: str, bins: i
 
 
 # ---------------------------------------------------------------------------- the fingerprint
-def _labels(ds) -> torch.Tensor:
-    tensors = getattr(ds, "tensors", None)
-    if tensors is not None and len(tensors) >= 2:
-        return tensors[1]
-    labels = getattr(ds, "labels", None)
-    if isinstance(labels, torch.Tensor) and len(labels) == len(ds):
-        return labels
-    from .data import split_batch
-    return torch.as_tensor([int(split_batch(ds[i])[1]) for i in range(len(ds))])
-
-
-def _input_sample(ds, rows: int = 64) -> Optional[torch.Tensor]:
-    tensors = getattr(ds, "tensors", None)
-    if tensors is None or len(ds) == 0:
-        return None
-    idx = torch.linspace(0, len(ds) - 1, min(rows, len(ds))).long()
-    return tensors[0][idx.to(tensors[0].device)]
-
-
-def split_fingerprint(splits) -> Dict[str, Any]:
-    """A fingerprint of the data of a `Splits`: {"sizes": {split: n}, "sha256": hex digest}.
-
-    The digest covers every present split's name, size and labels (as int64, in dataset order)
-    and, for datasets exposing ``.tensors``, up to 64 evenly spaced input rows (their dtype, shape
-    and bytes), so a change of selection, labelling or preprocessing changes it. Labels come from
-    ``.tensors[1]``, a ``.labels`` tensor, or (otherwise) each item.
-    """
-    h, sizes = hashlib.sha256(), {}
-    for name, ds in splits.named().items():
-        sizes[name] = len(ds)
-        y = _labels(ds).detach().to("cpu", torch.int64).contiguous()
-        h.update(f"{name}:{len(ds)}:".encode())
-        h.update(y.numpy().tobytes())
-        x = _input_sample(ds)
-        if x is not None:
-            x = x.detach().cpu().contiguous()
-            h.update(f"{x.dtype}{tuple(x.shape)}".encode())
-            h.update(x.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return {"sizes": sizes, "sha256": h.hexdigest()}
+#: the old name of `entangle_ext.unlearn.fingerprint.splits_fingerprint` (the same function)
+split_fingerprint = splits_fingerprint
 
 
 # ------------------------------------------------------------------------------- report files
@@ -197,7 +160,7 @@ def build_report(*, config: Dict[str, Any], num_classes: int, c0: float, lam: Op
     """The JSON-serialisable report of `unlearn`: package version, UTC timestamp (ISO 8601), the
     `UNITS` of its numbers, config, C, c0 (nats), final λ, step counts per stage, timings
     (seconds), evaluations without the per-sample losses, last checkpoint and (when given) the
-    `split_fingerprint` of the data."""
+    `splits_fingerprint` of the data."""
     from .._version import __version__
 
     report = {"entangle_ext_version": __version__,
