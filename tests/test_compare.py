@@ -135,7 +135,9 @@ def test_cache_resume_and_invalidation(setup, tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")                                # same torch, same device: silent
         again = ee.compare(net, s, [retrain_spec(calls), noise_spec(calls)], **kw)
-    assert again.summary == first.summary and again.table == first.table
+    table, note = again.table.split("\n\ncached: ")
+    assert again.summary == first.summary and table == first.table.split("\n\ncached: ")[0]
+    assert note.startswith("retrain seeds 0,1; original seeds 0,1; noise seeds 0,1 (from ")   # the table says what was reused
     rec_path = tmp_path / "cache" / "noise" / "seed1.json"
     rec = json.loads(rec_path.read_text())
     assert rec["env"] == {"torch": torch.__version__, "device": "cpu"}   # noted, not in the key

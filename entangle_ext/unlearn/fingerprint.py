@@ -88,11 +88,13 @@ def _probe_inputs(model: torch.nn.Module, splits, rows: int, seed: int):
     batch = stream.fetch(torch.arange(min(rows, stream.n)))
     inputs, _ = split_batch(batch)
     g = torch.Generator().manual_seed(seed)
-    dev = next((t.device for t in list(model.parameters()) + list(model.buffers())), torch.device("cpu"))
+    state = list(model.parameters()) + list(model.buffers())
+    dev = next((t.device for t in state), torch.device("cpu"))
+    dtype = next((t.dtype for t in state if t.is_floating_point()), None)   # as the stages cast them
 
     def fill(x):
         if isinstance(x, torch.Tensor):
-            x = torch.randn(x.shape, generator=g).to(x.dtype) if x.is_floating_point() else x
+            x = torch.randn(x.shape, generator=g).to(dtype or x.dtype) if x.is_floating_point() else x
             return x.to(dev)
         if isinstance(x, dict):
             return {k: fill(v) for k, v in x.items()}
