@@ -105,7 +105,9 @@ def test_stage2_probes_once_per_run(monkeypatch):
 
 
 def test_resume_may_change_micro_batch():
-    ckpt = {"config": {"stage2": {"micro_batch": None, "lr": 0.1}}}
+    from entangle_ext.unlearn.checkpoint import FINGERPRINT_VERSION
+    ckpt = {"config": {"stage2": {"micro_batch": None, "lr": 0.1}},
+            "fingerprint": {"version": FINGERPRINT_VERSION, "splits": {}}}
     assert check_resume(ckpt, {}, {"stage2": {"micro_batch": "auto", "lr": 0.1}}) == {}
     with pytest.raises(ValueError, match="stage2.lr"):
         check_resume(ckpt, {}, {"stage2": {"micro_batch": "auto", "lr": 0.2}})

@@ -71,6 +71,7 @@ def _split_hash(data, name: str) -> Dict[str, Any]:
     return {"n": stream.n, "hash": h.hexdigest()[:16]}
 
 
+@torch.no_grad()
 def splits_fingerprint(splits) -> Dict[str, Dict[str, Any]]:
     """{split name: {"n": samples, "hash": 16 hex digits}} of every present split of a `Splits`
     (train splits, then held-out), hashing every item (see the module docstring): one unshuffled
