@@ -181,12 +181,8 @@ def _al_setup_context(ctx, inputs, output):
 
 
 def _al_backward(ctx, grad):
-    g, lam, mu = ctx.saved_tensors
-    gg = None
-    if ctx.needs_input_grad[0]:
-        gg = torch.ops.entangle_ext.augmented_lagrangian_backward(grad.contiguous(), g, lam, mu,
-                                                                  ctx.kind)
-    return gg, None, None, None
+    # one reverse rule for the registered op and its forward-mode Function (_fwad.ALForward)
+    return _fwad.ALForward.backward(ctx, grad)
 
 
 def _al_double_backward(ctx, *grads):
