@@ -215,7 +215,7 @@ def exit_on_bad_input(prog: str):
 
 
 def _interrupted(argv: List[str], out: str) -> int:
-    """Ctrl-C / SIGTERM: say how to go on (the driver keeps the last checkpoint under --out)."""
+    """Ctrl-C / SIGTERM: say how to go on (the run keeps the last checkpoint under --out)."""
     ckpts = Path(out) / "checkpoints"
     rest, skip = [], False
     for a in argv:   # the same command without its --resume
@@ -335,7 +335,7 @@ def _one_line_warnings():
 @contextlib.contextmanager
 def _deterministic(on: bool):
     """``--deterministic`` for a baseline (its config has no such field; the two-stage config's
-    ``deterministic`` does this in the driver): deterministic algorithms inside, every global
+    ``deterministic`` does this in the run): deterministic algorithms inside, every global
     setting restored after."""
     if not on:
         yield

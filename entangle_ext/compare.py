@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from .unlearn import NonFiniteLossError, Splits, UnlearnConfig, UnlearnResult, evaluate, unlearn
+from .unlearn import NonFiniteLossError, Splits, UnlearnResult, evaluate, unlearn
 from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fingerprint import fingerprint
@@ -186,15 +186,8 @@ def effective_config(name: str, config=None, *, setting: Optional[str] = None, h
     """What ``entangle_ext.unlearn(model, splits, config, method=name, setting=, hparams=)`` runs:
     the two-stage family's rewritten `UnlearnConfig`, a baseline's resolved ``Config`` (its preset
     when ``config`` is None). Raises as `entangle_ext.unlearn` for a bad config / setting / hparams."""
-    M = _methods()
-    cls = M.get_method(name)
-    if cls.two_stage:
-        cfg = cls.two_stage_config(config, setting, hparams)
-        if not isinstance(cfg, UnlearnConfig):
-            raise TypeError(f"method {name!r} takes an entangle_ext.UnlearnConfig, got {type(cfg).__name__}")
-        return cfg.validate()
-    from .unlearn.method_run import resolve_config
-    return resolve_config(cls, config, setting, hparams).validate()
+    cls = _methods().get_method(name)
+    return cls.resolve_config(config, setting, hparams).validate()
 
 
 def check_budget(budget) -> float:
@@ -248,13 +241,7 @@ def scale_budget(name: str, config=None, factor: float = 1.0, *, setting: Option
         return config
     M = _methods()
     cls = M.get_method(name)
-    if cls.two_stage:
-        cfg = copy.deepcopy(config) if config is not None else cls.config_for(setting, hparams)
-        if not isinstance(cfg, UnlearnConfig):
-            raise TypeError(f"method {name!r} takes an entangle_ext.UnlearnConfig, got {type(cfg).__name__}")
-    else:
-        from .unlearn.method_run import resolve_config
-        cfg = resolve_config(cls, copy.deepcopy(config), setting, hparams)
+    cfg = cls.resolve_config(copy.deepcopy(config), setting, hparams)
     for path in type(cfg).budget_fields:
         cfg = _replace_path(cfg, path, lambda n: _scaled_passes(n, factor))
     return cfg.validate()

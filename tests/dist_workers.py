@@ -2,6 +2,7 @@
 two gloo processes runs (every scenario in one launch: process start-up is the slow part)."""
 import dataclasses
 import gc
+import importlib
 import json
 import os
 import sys
@@ -153,10 +154,10 @@ def worker(rank: int, world: int, init_file: str, out: str, one_process_ckpt: st
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-    from entangle_ext.unlearn import driver
+    run = importlib.import_module("entangle_ext.unlearn.run")
     writes = []
-    real = driver.write_report
-    driver.write_report = lambda *a, **k: (writes.append(rank), real(*a, **k))
+    real = run.write_report
+    run.write_report = lambda *a, **k: (writes.append(rank), real(*a, **k))
     try:
         for name, fn in scenarios(out, world, one_process_ckpt).items():
             try:

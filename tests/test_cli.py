@@ -339,7 +339,7 @@ def test_two_stage_family_resume_checks_the_config_before_any_data(tmp_path, cap
 
 @needs_ext
 def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp_path, capsys, monkeypatch):
-    """A baseline resumed from the command line gets the two-stage driver's checks: other data
+    """A baseline resumed from the command line gets the same checks as the two-stage family: other data
     (--forget) is refused, another configuration too (before any data is loaded) unless
     --allow-config-change, which the refusal names (not a Python-only keyword); the change is
     recorded in report.json."""

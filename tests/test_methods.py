@@ -206,7 +206,7 @@ def ft_run(small, tmp_path_factory):
 
 def test_baseline_resume_refuses_other_splits(small, ft_run):
     """A baseline's checkpoint holds the splits fingerprint; a resume on other data is refused (as
-    for the two-stage driver), whatever the config."""
+    for the two-stage family), whatever the config."""
     out, full = ft_run
     assert load_checkpoint(out)["fingerprint"] == full.report["fingerprint"]
     assert set(full.report["fingerprint"]["splits"]) == set(SPLITS) and full.report["resume"] is None

@@ -19,12 +19,11 @@ def _block(monkeypatch, top):
 
 def test_compare_without_sklearn_fails_before_any_run(small, monkeypatch, tmp_path):
     import importlib
-    driver = importlib.import_module("entangle_ext.unlearn.driver")
+    entry = importlib.import_module("entangle_ext.unlearn.entry")
 
     def no_run(*a, **k):
         raise AssertionError("a method ran before the metrics' dependencies were checked")
-    monkeypatch.setattr(driver, "_two_stage", no_run)
-    monkeypatch.setattr(driver, "run_method", no_run)
+    monkeypatch.setattr(entry, "run_method", no_run)   # the one lifecycle of every method
     _block(monkeypatch, "sklearn")
     with pytest.raises(ImportError, match=r"MIA-efficacy .* needs scikit-learn.*entangle_ext\[metrics\]|"
                                           r"MIA-efficacy .* needs scikit-learn.*\.\[metrics\]"):

@@ -1,4 +1,4 @@
-"""Fast tests of the two-stage driver: API, presets, input errors, NaN handling, checkpoint/resume,
+"""Fast tests of `entangle_ext.unlearn` with the two-stage method: API, presets, input errors, NaN handling, checkpoint/resume,
 the digits miniature, dict (Hugging Face style) batches, CIFAR-100 loading."""
 import copy
 import dataclasses

@@ -217,7 +217,7 @@ def test_resume_with_another_config_raises_unless_allowed(small, full_run, tmp_p
 def test_resume_under_another_method_is_refused_naming_both(small, full_run, tmp_path):
     """A checkpoint names its method: a two_stage one is not continued as an ablation (which would
     run the checkpoint's config under the ablation's name), a stage1_only one not as two_stage, and
-    a baseline's not by the two-stage driver (nor the reverse), whatever the config."""
+    a baseline's not as a two-stage method (nor the reverse), whatever the config."""
     out, _ = full_run
     assert {load_checkpoint(p)["method"] for p in (out / "checkpoints").glob("stage*.pt")} == {"two_stage"}
     s1 = tmp_path / "s1"

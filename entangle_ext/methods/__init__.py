@@ -10,7 +10,7 @@ NegGrad+, RL, ℓ1-sparse, SalUn, SCRUB, SSD, GDR-GMA, MUNBa and DELETE, and the
 """
 from .base import (HPARAMS, METHODS, MethodConfig, TrainConfig, UnlearningMethod, available_methods,
                    get_method, register_method)
-from ..unlearn.method_run import run_method
+from ..unlearn.run import run_method
 # importing the method modules registers them, in this order
 from . import retrain, ft, ga, neggrad_plus, rl, l1_sparse, salun, scrub, ssd, gdr, munba, delete  # noqa: F401,E402
 from . import ablations  # noqa: F401,E402

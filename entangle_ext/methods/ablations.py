@@ -2,15 +2,16 @@
 "no_w2" (α = 0, the paper's "w/o W2" row), "pgd_mean" (Stage 2 with α = 0 and no Stage 1: the
 projection with the plain mean forget term), "stage1_only", and "two_stage_basis4" (ours, not
 the paper's: Stage 2 with ``basis_every=4``, docs/algorithm.md §3 "basis_every (ours)"). They run
-through the two-stage driver (`entangle_ext.unlearn`) with an `UnlearnConfig`; each only rewrites
-that config."""
+through the one run lifecycle (`entangle_ext.unlearn`, ``entangle_ext/unlearn/run.py``) with an
+`UnlearnConfig`, taking its two stages (`TwoStage.unlearn_in`); each ablation only rewrites that
+config."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Dict, Optional, Tuple
 
 from ..unlearn.config import PRESETS, UnlearnConfig
-from ..unlearn.method import warm_imports
+from ..unlearn.stages import stage1, stage2
 from .base import UnlearningMethod, register_method
 
 __all__ = ["TwoStage", "NoW2", "PGDMean", "Stage1Only", "TwoStageBasis4", "RECIPE_OF_HPARAMS"]
@@ -59,14 +60,47 @@ class TwoStage(UnlearningMethod):
         return cls.transform(cfg)
 
     @classmethod
-    def two_stage_config(cls, config, setting: Optional[str], hparams: str):
-        """What the driver runs: `config_for` when ``config`` is None, else ``config`` rewritten
-        by `transform` (anything that is not an `UnlearnConfig` is returned unchanged, for the
-        driver's type check)."""
-        warm_imports()   # before the driver's clocks start
+    def resolve_config(cls, config, setting: Optional[str], hparams: str, ckpt: Optional[Dict[str, Any]] = None):
+        """As `UnlearningMethod.resolve_config`: ``config`` rewritten by `transform` (it must be an
+        `UnlearnConfig`: TypeError otherwise), else the resumed checkpoint's config (already
+        rewritten when it was written), else `config_for` ``setting`` / ``hparams``."""
+        cls.check_arguments(setting, hparams)
         if config is None:
-            return cls.config_for(setting, hparams)
-        return cls.transform(config) if isinstance(config, UnlearnConfig) else config
+            return UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else cls.config_for(setting, hparams)
+        if not isinstance(config, UnlearnConfig):
+            raise TypeError(f"method {cls.name!r} takes an entangle_ext.UnlearnConfig (or None for its preset), "
+                            f"got {type(config).__name__}")
+        return cls.transform(config)
+
+    @classmethod
+    def splits_needed(cls, config: UnlearnConfig) -> Tuple[str, ...]:
+        """forget and remote (Stage 1 and Stage 2's projection), adjacent when Stage 2 runs."""
+        return ("forget", "remote") + (("adjacent",) if config.run_stage2 else ())
+
+    @classmethod
+    def stage_keys(cls) -> Tuple[int, ...]:
+        return (1, 2)
+
+    def unlearn_in(self, run) -> Dict[str, Any]:
+        """c0 (`Run.constraint_target`) → Stage 1 (`stage1`, checkpoint ``stage1_done``, with the
+        augmented Lagrangian's state) → evaluate "stage1" → Stage 2 (`stage2`, ``stage2_done``)
+        → evaluate "stage2"; a stage the config switches off is skipped. Returns c0, the final
+        λ and the step records per stage."""
+        cfg = run.config
+        c0 = run.constraint_target()
+
+        def loop_args(la):
+            return dict(la, device=run.device, seed=cfg.seed, amp=cfg.amp, eval_batch_size=cfg.eval_batch_size)
+        if cfg.run_stage1:
+            run.stage(1, lambda la: stage1(run.model, run.splits, cfg.stage1, c0=c0, **loop_args(la)),
+                      timing="stage1", tag="stage1_done", keep=lambda r: {"lagrangian": r.lagrangian.state_dict()},
+                      results=lambda r: {"lambda_final": float(r.lam)})
+            run.evaluate_after(1, "stage1")
+        if cfg.run_stage2:
+            run.stage(2, lambda la: stage2(run.model, run.splits, cfg.stage2, **loop_args(la)),
+                      timing="stage2", tag="stage2_done")
+            run.evaluate_after(2, "stage2")
+        return {"c0": c0, "lambda_final": run.done.get("lambda_final")}
 
 
 @register_method("no_w2")

@@ -5,7 +5,7 @@ from .config import PRESETS, RECIPES, Stage1Config, Stage2Config, UnlearnConfig
 from .data import Splits
 from .disjoint import OverlappingSplitsWarning
 from .data import BatchLargerThanSplitWarning
-from .driver import OutDirReusedWarning, UnlearnResult, unlearn
+from .entry import OutDirReusedWarning, UnlearnResult, unlearn
 from .evaluate import evaluate
 from .lock import OutDirInUseError
 from .loop import NonFiniteLossError, RunInterrupted, StageLoop, StageResult

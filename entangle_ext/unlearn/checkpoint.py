@@ -193,7 +193,7 @@ def optimizer_entry(opt: torch.optim.Optimizer) -> Reconfigured:
 
 class Checkpointer:
     """Writes ``{out_dir}/checkpoints/{tag}.pt`` atomically (tmp + rename), with the run-wide
-    entries of ``common`` (a dict the driver may extend during the run), those ``dynamic()``
+    entries of ``common`` (a dict the run may extend during the run), those ``dynamic()``
     returns at that moment (e.g. the timings so far) and the RNG states, and points
     ``checkpoints/latest.pt`` at it. ``last_path`` is the last good checkpoint (None before the
     first one, or always when ``out_dir`` is None: then nothing is written).
@@ -308,8 +308,8 @@ def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def check_resume(ckpt: Dict[str, Any], fingerprint: Dict[str, Any], config: Dict[str, Any], *,
                  allow_config_change: bool = False) -> Dict[str, List[Any]]:
-    """Compare a checkpoint with the run resuming it (any method: the two-stage driver and
-    `entangle_ext.methods.run_method` both call this).
+    """Compare a checkpoint with the run resuming it (any method: the one run lifecycle,
+    `entangle_ext.methods.run_method`, calls this).
 
     Args:
         ckpt: the checkpoint. fingerprint: `splits_fingerprint` of the resuming run's splits.

@@ -1,4 +1,4 @@
-"""Data plumbing of the driver: `Splits`, deterministic resumable batch streams, model calls.
+"""Data plumbing of every run: `Splits`, deterministic resumable batch streams, model calls.
 
 A split is a map-style Dataset or a `torch.utils.data.DataLoader` (its dataset, ``collate_fn``,
 ``num_workers``, ``pin_memory``, ``worker_init_fn`` and ``multiprocessing_context`` are used; its

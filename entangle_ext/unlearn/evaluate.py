@@ -85,7 +85,7 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
         batch_size: evaluation batch (samples, int >= 1). num_classes: expected C (default: from
             logits).
         keep_forget_losses: also return the per-sample CE of the forget train split.
-        check_finite: raise when a per-sample CE is NaN/Inf (the driver's check of the data
+        check_finite: raise when a per-sample CE is NaN/Inf (the run's check of the data
             before unlearning).
         amp: None or "bf16": forward passes under `torch.autocast`.
     Returns:

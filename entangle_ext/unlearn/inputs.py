@@ -1,7 +1,7 @@
 """What every entry point asks of the caller's model and splits, and what it gives back: their
 types, the device a call runs on, the trainable parameters, and the model's train/eval flags,
 restored on exit (docs/algorithm.md §1). One home for these checks, shared by `unlearn`, the
-baselines' run (`unlearn/method_run.py`), `stage1` / `stage2`, `evaluate`, the metrics and `compare`."""
+one run lifecycle (`unlearn/run.py`), `stage1` / `stage2`, `evaluate`, the metrics and `compare`."""
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +42,7 @@ def model_device(model: torch.nn.Module, device=None) -> torch.device:
 def check_device_usable(device: torch.device) -> torch.device:
     """``device`` itself, or ValueError naming it when this process cannot run on it: a CUDA device
     without a usable GPU (or an index past the GPUs visible), an MPS device without MPS — instead
-    of the driver's error at the first tensor moved there."""
+    of the run's error at the first tensor moved there."""
     if device.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:

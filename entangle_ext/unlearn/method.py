@@ -119,8 +119,8 @@ class UnlearningMethod:
 
     Class attributes: ``name`` (set by `register_method`), ``Config`` (its configuration
     dataclass), ``presets`` = {setting: {"paper_code": {field: value}, "original": {...}}}
-    (overrides of the ``Config`` defaults; sources in docs/algorithm.md §10) and ``two_stage``
-    (True for the two-stage family, which runs through the two-stage driver) and
+    (overrides of the ``Config`` defaults; sources in docs/algorithm.md §10), ``two_stage``
+    (True for the two-stage family: its config is an `UnlearnConfig` with a recipe) and
     ``required_splits`` (the train splits its objective reads; the run refuses a `Splits`
     without one of them before any compute).
     ``uses_model_fn`` (True for Retrain only, which builds a fresh model with it).
@@ -170,9 +170,63 @@ class UnlearningMethod:
         values = dict(cls.presets[setting][hparams]) if setting is not None else {}
         return cls.Config(**{**values, **overrides})
 
+    @classmethod
+    def resolve_config(cls, config, setting: Optional[str], hparams: str, ckpt: Optional[Dict[str, Any]] = None):
+        """The config a run of this method uses (not yet validated): ``config`` itself (exactly a
+        ``cls.Config``, after ``adapt_config`` where the method has one), else the one stored in
+        the checkpoint ``ckpt`` being resumed, else the ``hparams`` preset of ``setting`` (None:
+        the defaults). Raises TypeError for a config of another type, ValueError for an unknown
+        setting/hparams (checked also when they are unused)."""
+        cls.check_arguments(setting, hparams)
+        if config is None:
+            return cls.Config.from_dict(ckpt["config"]) if ckpt is not None else cls.config_for(setting, hparams)
+        adapt = getattr(cls, "adapt_config", None)
+        if adapt is not None:
+            config = adapt(config)
+        if type(config) is not cls.Config:   # a subclass is another method's config (e.g. SalUn's of RL)
+            raise TypeError(f"method {cls.name!r} takes a {cls.Config.__module__}.{cls.Config.__qualname__} "
+                            f"config (or None for its preset), got {type(config).__name__}")
+        return config
+
+    @classmethod
+    def splits_needed(cls, config) -> Tuple[str, ...]:
+        """The train splits a run with ``config`` reads (default: ``required_splits``); the run
+        refuses a `Splits` without one of them before any compute."""
+        return cls.required_splits
+
+    @classmethod
+    def stage_keys(cls) -> Tuple[Any, ...]:
+        """The keys of the method's stages, in run order, as its checkpoints record them
+        (default: one stage, the method's name)."""
+        return (cls.name,)
+
+    def unlearn_in(self, run) -> Dict[str, Any]:
+        """The method's part of a run (``run``: the `entangle_ext.unlearn.run.Run` of
+        `entangle_ext.unlearn`, after θ0 was evaluated): take the stages with ``run.stage``,
+        evaluate with ``run.evaluate_after``; return the report entries the method adds
+        (``steps``, and for the two-stage family ``c0`` and ``lambda_final``).
+
+        Default (every baseline): one stage named after the method that calls `run` (in train
+        mode when the config has ``train_mode``), timed as ``"unlearn"`` and checkpointed as
+        ``checkpoints/done.pt``, then the evaluation ``"final"``."""
+        cfg, model = run.config, run.model
+
+        def go(loop_args):
+            model.train(bool(getattr(cfg, "train_mode", False)))
+            try:
+                return self.run(model, run.splits, cfg, device=run.device, seed=cfg.seed, out_dir=run.out,
+                                progress=run.progress, loop_args=loop_args)
+            finally:
+                model.eval()
+        run.stage(self.name, go, timing="unlearn", tag="done")
+        run.evaluate_after(self.name, "final")
+        return {"steps": {self.name: len(run.history)}}
+
     def run(self, model: torch.nn.Module, splits: Splits, config, *, device: torch.device, seed: int,
             out_dir=None, progress: bool = True, loop_args: Dict[str, Any]) -> List[Dict[str, float]]:
-        """Unlearn in place; returns the per-step history records. Implemented by each method."""
+        """Unlearn in place; returns the per-step history records. Implemented by each baseline
+        (the two-stage family overrides `unlearn_in` instead). ``loop_args``: the `StageLoop`
+        keywords of the run (`Run.loop_args`), which `loop` passes on."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for run()
@@ -181,7 +235,7 @@ class UnlearningMethod:
         """A seeded stream named ``"<method>/<name>"`` over ``data`` (a `Source`, e.g.
         ``splits.source("forget")`` or `retain_set`, so the splits' collate function is kept),
         shuffled unless ``shuffle`` is False; its floating inputs are cast to ``model``'s dtype
-        (`model_dtype`), as in the two-stage driver."""
+        (`model_dtype`), as in the two-stage family's streams."""
         return cls(data, batch_size, shuffle=shuffle, seed=seed, name=f"{self.name}/{name}", device=device,
                    input_dtype=model_dtype(model), training=True, fold_tail=has_batchnorm(model))
 

@@ -1,32 +1,24 @@
-"""`entangle_ext.unlearn`: evaluate the original model → Stage 1 → evaluate → Stage 2 → evaluate
-→ report (docs/algorithm.md §2, §3)."""
+"""`entangle_ext.unlearn`, the entry of every run: its argument checks, the copy of
+``inplace=False``, the warning for a reused out dir, then the one run lifecycle
+(``entangle_ext/unlearn/run.py``: evaluate the original model → the method's stages, e.g. Stage 1
+→ evaluate → Stage 2 → evaluate → report; docs/algorithm.md §2, §3, §10)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
-import math
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
-from .checkpoint import (Checkpointer, check_resume, load_resume, preserved_global_state, restore_objects,
-                         seed_everything, set_rng_state, splits_fingerprint,
-                         fingerprint_entry)
 from .config import UnlearnConfig
 from .data import Splits
-from .distributed import current, scope, unwrap
-from .evaluate import evaluate
-from .inputs import check_model_and_splits, model_device, preflight, require_trainable, training_flags_kept
-from .lock import OutDirLock
-from .loop import check_final_losses
+from .distributed import unwrap
+from .inputs import check_model_and_splits, training_flags_kept
 from .method import get_method
-from .method_run import run_method
-from .report import UnlearnResult, build_report, format_table, write_report
-from .stages import stage1, stage2
+from .report import UnlearnResult
+from .run import run_method
 
 __all__ = ["unlearn", "UnlearnResult", "OutDirReusedWarning"]
 
@@ -67,7 +59,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             its preset, docs/algorithm.md §10).
         method: a name of `entangle_ext.available_methods()`: "two_stage" (this method),
             its ablations "no_w2", "pgd_mean", "stage1_only", "two_stage_basis4" (rewrite the UnlearnConfig), or a
-            baseline (run by `entangle_ext.methods.run_method`; same report structure).
+            baseline; every method runs through the same lifecycle (`entangle_ext.methods.run_method`),
+            with the same checks, resume, seeding, evaluation and report structure.
         setting, hparams: when ``config`` is None, the preset of that setting ("digits",
             "cifar100", ...) in the family "paper_code" (the released code; recipe "reference")
             or "original" (the baseline authors' defaults; the paper's recipe for the two-stage
@@ -154,58 +147,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         model = _copy(model)
     # warned once the configuration and splits are known to be valid, at the caller's line
     warn = _reuse_warning(out_dir, sys._getframe(1)) if resume is None else None
-    lock = OutDirLock(out_dir)
-
-    def checked():   # the checks passed: lock the out dir (one live run per dir), then warn
-        lock.acquire()
-        if warn is not None:
-            warn()
-    with lock, training_flags_kept(model):
-        if not spec.two_stage:
-            return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
-                              seed=seed, device=device, out_dir=out_dir, resume=resume,
-                              allow_config_change=allow_config_change, progress=progress, on_checked=checked)
-        # the preset family and setting the config came from, reported as a baseline's are
-        preset = {"hparams": hparams, "setting": setting} if config is None and resume is None else \
-            {"hparams": None, "setting": None}
-        if config is not None or resume is None:
-            config = spec.two_stage_config(config, setting, hparams)
-        return _two_stage(model, splits, config, method=method, seed=seed, device=device, out_dir=out_dir,
-                          resume=resume, allow_config_change=allow_config_change, progress=progress,
-                          on_checked=checked, preset=preset)
-
-
-def _two_stage(model, splits: Splits, config, *, method: str, seed, device, out_dir, resume,
-               allow_config_change: bool, progress: bool,
-               on_checked: Optional[Callable[[], None]] = None,
-               preset: Dict[str, Any]) -> UnlearnResult:
-    """The two-stage family's run (`unlearn` after the dispatch on ``method``); ``preset``:
-    {"hparams", "setting"} of the preset the config came from (None values otherwise)."""
-    with preserved_global_state(), scope(model) as (_, model):
-        ckpt = load_resume(resume, method)
-        config = _resolve_config(config, ckpt, seed)
-        required = ("forget", "remote") + (("adjacent",) if config.run_stage2 else ())
-        splits.check(required, by=f"method {method!r}")
-        fingerprint = splits_fingerprint(splits)
-        changes = None if ckpt is None else check_resume(
-            ckpt, fingerprint, config.to_dict(), allow_config_change=allow_config_change)
-        require_trainable(model)
-        device = model_device(model, device)
-        model.to(device).eval()
-        num_classes = preflight(model, splits, device, config.amp)
-        if on_checked is not None:
-            on_checked()
-        seed_everything(config.seed, config.deterministic)
-        if ckpt is not None and "rng" in ckpt:
-            set_rng_state(ckpt["rng"])
-        run = _Run(model, splits, config, device, num_classes, out_dir, ckpt, progress, fingerprint, method)
-        if "original" not in run.evals:
-            run.evaluate("original", check_finite=True)
-        c0 = run.constraint_target()
-        run.stage1(c0)
-        run.stage2()
-        resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
-        return run.finish(c0, resumed, preset)
+    with training_flags_kept(model):
+        return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
+                          seed=seed, device=device, out_dir=out_dir, resume=resume,
+                          allow_config_change=allow_config_change, progress=progress, on_checked=warn)
 
 
 class OutDirReusedWarning(UserWarning):
@@ -247,138 +192,3 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
         raise ValueError("inplace=False needs a copy of the model, and an FSDP (fully_shard) model "
                          "cannot be copied: pass inplace=True")
     return copy.deepcopy(model)
-
-
-def _resolve_config(config, ckpt, seed: Optional[int] = None) -> UnlearnConfig:
-    if config is None:
-        config = UnlearnConfig.from_dict(ckpt["config"]) if ckpt is not None else UnlearnConfig()
-    if not isinstance(config, UnlearnConfig):
-        raise TypeError(f"config must be an entangle_ext.UnlearnConfig, got {type(config).__name__}")
-    if seed is not None:
-        config = dataclasses.replace(config, seed=seed)
-    return config.validate()
-
-
-class _Run:
-    """One `unlearn` call: its evaluations, timings, step history, checkpoints and resume point.
-
-    ``done`` is what the completed stages hand to the report ({"history": records of the
-    completed stages, "lambda_final"}); it and the evaluations go into every checkpoint, with
-    the timings so far, so a resumed run reports the whole run.
-    """
-
-    def __init__(self, model, splits, config: UnlearnConfig, device, num_classes: int, out_dir,
-                 ckpt: Optional[Dict[str, Any]], progress: bool, fingerprint, method: str = "two_stage"):
-        self.model, self.splits, self.config, self.device = model, splits, config, device
-        self.method = method
-        self.num_classes, self.progress = num_classes, progress
-        self.out = Path(out_dir) if out_dir is not None else None
-        if self.out is not None:
-            self.out.mkdir(parents=True, exist_ok=True)
-        self.ckpt = ckpt or {}
-        self.evals: Dict[str, Dict[str, dict]] = dict(self.ckpt.get("evals", {}))
-        self.done: Dict[str, Any] = copy.deepcopy(self.ckpt.get("done", {"history": [],
-                                                                          "lambda_final": None}))
-        self.timings: Dict[str, float] = dict(self.ckpt.get("timings", {}))
-        self._running: Optional[tuple] = None   # (name, start, seconds before this process)
-        self.saver = Checkpointer(self.out, {"method": method, "config": config.to_dict(),
-                                             "evals": self.evals, "done": self.done,
-                                             "fingerprint": fingerprint_entry(fingerprint)},
-                                  dynamic=lambda: {"timings": self._timings_now()})
-        self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
-        # stages completed by the checkpoint we resume from
-        self.done_stage = 0 if not self.ckpt else \
-            self.ckpt["stage"] if self.ckpt.get("stage_done") else self.ckpt["stage"] - 1
-
-    def _timings_now(self) -> Dict[str, float]:
-        t = dict(self.timings)
-        if self._running is not None:
-            name, start, before = self._running
-            t[name] = before + time.perf_counter() - start
-        return t
-
-    def _timed(self, name: str, fn):
-        """Run fn, adding its wall time (seconds) to ``timings[name]`` (a resumed stage keeps the
-        time it took before the interruption)."""
-        self._running = (name, time.perf_counter(), self.timings.get(name, 0.0))
-        try:
-            return fn()
-        finally:
-            self.timings.update(self._timings_now())
-            self._running = None
-
-    def evaluate(self, tag: str, check_finite: bool = False) -> None:
-        self.timings.pop(f"eval_{tag}", None)
-        self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
-            self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
-            num_classes=self.num_classes, check_finite=check_finite, amp=self.config.amp))
-
-    def constraint_target(self) -> float:
-        """c0 = the original model's mean CE on the remote train set (nats); ValueError if not finite."""
-        c0 = self.ckpt["c0"] if "c0" in self.ckpt else self.evals["original"]["remote"]["loss"]
-        if not math.isfinite(c0):
-            raise ValueError(f"the original model's mean cross-entropy on the remote train set (c0, the "
-                             f"Stage-1 constraint target) is {c0}: the model produces non-finite logits "
-                             "before unlearning starts")
-        self.saver.common["c0"] = c0
-        return c0
-
-    def _loop_args(self, stage: int) -> Dict[str, Any]:
-        resume = self.ckpt if self.ckpt.get("stage") == stage and not self.ckpt.get("stage_done") else None
-        return dict(device=self.device, seed=self.config.seed, log_every=self.config.log_every,
-                    checkpoint_every=self.config.checkpoint_every, checkpoint_fn=self.saver,
-                    resume_state=resume, progress=self.progress, amp=self.config.amp)
-
-    def stage1(self, c0: float) -> None:
-        """Run (or take from the checkpoint) Stage 1, then evaluate."""
-        if self.config.run_stage1 and self.done_stage < 1:
-            r = self._timed("stage1", lambda: stage1(
-                self.model, self.splits, self.config.stage1, c0=c0,
-                eval_batch_size=self.config.eval_batch_size, **self._loop_args(1)))
-            self.done["history"] = self.done["history"] + r.history
-            self.done["lambda_final"] = float(r.lam)
-            self.saver.save("stage1_done", {"stage": 1, "stage_done": True, "step": r.steps,
-                                            "model": self.model.state_dict(),
-                                            "lagrangian": r.lagrangian.state_dict()})
-        elif self.done_stage >= 1 and self.ckpt.get("stage") == 1:
-            restore_objects({"model": self.model}, self.ckpt)
-        if self.config.run_stage1 and "stage1" not in self.evals and self.done_stage < 2:
-            self.evaluate("stage1")
-
-    def stage2(self) -> None:
-        """Run (or take from the checkpoint) Stage 2, then evaluate."""
-        if self.config.run_stage2 and self.done_stage < 2:
-            r = self._timed("stage2", lambda: stage2(
-                self.model, self.splits, self.config.stage2,
-                eval_batch_size=self.config.eval_batch_size, **self._loop_args(2)))
-            self.done["history"] = self.done["history"] + r.history
-            self.saver.save("stage2_done", {"stage": 2, "stage_done": True, "step": r.steps,
-                                            "model": self.model.state_dict()})
-        elif self.done_stage >= 2:
-            restore_objects({"model": self.model}, self.ckpt)
-        if self.config.run_stage2 and "stage2" not in self.evals:
-            self.evaluate("stage2")
-
-    def finish(self, c0: float, resumed: Optional[Dict[str, Any]], preset: Dict[str, Any]) -> UnlearnResult:
-        """Table, report (and its files under out_dir); prints the table when progress is on."""
-        history = self.done["history"]
-        table = format_table(self.evals)
-        report = build_report(config=self.config.to_dict(), num_classes=self.num_classes, c0=c0,
-                              lam=self.done["lambda_final"], history=history,
-                              timings=self._timings_now(), evals=self.evals,
-                              checkpoint=self.saver.last_path)
-        report["fingerprint"] = self.saver.common["fingerprint"]
-        report["resume"] = resumed
-        report.update(preset)
-        last = next(t for t in ("stage2", "stage1", "original") if t in report["evals"])
-        report["method"], report["evals"]["final"] = self.method, copy.deepcopy(report["evals"][last])
-        check_final_losses(self.method, report["evals"]["final"], len(history), self.saver.last_path)
-        tm = report["timings_s"]
-        tm["unlearn"] = tm.get("stage1", 0.0) + tm.get("stage2", 0.0)
-        report["world_size"] = current().world
-        if self.out is not None and current().is_main:
-            write_report(self.out, report, history, self.evals,
-                         bins=self.config.histogram_bins, num_classes=self.num_classes)
-        if self.progress and current().is_main:
-            print(table)
-        return UnlearnResult(model=self.model, report=report, history=history, table=table)

@@ -1,0 +1,245 @@
+"""The one lifecycle of every run, whatever the method (docs/algorithm.md §2, §3, §10): checks →
+pre-flight → seeding → evaluate θ0 → the method's stages (each timed, checkpointed and resumable)
+→ evaluations → report, table and files. `run_method` is that lifecycle; `Run` is the state one
+call carries through it. A method plugs in with `UnlearningMethod.unlearn_in`, which takes its
+stages with `Run.stage` and evaluates with `Run.evaluate_after`: the two-stage family takes two
+(Stage 1, Stage 2), a baseline one."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type, Union
+
+import torch
+
+from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_resume, preserved_global_state,
+                         restore_objects, seed_everything, set_rng_state, splits_fingerprint)
+from .data import Splits
+from .distributed import current, scope
+from .evaluate import evaluate
+from .inputs import check_model_and_splits, model_device, preflight, require_trainable
+from .lock import OutDirLock
+from .loop import check_final_losses
+from .method import UnlearningMethod, warm_imports
+from .report import UnlearnResult, build_report, format_table, write_report
+
+__all__ = ["run_method", "Run"]
+
+
+def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Splits, config=None, *,
+               setting: Optional[str] = None, hparams: str = "paper_code",
+               model_fn: Optional[Callable[[], torch.nn.Module]] = None, seed: Optional[int] = None,
+               device: Optional[Union[str, torch.device]] = None, out_dir=None, resume=None,
+               allow_config_change: bool = False, progress: bool = True,
+               on_checked: Optional[Callable[[], None]] = None) -> UnlearnResult:
+    """Run the registered method ``cls`` (any member of `entangle_ext.available_methods()`) on
+    ``model`` in place: what `entangle_ext.unlearn` does after its argument checks, with the same
+    arguments, report, files, errors and restored global state (see its docstring).
+
+    Order (every method): load the checkpoint of ``resume`` → resolve and validate the config
+    (``cls.resolve_config``; ``seed`` replaces ``config.seed``) → the splits the method needs
+    (``cls.splits_needed``) → the splits fingerprint and, on a resume, `check_resume` →
+    trainable parameters → device → `preflight` (one batch per split) → lock ``out_dir`` and
+    ``on_checked()`` → seed (and deterministic algorithms when the config asks) → evaluate θ0
+    (non-finite per-sample losses raise) → ``cls(...).unlearn_in(run)`` → `Run.finish`.
+
+    Raises: as `entangle_ext.unlearn` (TypeError / ValueError for bad input, OutDirInUseError,
+    NonFiniteLossError, RunInterrupted).
+    """
+    warm_imports()   # before any clock starts
+    check_model_and_splits(model, splits, "unlearn")
+    cls.check_arguments(setting, hparams, model_fn)
+    lock = OutDirLock(out_dir)   # taken once the checks passed (re-entrant under `entangle_ext.unlearn`)
+    with lock, preserved_global_state(), scope(model) as (d, model):
+        ckpt = load_resume(resume, cls.name)
+        preset = {"hparams": hparams, "setting": setting} if config is None and ckpt is None else \
+            {"hparams": None, "setting": None}
+        config = cls.resolve_config(config, setting, hparams, ckpt)
+        config = (config if seed is None else dataclasses.replace(config, seed=seed)).validate()
+        splits.check(cls.splits_needed(config), by=f"method {cls.name!r}")
+        fingerprint = splits_fingerprint(splits)
+        changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
+                                                         allow_config_change=allow_config_change)
+        require_trainable(model)
+        device = model_device(model, device)
+        model.to(device).eval()
+        amp = getattr(config, "amp", None)
+        num_classes = preflight(model, splits, device, amp)
+        lock.acquire(d)   # one live run per out dir: OutDirInUseError before any training
+        if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
+            on_checked()
+        seed_everything(config.seed, bool(getattr(config, "deterministic", False)))
+        if ckpt is not None and "rng" in ckpt:
+            set_rng_state(ckpt["rng"])
+        run = Run(cls.name, model, splits, config, device=device, num_classes=num_classes, out_dir=out_dir,
+                  ckpt=ckpt, progress=progress, fingerprint=fingerprint, stages=cls.stage_keys(), amp=amp)
+        if "original" not in run.evals:
+            run.evaluate("original", check_finite=True)
+        extras = cls(num_classes=num_classes, model_fn=model_fn).unlearn_in(run)
+        resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
+        return run.finish(extras, resumed=resumed, preset=preset)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Run:
+    """One run's state: its evaluations, timings, step history, checkpoints and resume point.
+
+    ``stages`` are the keys of the method's stages in the order they run (the two-stage family:
+    1, 2; a baseline: its name); a checkpoint records the key of the stage it was written in
+    (``"stage"``) and whether that stage had finished (``"stage_done"``), so a resumed run skips
+    the finished stages and continues the interrupted one. ``done`` ({"history": records of the
+    completed stages, plus what a stage's ``results`` added, e.g. "lambda_final"}), the
+    evaluations and the timings so far go into every checkpoint, so a resumed run reports the
+    whole run, including the time its earlier processes spent.
+    """
+
+    def __init__(self, method: str, model: torch.nn.Module, splits: Splits, config, *, device: torch.device,
+                 num_classes: int, out_dir, ckpt: Optional[Dict[str, Any]], progress: bool,
+                 fingerprint: Dict[str, Any], stages: Sequence[Any], amp: Optional[str] = None):
+        self.method, self.model, self.splits, self.config, self.device = method, model, splits, config, device
+        self.num_classes, self.progress, self.amp, self.stages = num_classes, progress, amp, tuple(stages)
+        self.out = Path(out_dir) if out_dir is not None else None
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.ckpt = ckpt or {}
+        self.evals: Dict[str, Dict[str, dict]] = dict(self.ckpt.get("evals", {}))
+        self.done: Dict[str, Any] = copy.deepcopy(self.ckpt.get("done", {"history": [], "lambda_final": None}))
+        self.timings: Dict[str, float] = dict(self.ckpt.get("timings", {}))
+        if "done" not in self.ckpt and self.ckpt.get("stage_done"):
+            # a baseline's end-of-run checkpoint of the earlier lifecycle: its history at the top
+            # (in a mid-stage checkpoint that key is the stage loop's own, which it resumes from)
+            self.done["history"] = list(self.ckpt.get("history", []))
+        if "unlearn_s" in self.ckpt:
+            self.timings.setdefault("unlearn", float(self.ckpt["unlearn_s"]))
+        self._running: Optional[tuple] = None   # (name, start, seconds before this process)
+        self._stage_timings: List[str] = []
+        self._at: Any = None   # the key of the stage whose end the model is at (None: not at an end)
+        self.saver = Checkpointer(self.out, {"method": method, "config": config.to_dict(), "evals": self.evals,
+                                             "done": self.done, "fingerprint": fingerprint_entry(fingerprint)},
+                                  dynamic=lambda: {"timings": self._timings_now()})
+        self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
+        stage = self.ckpt.get("stage")
+        # how many of ``stages`` the checkpoint has finished (a sub-stage key of a method's own
+        # loops, e.g. "ssd/select", belongs to its first unfinished stage)
+        self._finished = 0 if stage not in self.stages else \
+            self.stages.index(stage) + bool(self.ckpt.get("stage_done"))
+
+    @property
+    def history(self) -> List[Dict[str, float]]:
+        """The per-step records of the completed stages (of every process of a resumed run)."""
+        return self.done["history"]
+
+    def _timings_now(self) -> Dict[str, float]:
+        t = dict(self.timings)
+        if self._running is not None:
+            name, start, before = self._running
+            t[name] = before + time.perf_counter() - start
+        return t
+
+    def _timed(self, name: str, fn):
+        """Run fn, adding its wall time (seconds, device work included) to ``timings[name]`` (a
+        resumed stage keeps the time it took before the interruption)."""
+        self._running = (name, time.perf_counter(), self.timings.get(name, 0.0))
+        try:
+            out = fn()
+            _sync(self.device)
+            return out
+        finally:
+            self.timings.update(self._timings_now())
+            self._running = None
+
+    def evaluate(self, tag: str, check_finite: bool = False) -> None:
+        """Evaluate the model on every split under ``evals[tag]`` (timed as ``eval_<tag>``)."""
+        self.timings.pop(f"eval_{tag}", None)
+        self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
+            self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
+            num_classes=self.num_classes, check_finite=check_finite, amp=self.amp))
+
+    def evaluate_after(self, key, tag: str) -> None:
+        """`evaluate` under ``tag`` unless it is already there (a resumed run) or the model is not
+        at the end of stage ``key`` (a resume past it)."""
+        if tag not in self.evals and self._at == key:
+            self.evaluate(tag)
+
+    def constraint_target(self) -> float:
+        """c0 = the original model's mean CE on the remote train set (nats), the Stage-1
+        constraint target; kept in every checkpoint. ValueError if not finite."""
+        c0 = self.ckpt["c0"] if "c0" in self.ckpt else self.evals["original"]["remote"]["loss"]
+        if not math.isfinite(c0):
+            raise ValueError(f"the original model's mean cross-entropy on the remote train set (c0, the "
+                             f"Stage-1 constraint target) is {c0}: the model produces non-finite logits "
+                             "before unlearning starts")
+        self.saver.common["c0"] = c0
+        return c0
+
+    def loop_args(self, key) -> Dict[str, Any]:
+        """The `StageLoop` keywords of stage ``key``: logging and checkpoint intervals, the
+        checkpoint writer, the progress flag and the checkpoint to continue from (the one
+        resumed from while it was written inside this stage, else None)."""
+        ck = self.ckpt
+        inside = bool(ck) and not ck.get("stage_done") and (ck.get("stage") == key or ck.get("stage") not in self.stages)
+        return dict(log_every=self.config.log_every, checkpoint_every=self.config.checkpoint_every,
+                    checkpoint_fn=self.saver, resume_state=ck if inside else None, progress=self.progress)
+
+    def stage(self, key, fn: Callable[[Dict[str, Any]], Any], *, timing: str, tag: str,
+              keep: Optional[Callable[[Any], Dict[str, Any]]] = None,
+              results: Optional[Callable[[Any], Dict[str, Any]]] = None) -> Any:
+        """Run stage ``key`` (one of ``stages``) unless the checkpoint resumed from finished it.
+
+        ``fn(loop_args)`` runs the stage (``loop_args``: `loop_args` of ``key``) and returns its
+        history (a list of records) or a `StageResult`; its wall time is ``timings[timing]``
+        (a key of the report's ``timings_s``; the stages' times add up to ``"unlearn"``). Then the
+        checkpoint ``checkpoints/<tag>.pt`` is written with the model, the stage's step count and
+        ``keep(result)`` (objects a later resume needs), after ``results(result)`` was merged into
+        ``done`` (what the report needs, e.g. λ). Returns ``fn``'s result, or None for a finished
+        stage (whose model is restored from the checkpoint when it was written at that stage's end).
+        """
+        self._stage_timings.append(timing)
+        if self.stages.index(key) < self._finished:
+            if self.ckpt.get("stage") == key:
+                restore_objects({"model": self.model}, self.ckpt)
+                self._at = key
+            return None
+        out = self._timed(timing, lambda: fn(self.loop_args(key)))
+        history, steps = (out, len(out)) if isinstance(out, list) else (out.history, out.steps)
+        self.done["history"] = self.done["history"] + history
+        if results is not None:
+            self.done.update(results(out))
+        self.saver.save(tag, {"stage": key, "stage_done": True, "step": steps, "model": self.model.state_dict(),
+                              **(keep(out) if keep is not None else {})})
+        self._at = key
+        return out
+
+    def finish(self, extras: Dict[str, Any], *, resumed: Optional[Dict[str, Any]],
+               preset: Dict[str, Any]) -> UnlearnResult:
+        """Table, report (and its files under out_dir; rank 0) and the `UnlearnResult`; prints the
+        table when progress is on. ``extras``: the method's report entries (``c0``,
+        ``lambda_final``, ``steps``); ``preset``: {"hparams", "setting"} of the preset the config
+        came from (None values otherwise); ``resumed``: the report's ``resume`` entry."""
+        history = self.history
+        table = format_table(self.evals)
+        report = build_report(config=self.config.to_dict(), num_classes=self.num_classes, c0=extras.get("c0"),
+                              lam=extras.get("lambda_final"), history=history, timings=self._timings_now(),
+                              evals=self.evals, checkpoint=self.saver.last_path)
+        if "steps" in extras:
+            report["steps"] = extras["steps"]
+        report.update(method=self.method, fingerprint=self.saver.common["fingerprint"], resume=resumed,
+                      world_size=current().world, **preset)
+        if "final" not in report["evals"]:
+            report["evals"]["final"] = copy.deepcopy(report["evals"][list(self.evals)[-1]])
+        check_final_losses(self.method, report["evals"]["final"], len(history), self.saver.last_path)
+        tm = report["timings_s"]
+        tm["unlearn"] = sum(tm.get(name, 0.0) for name in dict.fromkeys(self._stage_timings))
+        if self.out is not None and current().is_main:
+            write_report(self.out, report, history, self.evals, bins=self.config.histogram_bins,
+                         num_classes=self.num_classes)
+        if self.progress and current().is_main:
+            print(table)
+        return UnlearnResult(model=self.model, report=report, history=history, table=table)
