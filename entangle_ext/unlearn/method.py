@@ -201,7 +201,7 @@ class UnlearningMethod:
         return (cls.name,)
 
     def unlearn_in(self, run) -> Dict[str, Any]:
-        """The method's part of a run (``run``: the `entangle_ext.unlearn.run.Run` of
+        """The method's part of a run (``run``: the `Run` of ``entangle_ext/unlearn/run.py``, made by
         `entangle_ext.unlearn`, after θ0 was evaluated): take the stages with ``run.stage``,
         evaluate with ``run.evaluate_after``; return the report entries the method adds
         (``steps``, and for the two-stage family ``c0`` and ``lambda_final``).
