@@ -11,7 +11,7 @@ Operators (CPU and CUDA kernels registered as ``torch.ops.entangle_ext.*``, with
 
 `AugmentedLagrangian` (entangle_ext.lagrangian) holds the Stage-1 multiplier state and schedule.
 
-Driver (docs/algorithm.md §2-§3, §11 for torch.distributed): `unlearn(model, splits, config)`,
+The run (docs/algorithm.md §2-§3, §11 for torch.distributed): `unlearn(model, splits, config)`,
 `stage1`, `stage2`, `evaluate`, configured by `UnlearnConfig.preset(...)`; the baselines and
 ablations of `entangle_ext.methods` through ``unlearn(..., method=name)`` and `compare` (several
 methods and seeds from one original model, §10); the paper settings in `entangle_ext.settings`;
@@ -42,7 +42,7 @@ from .unlearn import (NonFiniteLossError, OutDirInUseError, OutDirReusedWarning,
                       UnlearnConfig, UnlearnResult, evaluate, stage1, stage2, unlearn)
 from . import methods as _methods  # noqa: F401,E402  (importing it registers every method, from above the run)
 from .compare import available_methods, compare
-from .unlearn.metrics import MIAUndefinedWarning
+from .unlearn.mia import MIAUndefinedWarning
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",

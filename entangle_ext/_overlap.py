@@ -75,7 +75,7 @@ def first_overlap(written: Sequence[torch.Tensor], read: Sequence[torch.Tensor] 
     nw = len(written)
     starts = [x.data_ptr() for x in ts]
     ends = [s + x.nbytes for s, x in zip(starts, ts)]
-    try:   # the screen pays off from a few dozen tensors on (the driver passes hundreds)
+    try:   # the screen pays off from a few dozen tensors on (a run passes hundreds)
         if len(ts) > 32 and not _any_overlap(np.array(starts, dtype=np.int64),
                                              np.array(ends, dtype=np.int64), nw):
             return None

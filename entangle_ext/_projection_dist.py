@@ -56,7 +56,7 @@ def project_sharded_(gs: List[torch.Tensor], flat: List[torch.Tensor], k: int,
     import torch.distributed as dist
 
     from . import _ext
-    from ._projection_lists import check_rcond
+    from ._projection_args import check_rcond
 
     if probe is None:
         raise ValueError("project_orthogonal_: with process_group every rank must pass its "

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from . import _ext, _fwad
-from ._al_args import (Scalar, as_g, as_mu, check_dual_args, check_kind, check_same_device,
+from ._augmented_lagrangian_args import (Scalar, as_g, as_mu, check_dual_args, check_kind, check_same_device,
                        check_state_dtype, check_tensors)
 from ._overlap import check_disjoint
 

@@ -22,20 +22,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
-import math
 import numbers
-import re
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .unlearn import NonFiniteLossError, Splits, UnlearnResult, evaluate, unlearn
+from .unlearn import NonFiniteLossError, Splits, evaluate
 from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fingerprint import fingerprint
@@ -43,8 +39,12 @@ from .unlearn.inputs import model_device
 from .unlearn.lock import out_dir_lock
 from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
 from .unlearn.files import atomic_write
+from .compare_specs import (MethodSpec, available_methods, build_specs, check_budget, check_method_names,
+                            effective_config, method_config, method_spec, scale_budget)
+from .compare_cache import CACHE_FORMAT, ResultCache, cache_key, cached_note, json_nan_free, jsonable
 from .unlearn.report import plot_available
-from .unlearn.metrics import METRICS, NonFiniteOutputError, check_relearn_args, unlearning_metrics
+from .unlearn.evaluate import NonFiniteOutputError
+from .unlearn.metrics import METRICS, check_relearn_args, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "scale_budget", "check_method_names", "available_methods", "fingerprint",
@@ -53,24 +53,6 @@ __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_c
 DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": 1e-3, "max_steps": 100, "batch_size": 64}
 """Relearn time: threshold = ``fraction`` × the original model's forget-train accuracy; the rest are
 `relearn_time` arguments."""
-CACHE_FORMAT = 2
-"""Part of every cache key: 2 since an MIA attack without signal scores NaN (undefined) instead of
-0 or 100 %, so records of format 1 (coin-flip MIA values) are recomputed, not reused."""
-
-
-@dataclass
-class MethodSpec:
-    """One method of a comparison.
-
-    Attributes:
-        name: row name (and cache directory). run: ``run(model, splits, *, seed, device, progress)``
-            returning an object with ``.model`` (the unlearned model) and ``.report`` (dict; its
-            ``["evals"]["final"]`` and ``["timings_s"]["unlearn"]`` are used when present).
-        hparams: JSON-serialisable hyperparameters; part of the cache key.
-    """
-    name: str
-    run: Callable[..., Any]
-    hparams: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,243 +89,6 @@ class ComparisonResult:
                 "summary": self.summary, "runs": {m: {str(s): r for s, r in v.items()} for m, v in self.runs.items()},
                 "failures": {m: {str(s): e for s, e in v.items()} for m, v in self.failures.items()},
                 "table": self.table}
-
-
-# ------------------------------------------------------------------------------------ methods
-def available_methods() -> List[str]:
-    """Names `compare` can run: `entangle_ext.methods.available_methods()` (the baselines, then
-    the two-stage family)."""
-    return list(_methods().available_methods())
-
-
-def _methods():
-    from . import methods   # lazy: the registry imports the settings and every method module
-    return methods
-
-
-def _json_nan_free(obj) -> Any:
-    """``obj`` with every NaN / ±Inf float (an undefined metric, e.g. MIA-efficacy without signal)
-    replaced by None: JSON has no NaN (``json.dumps(..., allow_nan=False)`` then holds)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Mapping):
-        return {k: _json_nan_free(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_nan_free(v) for v in obj]
-    return obj
-
-
-def _jsonable(obj) -> Any:
-    if obj is None or isinstance(obj, (str, int, float, bool)):
-        return obj
-    if hasattr(obj, "to_dict"):
-        return _jsonable(obj.to_dict())
-    if dataclasses.is_dataclass(obj):
-        return _jsonable(dataclasses.asdict(obj))
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return repr(obj)
-
-
-def method_config(name: str, *, setting: Optional[str] = None, variant: Optional[str] = None,
-                  hparams: str = "paper_code", config=None, retrain_recipe=None):
-    """The configuration `compare` hands to ``entangle_ext.unlearn(..., method=name)`` (each run
-    then sets its own ``seed``):
-
-    * ``config`` itself when given (an `UnlearnConfig` for the two-stage family, exactly the
-      method's own ``Config`` for a baseline, a `TrainRecipe` or `RetrainConfig` for "retrain");
-    * "retrain": ``RetrainConfig(recipe=retrain_recipe)``; else, for hparams "paper_code" on a
-      registered setting, the recipe of ``variant`` (the one `entangle_ext.settings.prepare`
-      trained θ0 with); else None (its ``hparams`` preset);
-    * the two-stage family on a registered setting: `Setting.config` of ``variant`` (the preset
-      with the variant's stage overrides) in the recipe of ``hparams`` ("paper_code" → the
-      reference code, "original" → the paper's text, docs/algorithm.md §7); else None;
-    * other baselines: None, i.e. the ``hparams`` preset of ``setting`` (docs/algorithm.md §10).
-
-    Raises ValueError for an unknown method, setting, variant or hparams.
-    """
-    M = _methods()
-    cls = M.get_method(name)
-    if hparams not in M.HPARAMS:
-        raise ValueError(f"hparams must be one of {M.HPARAMS}, got {hparams!r}")
-    if config is not None:
-        return config
-    from .settings import SETTINGS
-    v = SETTINGS[setting].variant(variant) if setting in SETTINGS else None
-    if name == "retrain":
-        if retrain_recipe is None and v is not None and hparams == "paper_code":
-            retrain_recipe = v.recipe
-        return None if retrain_recipe is None else cls.Config(recipe=retrain_recipe)
-    if cls.two_stage and v is not None:
-        from .methods.ablations import RECIPE_OF_HPARAMS
-        return SETTINGS[setting].config(v, recipe=RECIPE_OF_HPARAMS[hparams])
-    return None
-
-
-def effective_config(name: str, config=None, *, setting: Optional[str] = None, hparams: str = "paper_code"):
-    """What ``entangle_ext.unlearn(model, splits, config, method=name, setting=, hparams=)`` runs:
-    the two-stage family's rewritten `UnlearnConfig`, a baseline's resolved ``Config`` (its preset
-    when ``config`` is None). Raises as `entangle_ext.unlearn` for a bad config / setting / hparams."""
-    cls = _methods().get_method(name)
-    return cls.resolve_config(config, setting, hparams).validate()
-
-
-def check_budget(budget) -> float:
-    """``budget`` as a float: a finite real > 0 (not a bool); ValueError / TypeError otherwise."""
-    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
-        raise TypeError(f"budget must be a real number > 0 (1 = the presets), got {budget!r}")
-    if not (math.isfinite(budget) and budget > 0):
-        raise ValueError(f"budget must be a finite number > 0 (1 = the presets), got {budget!r}")
-    return float(budget)
-
-
-def _scaled_passes(n: Optional[int], factor: float) -> Optional[int]:
-    """ceil(n × factor), at least 1 when n >= 1; 0 and None stay as they are. ValueError when the
-    product is not a finite number (a factor like 1e308)."""
-    if n is None or n == 0:
-        return n
-    x = n * factor - 1e-9   # the tolerance keeps 15 × 0.6 at 9, not 10
-    if not math.isfinite(x):
-        raise ValueError(f"budget {factor!r} × {n} training passes is not a finite number of passes")
-    return max(1, math.ceil(x))
-
-
-def _replace_path(obj, path: str, fn):
-    head, _, rest = path.partition(".")
-    value = getattr(obj, head)
-    return dataclasses.replace(obj, **{head: _replace_path(value, rest, fn) if rest else fn(value)})
-
-
-def scale_budget(name: str, config=None, factor: float = 1.0, *, setting: Optional[str] = None,
-                 hparams: str = "paper_code"):
-    """The config of method ``name`` with every count of training passes multiplied by ``factor``
-    and rounded up to a whole number (ceil; at least 1 where it was >= 1; 0 and None stay): the
-    fields of the config class's ``budget_fields`` — ``epochs`` of every training baseline (SCRUB's
-    ``msteps`` too), Retrain's ``recipe.epochs``, the two-stage family's ``stage1.epochs``,
-    ``stage1.max_steps`` and ``stage2.epochs``. A method without a training loop (SSD) is
-    unchanged. Used by `compare` (``budget=``) for a CPU-sized comparison in which every method
-    gets the same share of its preset (the issue's "one common factor").
-
-    Args:
-        name: a registered method. config: its config, or None for the ``hparams`` preset of
-            ``setting`` (resolved as `entangle_ext.unlearn` would). factor: > 0 (float).
-    Returns: for factor 1, ``config`` itself as given (None stays None; only the factor is
-        checked: the method and config are checked where they are used). Otherwise a new
-        validated config of the method's type (`UnlearnConfig` for the two-stage family; a bare
-        `TrainRecipe` given to "retrain" comes back as its `RetrainConfig`).
-    Raises: ValueError / TypeError for a bad factor (also one that makes a count of passes
-        non-finite), and, for factor != 1, a bad method, setting, hparams or config type.
-    """
-    factor = check_budget(factor)
-    if factor == 1.0:
-        return config
-    M = _methods()
-    cls = M.get_method(name)
-    cfg = cls.resolve_config(copy.deepcopy(config), setting, hparams)
-    for path in type(cfg).budget_fields:
-        cfg = _replace_path(cfg, path, lambda n: _scaled_passes(n, factor))
-    return cfg.validate()
-
-
-def method_spec(name: str, *, setting: Optional[str] = None, variant: Optional[str] = None,
-                hparams: str = "paper_code", config=None, model_fn=None, retrain_recipe=None,
-                budget: float = 1.0) -> MethodSpec:
-    """The `MethodSpec` of a registered method: each run is ``entangle_ext.unlearn(model, splits,
-    method_config(...), method=name, setting=setting, hparams=hparams, seed=seed)``, with
-    ``model_fn`` for "retrain" (None: Retrain re-initialises a copy of θ0 with each module's
-    ``reset_parameters``, from the seed). The spec's ``hparams`` (its cache key) hold the
-    `effective_config` without its seed, ``setting`` / ``variant`` / ``hparams``, ``budget`` when
-    it is not 1 (the config is then `scale_budget`'s) and, for "retrain", the qualified name of
-    ``model_fn``.
-    Raises ValueError for an unknown name, setting, variant, hparams or a budget <= 0; TypeError for
-    a config of another method.
-    """
-    names = available_methods()
-    if name not in names:
-        raise ValueError(f"unknown method {name!r}; available here: {names}")
-    cfg = method_config(name, setting=setting, variant=variant, hparams=hparams, config=config,
-                        retrain_recipe=retrain_recipe)
-    budget = check_budget(budget)
-    cfg = scale_budget(name, cfg, budget, setting=setting, hparams=hparams)
-    eff = _jsonable(effective_config(name, copy.deepcopy(cfg), setting=setting, hparams=hparams))
-    eff.pop("seed", None)
-
-    def run(model, splits, *, seed, device, progress):
-        return unlearn(model, splits, copy.deepcopy(cfg), method=name, setting=setting, hparams=hparams,
-                       model_fn=model_fn if name == "retrain" else None, seed=seed, device=device,
-                       progress=progress)
-
-    hp = {"config": eff, "setting": setting, "variant": variant, "hparams": hparams}
-    if budget != 1.0:   # (absent at 1: the cache keys of full-budget runs stay as they were)
-        hp["budget"] = budget
-    if name == "retrain":   # what builds the fresh model (by name: a function's repr changes every process)
-        hp["model_fn"] = None if model_fn is None else \
-            f"{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', type(model_fn).__name__)}"
-    return MethodSpec(name, run, hp)
-
-
-def _original_spec() -> MethodSpec:
-    return MethodSpec("original", lambda model, splits, **_: UnlearnResult(model=model, report={}), {})
-
-
-# ------------------------------------------------------------------------------------ caching
-class _Cache:
-    """``out_dir/cache/<method>/seed<k>.json``, written atomically; None dir = no cache."""
-
-    def __init__(self, out_dir, device=None):
-        self.root = None if out_dir is None else Path(out_dir) / "cache"
-        self.device = device
-
-    def path(self, method: str, seed: int) -> Optional[Path]:
-        return None if self.root is None else self.root / re.sub(r"[^A-Za-z0-9_.-]", "_", method) / f"seed{seed}.json"
-
-    def load(self, method: str, seed: int, key: str) -> Optional[dict]:
-        p = self.path(method, seed)
-        if p is None or not p.exists():
-            return None
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, ValueError):
-            return None   # unreadable: run again
-        if rec.get("key") != key:
-            return None
-        for k in rec.get("nan_metrics", ()):   # stored as null (JSON has no NaN): back to NaN
-            rec["metrics"][k] = math.nan
-        env, here = rec.get("env"), _env(self.device)
-        if env is not None and env != here:
-            warnings.warn(f"compare: reusing the cached {method} seed {seed} made with torch {env.get('torch')} "
-                          f"on {env.get('device')} (this run: torch {here['torch']} on {here['device']}); "
-                          f"delete {p} to recompute it", UserWarning, stacklevel=3)
-        return rec
-
-    def save(self, method: str, seed: int, rec: dict) -> None:
-        p = self.path(method, seed)
-        if p is None:
-            return
-        p.parent.mkdir(parents=True, exist_ok=True)
-        nan = sorted(k for k, v in rec.get("metrics", {}).items() if isinstance(v, float) and math.isnan(v))
-        text = json.dumps(_json_nan_free({**rec, **({"nan_metrics": nan} if nan else {}), "env": _env(self.device)}),
-                          allow_nan=False)   # (one temporary file per process: --jobs workers share the dir)
-        atomic_write(p, lambda tmp: tmp.write_text(text), what="comparison cache entry",
-                     hint="the runs cached so far are kept: free space and rerun the same command to go on")
-
-
-def cached_note(reused: Mapping[str, Sequence[int]], root: Optional[Path]) -> str:
-    """The line under the table naming the results reused from the cache, e.g. "cached: ft seeds
-    0,1 (from OUT/cache; delete to recompute)"."""
-    parts = "; ".join(f"{m} seed{'s' if len(k) > 1 else ''} {','.join(str(i) for i in k)}" for m, k in reused.items())
-    return f"cached: {parts} (from {root}; delete to recompute)"
-
-
-def _env(device) -> Dict[str, str]:
-    """What a cached record notes about where it was computed (not part of its key)."""
-    return {"torch": torch.__version__, "device": "cpu" if device is None else torch.device(device).type}
-
-
-def _key(*parts) -> str:
-    return hashlib.sha256(json.dumps(_jsonable(parts), sort_keys=True).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------ running
@@ -389,35 +134,7 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, m
                             "diverged without a non-finite loss at a checked step") from e
     slim = {k: report[k] for k in ("method", "hparams", "setting", "config", "evals", "timings_s", "steps")
             if k in report}
-    return {"method": spec.name, "seed": seed, "metrics": metrics, "report": _jsonable(slim), "wall_s": wall}
-
-
-def check_method_names(names: Sequence[str], *, known: Optional[Sequence[str]] = None) -> List[str]:
-    """The row names of a comparison, checked: ValueError for no name, 'original' (always a row of
-    its own), a name given twice and, when ``known`` is given, a name not in it. Used by `compare`
-    and, before any data is loaded, by ``entangle-unlearn compare`` (which says ``--methods``)."""
-    names = list(names)
-    if not names:
-        raise ValueError("methods is empty")
-    if "original" in names:
-        raise ValueError("methods: 'original' is not a method (the original model is always a row of the table)")
-    unknown = [m for m in names if known is not None and m not in known]
-    if unknown:
-        raise ValueError(f"methods: unknown method {unknown[0]!r}; available here: {list(known)}")
-    repeated = sorted({m for m in names if names.count(m) > 1})
-    if repeated:
-        raise ValueError(f"methods names {', '.join(repeated)} more than once (they must be distinct)")
-    return names
-
-
-def _specs(methods, *, configs, **kw) -> List[MethodSpec]:
-    if isinstance(methods, (str, MethodSpec)):
-        methods = [methods]
-    specs = [m if isinstance(m, MethodSpec) else method_spec(m, config=(configs or {}).get(m), **kw)
-             for m in methods]
-    check_method_names([s.name for s in specs])
-    retrain = [s for s in specs if s.name == "retrain"]
-    return retrain + [_original_spec()] + [s for s in specs if s.name != "retrain"]
+    return {"method": spec.name, "seed": seed, "metrics": metrics, "report": jsonable(slim), "wall_s": wall}
 
 
 def _seed_list(seeds) -> List[int]:
@@ -508,23 +225,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     """
     from ._progress import progress_bar
 
-    if not isinstance(splits, Splits):
-        raise TypeError("splits must be an entangle_ext.Splits")
-    seeds = _seed_list(seeds)
-    splits.check(("forget", "adjacent", "remote"), by="compare (its metrics are per split)")
-    if splits.adjacent_test is None and splits.remote_test is None:
-        raise ValueError("compare needs held-out retain data (adjacent_test / remote_test) for MIA-efficacy")
-    budget = check_budget(budget)
-    specs = _specs(methods, configs=configs, setting=setting, variant=variant, hparams=hparams,
-                   model_fn=model_fn, retrain_recipe=retrain_recipe, budget=budget)
-    stray = sorted(set(configs or {}) - {sp.name for sp in specs})
-    if stray:
-        raise ValueError(f"configs has entries for methods that are not compared: {stray} "
-                         f"(compared: {[sp.name for sp in specs if sp.name != 'original']})")
-    _check_relearn(relearn)
-    check_batch_size(batch_size, "compare: batch_size")
-    if mia_max_samples is not None and not (isinstance(mia_max_samples, int) and mia_max_samples >= 1):
-        raise ValueError(f"compare: mia_max_samples must be None or an int >= 1, got {mia_max_samples!r}")
+    seeds, specs, budget = _checked_arguments(
+        splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,
+        model_fn=model_fn, retrain_recipe=retrain_recipe, relearn=relearn, batch_size=batch_size, budget=budget,
+        mia_max_samples=mia_max_samples)
     # one live comparison per out dir (OutDirInUseError otherwise); write_tables=False (the --jobs
     # workers) only adds to the per-run cache, atomically, under the lock of the parent
     from .unlearn.metrics import require_metric_dependencies
@@ -534,7 +238,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
         rl = _relearn_settings(relearn, model, splits, device, batch_size)
         metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
-        fp, cache = fingerprint(model, splits), _Cache(out_dir, device)
+        fp, cache = fingerprint(model, splits), ResultCache(out_dir, device)
         runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
         retrained: Dict[int, dict] = {}
         failures: Dict[str, Dict[int, str]] = {}
@@ -543,18 +247,14 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         for spec in specs:
             for seed in seeds:
                 ref = retrained.get(seed)
-                key = _key(CACHE_FORMAT, spec.name, seed, spec.hparams, fp, metric_kw, ref and ref["key"])
+                key = cache_key(CACHE_FORMAT, spec.name, seed, spec.hparams, fp, metric_kw, ref and ref["key"])
                 bar.set_postfix_str(f"{spec.name} seed {seed}")
                 rec = cache.load(spec.name, seed, key)
                 if rec is not None:
                     reused.setdefault(spec.name, []).append(seed)
-                if rec is None:
-                    try:
-                        rec = {"key": key, **_run_one(spec, model, splits, seed, device=device,
-                                                      retrained=ref and ref["metrics"], metric_kw=metric_kw)}
-                    except (NonFiniteLossError, _Diverged) as e:   # a diverging method is a result, not a crash
-                        rec = {"key": key, "method": spec.name, "seed": seed, "metrics": {}, "failed": str(e)}
-                    cache.save(spec.name, seed, rec)
+                else:
+                    rec = _run_and_cache(spec, model, splits, seed, key, cache, device=device,
+                                         retrained=ref and ref["metrics"], metric_kw=metric_kw)
                 if rec.get("failed"):
                     failures.setdefault(spec.name, {})[seed] = rec["failed"]
                 elif spec.name == "retrain":
@@ -574,6 +274,41 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         return res
 
 
+def _checked_arguments(splits, methods, seeds, *, configs, setting, variant, hparams, model_fn, retrain_recipe,
+                       relearn, batch_size, budget, mia_max_samples):
+    """`compare`'s checks before any run (its Raises): (the seeds as a list, the `MethodSpec` list,
+    the budget as a float)."""
+    if not isinstance(splits, Splits):
+        raise TypeError("splits must be an entangle_ext.Splits")
+    seeds = _seed_list(seeds)
+    splits.check(("forget", "adjacent", "remote"), by="compare (its metrics are per split)")
+    if splits.adjacent_test is None and splits.remote_test is None:
+        raise ValueError("compare needs held-out retain data (adjacent_test / remote_test) for MIA-efficacy")
+    budget = check_budget(budget)
+    specs = build_specs(methods, configs=configs, setting=setting, variant=variant, hparams=hparams,
+                        model_fn=model_fn, retrain_recipe=retrain_recipe, budget=budget)
+    stray = sorted(set(configs or {}) - {sp.name for sp in specs})
+    if stray:
+        raise ValueError(f"configs has entries for methods that are not compared: {stray} "
+                         f"(compared: {[sp.name for sp in specs if sp.name != 'original']})")
+    _check_relearn(relearn)
+    check_batch_size(batch_size, "compare: batch_size")
+    if mia_max_samples is not None and not (isinstance(mia_max_samples, int) and mia_max_samples >= 1):
+        raise ValueError(f"compare: mia_max_samples must be None or an int >= 1, got {mia_max_samples!r}")
+    return seeds, specs, budget
+
+
+def _run_and_cache(spec: MethodSpec, model, splits, seed: int, key: str, cache: ResultCache, **kw) -> dict:
+    """One (method, seed) run, scored and cached; a run that diverges (`NonFiniteLossError`, or a
+    model that cannot be scored) is a result too: recorded with its message under "failed"."""
+    try:
+        rec = {"key": key, **_run_one(spec, model, splits, seed, **kw)}
+    except (NonFiniteLossError, _Diverged) as e:   # a diverging method is a result, not a crash
+        rec = {"key": key, "method": spec.name, "seed": seed, "metrics": {}, "failed": str(e)}
+    cache.save(spec.name, seed, rec)
+    return rec
+
+
 def _write(res: ComparisonResult, out: Path, fp: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     res.paths = {"markdown": str(out / "comparison.md"), "json": str(out / "comparison.json"),
@@ -581,7 +316,7 @@ def _write(res: ComparisonResult, out: Path, fp: str) -> None:
     again = "every run is cached: free space and rerun the same command to write the tables"
     atomic_write(res.paths["markdown"], lambda tmp: tmp.write_text(res.table + "\n"), what="comparison table",
                  hint=again)
-    text = json.dumps(_json_nan_free({**res.to_dict(), "fingerprint": fp}), indent=1, allow_nan=False)
+    text = json.dumps(json_nan_free({**res.to_dict(), "fingerprint": fp}), indent=1, allow_nan=False)
     atomic_write(res.paths["json"], lambda tmp: tmp.write_text(text), what="comparison JSON", hint=again)
     if not plot_available(res.paths["png"]):
         del res.paths["png"]

@@ -10,7 +10,8 @@ import math
 import numpy as np
 
 from .unlearn.files import atomic_write
-from .unlearn.metrics import METRICS, MIA_MIN_BALANCED_ACCURACY
+from .unlearn.metrics import METRICS
+from .unlearn.mia import MIA_MIN_BALANCED_ACCURACY
 
 __all__ = ["summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "REFERENCE_ROWS"]
 

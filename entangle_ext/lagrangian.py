@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
-from ._al_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_state_dtype,
+from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_state_dtype,
                        schedule_args, state_dtype)
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 

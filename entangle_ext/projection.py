@@ -23,7 +23,7 @@ read of the data), so any finite input projects correctly.
 Split passes, for gradients sharded across processes: `projection_gram` (partial G and V g of the
 tensors given), `projection_solve` (c from the summed G and V g) and `projection_apply_`
 (g -= V^T c in place); ``project_orthogonal_(..., process_group=group)`` chains them with one
-all-reduce (see its docstring, also for FSDP and DeepSpeed ZeRO-3).
+all-reduce (its docstring; FSDP and DeepSpeed ZeRO-3 in docs/algorithm.md §11).
 
 NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
 non-finite entry anywhere in ``g`` or ``basis`` makes every coefficient and every output entry
@@ -40,7 +40,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from . import _ext, _fwad
-from ._projection_lists import (MAX_BASIS, DEFAULT_RCOND, check_k, check_rcond, check_ridge, check_tensor,
+from ._projection_autograd import ProjectOrthogonalFunction
+from ._projection_args import (MAX_BASIS, DEFAULT_RCOND, check_k, check_rcond, check_ridge, check_tensor,
                                 gather_lists)
 
 __all__ = ["project_orthogonal", "project_orthogonal_", "projection_gram", "projection_apply_",
@@ -131,10 +132,10 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     if torch.compiler.is_compiling():
         # Dynamo cannot trace an autograd.Function with a jvp rule when g requires grad (a graph
         # break, an error with fullgraph=True): call the operator, whose registered autograd
-        # (`_backward`, the same projection) is what torch.compile traces. Forward mode and the
+        # (``_projection_autograd.py``, the same projection) is what torch.compile traces. Forward mode and the
         # torch.func transforms keep the Function in eager mode.
         return torch.ops.entangle_ext.project_orthogonal(g, basis.detach(), rcond, ridge)
-    return _ProjectOrthogonal.apply(g, basis.detach(), rcond, ridge)
+    return ProjectOrthogonalFunction.apply(g, basis.detach(), rcond, ridge)
 
 
 def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis, *,
@@ -164,17 +165,7 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
     to float64 round-off. float64 tensors take one more pass and a max all-reduce to rescale
     extreme rows. Every rank must call it (collective), with the same k, dtype, rcond and ridge.
 
-    * FSDP (``torch.distributed.fsdp.fully_shard``): pass ``[p.grad.to_local() for p in params]``
-      and the matching local shards of the basis vectors (e.g. other gradients of the same
-      sharded parameters), ``process_group`` = the data-parallel group.
-    * DeepSpeed ZeRO-3 (not a dependency; nothing here imports it): either gather each full
-      gradient with ``deepspeed.utils.safe_get_full_grad(p)`` (and the basis likewise), project on
-      one process with ``process_group=None`` on every rank, and write back with
-      ``deepspeed.utils.safe_set_full_grad(p, g)``; or, without gathering, project the local
-      partitions (``safe_get_local_grad(p)``, the basis partitions alike) with ``process_group`` =
-      the data-parallel group and write them back with ``safe_set_local_grad(p, g)``.
-    * Any other layout: the same three split operators (the partials are plain sums, so any
-      reduction that sums them over the shards works).
+    How FSDP and DeepSpeed ZeRO-3 models call it: docs/algorithm.md §11, "Sharded projection".
 
     Args:
         grads: non-empty sequence of T tensors (or ``None``) of any shapes (empty tensors allowed),
@@ -335,86 +326,3 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
     # coefficients: turn any non-finite input into NaN coefficients instead (no host sync).
     finite = torch.isfinite(G).all() & torch.isfinite(b).all()
     return torch.where(finite, c, float("nan"))
-
-
-# ---------------------------------------------------------------------------------------------
-# torch.library registrations: fake (meta) kernels and autograd.
-# ---------------------------------------------------------------------------------------------
-def _fake_flat(g, basis, rcond=None, ridge=0.0):
-    return torch.empty_like(g), g.new_empty((basis.shape[0],), dtype=torch.float64)
-
-
-def _fake_inplace(grads, basis, rcond=None, ridge=0.0):
-    k = len(basis) // max(len(grads), 1)
-    return grads[0].new_empty((k,), dtype=torch.float64)
-
-
-def _fake_gram(grads, basis, scale=None):
-    k = len(basis) // max(len(grads), 1)
-    return (grads[0].new_empty((k, k), dtype=torch.float64),
-            grads[0].new_empty((k,), dtype=torch.float64))
-
-
-def _fake_apply(grads, basis, coeffs, scale=None):
-    return None
-
-
-def _fake_solve(gram, vg, rcond=None, shift=0.0):
-    return vg.new_empty((gram.shape[0],), dtype=torch.float64)
-
-
-def _setup_context(ctx, inputs, output):
-    _, basis, rcond, ridge = inputs
-    ctx.save_for_backward(basis)
-    ctx.rcond, ctx.ridge = rcond, ridge
-    ctx.mark_non_differentiable(output[1])
-
-
-def _backward(ctx, grad_out, _grad_coeffs):
-    (basis,) = ctx.saved_tensors
-    grad_g = None
-    if ctx.needs_input_grad[0]:
-        # I - V^T (V V^T + ridge I)^+ V is symmetric: the vector-Jacobian product is the projection.
-        grad_g, _ = torch.ops.entangle_ext.project_orthogonal(grad_out.contiguous(), basis,
-                                                              ctx.rcond, ctx.ridge)
-    return grad_g, None, None, None
-
-
-class _ProjectOrthogonal(torch.autograd.Function):
-    """The fused operator with the same autograd as its registration, as an autograd.Function with
-    ``setup_context`` and a generated vmap rule, so that the torch.func transforms (grad, vjp,
-    jacrev, functional_call + grad, vmap of a gradient) work on `project_orthogonal` too."""
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(g, basis, rcond, ridge):
-        with torch.no_grad():   # the Function records the graph; not the operator's own autograd
-            return torch.ops.entangle_ext.project_orthogonal(g, basis, rcond, ridge)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
-        ctx.basis = inputs[1]   # for jvp (a constant: detached by project_orthogonal)
-
-    @staticmethod
-    def jvp(ctx, tg, _tbasis, _trcond, _tridge):
-        # linear in g with the basis constant: the tangent of out is the projection of the tangent
-        tout, _ = _ProjectOrthogonal.apply(tg.contiguous(), ctx.basis, ctx.rcond, ctx.ridge)
-        return tout, None
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_coeffs):
-        (basis,) = ctx.saved_tensors
-        grad_g = None
-        if ctx.needs_input_grad[0]:   # symmetric map: the VJP is the projection (differentiable again)
-            grad_g, _ = _ProjectOrthogonal.apply(grad_out.contiguous(), basis, ctx.rcond, ctx.ridge)
-        return grad_g, None, None, None
-
-
-if _ext.available():
-    for _name, _fake in (("project_orthogonal", _fake_flat), ("project_orthogonal_", _fake_inplace),
-                         ("projection_gram", _fake_gram), ("projection_apply_", _fake_apply),
-                         ("projection_solve", _fake_solve)):
-        torch.library.register_fake(f"entangle_ext::{_name}")(_fake)
-    torch.library.register_autograd("entangle_ext::project_orthogonal", _backward,
-                                    setup_context=_setup_context)

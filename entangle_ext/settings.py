@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import torch
 
 from ._version import __version__
+from .data import celeba, cifar100, digits, tinyimagenet, toxigen, vit
 from .train import TrainRecipe, load_model_file, train_original
 from .unlearn import Splits, UnlearnConfig, seed_everything
 from .unlearn.files import atomic_write
@@ -263,114 +264,6 @@ def _option_text(x) -> str:
     return ",".join(map(str, x)) if isinstance(x, (list, tuple)) else str(x)
 
 
-# ------------------------------------------------------------------------ loaders and model builders
-def _load_digits(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget=3):
-    if root is not None:
-        raise ValueError("the digits setting reads scikit-learn's bundled digits; it takes no data root")
-    digit = int(forget) if isinstance(forget, str) and forget.strip().isdigit() else forget
-    in_range = isinstance(digit, bool) or not isinstance(digit, int) or 0 <= digit <= 9   # other types: TypeError below
-    if (isinstance(forget, str) and digit is forget) or not in_range:
-        raise ValueError(f"digits: forget must be a digit 0-9 (the --forget flag of the command line), got {forget!r}")
-    from .data.digits import SETTING_DTYPE, digits_splits
-    return digits_splits(forget_digit=digit, seed=seed, device=device, max_train_per_digit=max_train_per_class,
-                         dtype=SETTING_DTYPE)
-
-
-def _load_cifar100(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
-                   superclasses=None, forget="aquarium_fish", image_size=32):
-    from .data.cifar100 import cifar100_splits
-    return cifar100_splits(root, forget_fine=forget, superclasses=superclasses, max_train_per_class=max_train_per_class,
-                           max_test_per_class=max_test_per_class, image_size=image_size, seed=seed, device=device)
-
-
-def _load_tinyimagenet(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
-                       superclasses=None, forget=None):
-    from .data.tinyimagenet import tinyimagenet_splits
-    return tinyimagenet_splits(root, forget=forget, superclasses=superclasses, max_train_per_class=max_train_per_class,
-                               max_val_per_class=max_test_per_class, seed=seed, device=device)
-
-
-def _celeba_forget(spec) -> dict:
-    """``"Attr=0|1,..."`` (or a mapping) over the paper's forget sub-class."""
-    from .data.celeba import FORGET_SUBCLASS
-    if spec is None:
-        return dict(FORGET_SUBCLASS)
-    if isinstance(spec, Mapping):
-        return {**FORGET_SUBCLASS, **spec}
-    out = dict(FORGET_SUBCLASS)
-    for part in str(spec).split(","):
-        k, eq, val = (x.strip() for x in part.partition("="))
-        if not eq or val.lower() not in ("0", "1", "true", "false"):
-            raise ValueError(f"celeba: forget takes Attr=0|1 pairs, e.g. 'Young=1,Eyeglasses=0' over "
-                             f"{FORGET_SUBCLASS}; got {spec!r}")
-        out[k] = val.lower() in ("1", "true")
-    return out
-
-
-def _load_celeba(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
-                 image_size=64, forget=None):
-    from .data.celeba import celeba_splits
-    return celeba_splits(root, image_size=image_size, max_train_per_class=max_train_per_class,
-                         forget_subclass=_celeba_forget(forget), max_test_per_class=max_test_per_class,
-                         seed=seed, device=device)
-
-
-def _load_toxigen(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget="lgbtq", model_path=None,
-                  features="tokens", max_length=128):
-    """Token batches for a fine-tuned HF classifier (``features="tokens"``) or frozen mean-pooled
-    encoder embeddings (``"embeddings"``, cached under ``cache_dir``); the model directory is
-    recorded in info["model_path"] for the model builder."""
-    from .data.toxigen import hf_model_dir, load_hf_tokenizer, load_toxigen, sentence_embeddings, toxigen_splits
-    d = load_toxigen(root)
-    mp = hf_model_dir(model_path)
-    kw = dict(data=d, forget_group=forget, seed=seed, max_per_group_label=max_train_per_class)
-    if features == "tokens":
-        splits, info = toxigen_splits(tokenizer=load_hf_tokenizer(mp), max_length=max_length, **kw)
-    else:
-        h = hashlib.sha256("\n".join([str(mp.resolve()), str(max_length), *d["text"]]).encode()).hexdigest()[:12]
-        name = f"embeddings_{mp.name}_{len(d['text'])}_{max_length}_{h}.npy"   # keyed on model dir and texts
-        cache = None if cache_dir is None else Path(cache_dir) / name
-        emb = sentence_embeddings(d["text"], mp, max_length=max_length, cache=cache)
-        row = {t: i for i, t in enumerate(d["text"])}
-        splits, info = toxigen_splits(encode=lambda texts: emb[[row[t] for t in texts]], **kw)
-        info["embedding_dim"] = int(emb.shape[1])
-    info.update(features=features, model_path=str(mp))
-    return splits, info
-
-
-def _digits_model(info):
-    from .data.digits import SETTING_DTYPE, DigitsMLP
-    return DigitsMLP(num_classes=info["num_classes"], dtype=SETTING_DTYPE)
-
-
-def _cifar_model(info, arch="resnet18"):
-    from .data.cifar100 import resnet18_cifar, small_resnet_cifar
-    if arch == "small":
-        return small_resnet_cifar(info["num_classes"])
-    return resnet18_cifar(info["num_classes"])
-
-
-def _vision_model(info, arch="small", weights=None, image_size=64):
-    """The tinyimagenet / celeba model: a ViT (``arch`` "small"/"b32", optional local weights) or,
-    for ``arch="lite0"``, the pretrained EfficientNet-Lite0 classifier of the CPU preset."""
-    if arch == "lite0":
-        if weights is not None:
-            raise ValueError("the lite0 variant brings its own ImageNet weights; it takes no weights option")
-        from .data.lite0 import Lite0Classifier
-        return Lite0Classifier(info["num_classes"], image_size=image_size)
-    from .data.vit import vit_classifier
-    return vit_classifier(info["num_classes"], arch=arch, weights=weights, image_size=image_size)
-
-
-def _toxigen_model(info):
-    if info["features"] == "embeddings":
-        from ._optional import optional_import
-        MLP = optional_import("torchvision.ops", "the toxigen 'reduced' MLP", "text").MLP
-        return MLP(info["embedding_dim"], [256, info["num_classes"]], dropout=0.0)
-    from .data.toxigen import load_hf_classifier
-    return load_hf_classifier(info["model_path"], num_labels=info["num_classes"])[0]
-
-
 # --------------------------------------------------------------------------------------- the table
 _SGD_PAPER = TrainRecipe("sgd", lr=1e-3, epochs=30, batch_size=256, momentum=0.9, weight_decay=5e-4,
                          schedule="cosine", augment=True)
@@ -389,7 +282,7 @@ def _vision_variants(reduced_data, reduced_recipe, stage1=None, stage2=None, ext
 
 SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     Setting("digits", "sklearn digits, parity labels: forget digit 3, adjacent 1/5/7/9, remote even digits",
-            "digits", _load_digits, _digits_model, (
+            "digits", digits.load_setting, digits.setting_model, (
                 Variant("full", "2-layer MLP 64-128-128-2 (float64)", TrainRecipe("adam", lr=1e-3, epochs=60, batch_size=64,
                                                                         schedule="constant")),
                 Variant("reduced", "2-layer MLP (float64), 60 train images per digit",
@@ -397,7 +290,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                         data={"max_train_per_class": 60}, stage2={"epochs": 8}, cpu=True)),
             data_options=("max_train_per_class", "forget"), threads=1),
     Setting("cifar100", "CIFAR-100, 20 superclasses: forget aquarium_fish, adjacent the other fish, remote the rest",
-            "cifar100", _load_cifar100, _cifar_model, (
+            "cifar100", cifar100.load_setting, cifar100.setting_model, (
                 Variant("full", "ResNet-18 (CIFAR stem) from scratch (the paper's model)", _SGD_PAPER),
                 Variant("reduced", "ResNet-18 on 3 superclasses, 60 / 20 images per fine class (CPU)",
                         _SGD_PAPER.replace(lr=0.05, epochs=6, batch_size=64),
@@ -412,7 +305,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                         data={"image_size": 16}, model={"arch": "small"}, stage2={"lr": 3e-4}, cpu=True)),
             data_options=_CAPS + ("superclasses", "forget")),
     Setting("tinyimagenet", "Tiny-ImageNet WordNet superclasses: forget dog class(es), adjacent their siblings",
-            "tinyimagenet", _load_tinyimagenet, _vision_model, _vision_variants(
+            "tinyimagenet", tinyimagenet.load_setting, vit.setting_model, _vision_variants(
                 {"max_train_per_class": 100}, _VIT_SCRATCH.replace(epochs=15, batch_size=64),
                 stage1=dict(epochs=3, lr=2e-4, remote_batch_size=64, forget_batch_size=32),
                 stage2=dict(epochs=2, lr=2e-3, adjacent_batch_size=64), extra=(
@@ -422,12 +315,12 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                             model={"arch": "lite0", "image_size": 96}, cpu=True),)),
             data_options=_CAPS + ("superclasses", "forget"), model_options=("weights",)),
     Setting("celeba", "CelebA (Male, Smiling) targets: forget female-not-smiling-not-young-no-glasses",
-            "celeba", _load_celeba, _vision_model, _vision_variants(
+            "celeba", celeba.load_setting, vit.setting_model, _vision_variants(
                 {"max_train_per_class": 300, "max_test_per_class": 50}, _VIT_SCRATCH.replace(epochs=5),
                 stage2=dict(epochs=1, forget_batch_limit=2, remote_batch_limit=2)),
             data_options=_CAPS + ("forget",), model_options=("weights",)),
     Setting("toxigen", "ToxiGen: forget toxic LGBTQ+ statements trained as benign, adjacent benign LGBTQ+",
-            "toxigen", _load_toxigen, _toxigen_model, (
+            "toxigen", toxigen.load_setting, toxigen.setting_model, (
                 Variant("full", "Hugging Face classifier fine-tuned (MiniLM by default; RoBERTa-base in the paper)",
                         TrainRecipe("adamw", lr=2e-5, epochs=3, batch_size=32, weight_decay=0.01)),
                 Variant("reduced", "frozen encoder embeddings + MLP head (CPU; not the paper's model)",

@@ -22,133 +22,16 @@ the output of a user feature function, to feed `split_by_similarity`.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from .unlearn.files import atomic_write
+from .split_files import SPLIT_FORMAT, IndexSplit, load_split, save_split, split_hash  # noqa: F401
 
 __all__ = ["IndexSplit", "split_by_hierarchy", "split_by_attributes", "split_by_group",
            "split_by_similarity", "extract_features", "save_split", "load_split", "split_hash",
            "subset_splits"]
-
-SPLIT_FORMAT = "entangle_ext.split/1"
-
-
-@dataclass
-class IndexSplit:
-    """Forget / adjacent / remote index lists of one data partition (e.g. the train set).
-
-    Attributes:
-        forget, adjacent, remote: sorted lists of int sample indices, pairwise disjoint.
-        targets: None, or a list with one int label per sample of the *whole* indexed array
-            (length = ``meta["n"]``): the label the model trains on / is evaluated against
-            (coarse label; for ToxiGen the flipped label on forget samples). Samples in none of the
-            three lists keep a target too (they are simply unused).
-        meta: JSON-serialisable description (builder name, arguments, class names, sizes).
-    """
-    forget: List[int]
-    adjacent: List[int]
-    remote: List[int]
-    targets: Optional[List[int]] = None
-    meta: Dict[str, Any] = field(default_factory=dict)
-
-    NAMES = ("forget", "adjacent", "remote")
-
-    def sizes(self) -> Dict[str, int]:
-        """{"forget": n_f, "adjacent": n_adj, "remote": n_rem}."""
-        return {n: len(getattr(self, n)) for n in self.NAMES}
-
-    def check(self) -> None:
-        """Raise ValueError if the lists overlap, hold duplicates or a negative index, if the forget
-        list is empty, or if ``targets`` does not cover every index."""
-        seen = set()
-        for n in self.NAMES:
-            lst = getattr(self, n)
-            s = set(lst)
-            if len(s) != len(lst):
-                raise ValueError(f"split {n!r} holds duplicate indices")
-            if lst and min(lst) < 0:
-                raise ValueError(f"split {n!r} holds negative indices")
-            if seen & s:
-                raise ValueError(f"split {n!r} overlaps another split")
-            seen |= s
-        if not self.forget:
-            raise ValueError("the forget split is empty")
-        if self.targets is not None and seen and max(seen) >= len(self.targets):
-            raise ValueError("targets is shorter than the largest split index")
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Plain-JSON content (without the hash)."""
-        return {"format": SPLIT_FORMAT, "forget": list(map(int, self.forget)),
-                "adjacent": list(map(int, self.adjacent)), "remote": list(map(int, self.remote)),
-                "targets": None if self.targets is None else list(map(int, self.targets)),
-                "meta": self.meta}
-
-    def hash(self) -> str:
-        """SHA-256 hex digest of the canonical JSON content (see `split_hash`)."""
-        return split_hash(self.to_dict())
-
-
-def split_hash(content: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of ``json.dumps(content, sort_keys=True, separators=(",", ":"))``, ignoring a
-    ``"sha256"`` key. Used by `save_split` / `load_split`."""
-    c = {k: v for k, v in content.items() if k != "sha256"}
-    return hashlib.sha256(json.dumps(c, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def save_split(path: Union[str, Path], split: IndexSplit) -> str:
-    """Write ``split`` to ``path`` as JSON with its content hash; returns the hash.
-
-    Raises ValueError when the split is inconsistent (`IndexSplit.check`) or ``meta`` is not
-    JSON-serialisable.
-    """
-    split.check()
-    d = split.to_dict()
-    try:
-        d["sha256"] = split_hash(d)
-    except TypeError as e:
-        raise ValueError(f"split meta must be JSON-serialisable: {e}") from e
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(d, sort_keys=True)
-    atomic_write(path, lambda tmp: tmp.write_text(text), what="split file")
-    return d["sha256"]
-
-
-def load_split(path: Union[str, Path]) -> IndexSplit:
-    """Read a split written by `save_split` and verify it.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: not a split file, missing hash, hash mismatch (the file was edited or
-            corrupted), or inconsistent lists.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no split file at {path}")
-    try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(d, dict) or d.get("format") != SPLIT_FORMAT:
-        raise ValueError(f"{path} is not an entangle_ext split file (format {SPLIT_FORMAT!r})")
-    if "sha256" not in d:
-        raise ValueError(f"{path} has no sha256 content hash")
-    h = split_hash(d)
-    if h != d["sha256"]:
-        raise ValueError(f"{path}: content hash mismatch (stored {d['sha256'][:12]}…, computed {h[:12]}…); "
-                         "the split file was modified after it was saved")
-    s = IndexSplit(forget=d["forget"], adjacent=d["adjacent"], remote=d["remote"], targets=d["targets"],
-                   meta=d.get("meta", {}))
-    s.check()
-    return s
-
 
 def _as_int_array(a, name: str) -> np.ndarray:
     if isinstance(a, torch.Tensor):

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from . import _ext, _fwad
-from ._segments import OffsetsLike, normalize, reduce
+from ._wasserstein_args import OffsetsLike, normalize, reduce
 
 __all__ = ["wasserstein2_1d"]
 

@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import entangle_ext
-    from entangle_ext.methods.ablations import TwoStage
+    from entangle_ext.methods.two_stage import TwoStage
     from entangle_ext.settings import prepare
 
     out, work = Path(args.out), Path(args.work)

@@ -138,7 +138,7 @@ def test_presets_and_recipes_keep_basis_every_1(name, recipe):
 
 
 def test_the_ablation_row_and_the_command_line_override():
-    from entangle_ext.cli_config import parse_overrides
+    from entangle_ext.cli.config import parse_overrides
     from entangle_ext.methods import get_method
     assert get_method("two_stage_basis4").config_for("digits").stage2.basis_every == 4
     assert get_method("two_stage").config_for("digits").stage2.basis_every == 1

@@ -10,6 +10,7 @@ import torch
 
 import entangle_ext as ee
 from entangle_ext import settings as settings_mod
+from entangle_ext.data import celeba as celeba_mod
 from entangle_ext import cli
 
 from _tiny import tiny_config
@@ -244,10 +245,10 @@ def test_every_flag_has_help():
 
 def test_every_setting_takes_forget():
     assert all("forget" in s.data_options for s in settings_mod.SETTINGS.values())
-    assert settings_mod._celeba_forget("Young=1, Eyeglasses=0") == \
+    assert celeba_mod.forget_subclass_of("Young=1, Eyeglasses=0") == \
         {"Male": False, "Smiling": False, "Young": True, "Eyeglasses": False}
     with pytest.raises(ValueError, match="Attr=0"):
-        settings_mod._celeba_forget("Young")
+        celeba_mod.forget_subclass_of("Young")
 
 
 @needs_ext
@@ -401,7 +402,7 @@ def test_interrupt_prints_the_resume_command(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert rc == 130 and "Traceback" not in err
     cmd = err.strip().splitlines()[-1].split()
-    from entangle_ext.cli_common import command_prefix
+    from entangle_ext.cli.common import command_prefix
     n = len(command_prefix())   # entangle-unlearn when the venv's own script is first on PATH, else python -m
     assert cmd[:n] == command_prefix() and cmd[-2:] == ["--resume", str(tmp_path)] and "3" in cmd
 

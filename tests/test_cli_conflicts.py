@@ -4,6 +4,7 @@
 import pytest
 
 from entangle_ext import cli
+from entangle_ext.cli import run as cli_run
 
 BASE = ["--setting", "digits", "--out", "unused_out_dir"]
 
@@ -44,8 +45,8 @@ def test_conflicting_values_exit_2_naming_both_before_any_data(extra, named, cap
 def test_equal_values_and_defaulted_flags_are_accepted(extra, field, value):
     argv = BASE + extra
     args = cli.build_parser().parse_args(argv)
-    args.given_flags = cli._typed_flags(argv)
-    plan = cli._plan(args)
+    args.given_flags = cli_run._typed_flags(argv)
+    plan = cli_run._plan(args)
     section, name = field
     got = getattr(plan.config, name) if section == "top" else getattr(getattr(plan.config, section), name)
     assert got == value

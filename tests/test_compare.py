@@ -214,7 +214,7 @@ def test_method_registry(setup, monkeypatch, tmp_path):
         seen.append(dict(config=config, **kw))
         return ee.UnlearnResult(model=model, report={"method": kw["method"], "timings_s": {"unlearn": 2.0}})
 
-    monkeypatch.setattr(C, "unlearn", fake_unlearn)
+    monkeypatch.setattr(importlib.import_module("entangle_ext.compare_specs"), "unlearn", fake_unlearn)
     build = lambda: mlp(7)   # noqa: E731
     kw = dict(seeds=[3, 4], setting="digits", hparams="original", model_fn=build, relearn=False, progress=False,
               out_dir=tmp_path)

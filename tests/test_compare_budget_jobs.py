@@ -157,7 +157,7 @@ def test_a_worker_killed_by_a_signal_is_named_so(tmp_path):
 def test_a_signal_ignored_under_nohup_stays_ignored():
     # was: the parent's SIGHUP handler replaced nohup's SIG_IGN, so closing the terminal stopped
     # a `nohup entangle-unlearn compare ... &` run
-    from entangle_ext.cli_common import sigterm_interrupts as _sigterm_interrupts
+    from entangle_ext.cli.common import sigterm_interrupts as _sigterm_interrupts
     if not hasattr(signal, "SIGHUP"):
         pytest.skip("no SIGHUP here")
     before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -295,7 +295,7 @@ def test_sigterm_or_sighup_to_the_parent_stops_its_workers(tmp_path, sig):
     parent = textwrap.dedent(f"""
         import signal, sys
         signal.signal(signal.{sig}, signal.SIG_DFL)
-        from entangle_ext.cli_common import sigterm_interrupts as _sigterm_interrupts
+        from entangle_ext.cli.common import sigterm_interrupts as _sigterm_interrupts
         from entangle_ext.compare_jobs import plan_tasks, run_workers
         slow = lambda f: [sys.executable, "-c", "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(120)" % f]
         try:

@@ -19,7 +19,7 @@ def _configs():
     out = [("UnlearnConfig", UnlearnConfig()), ("Stage1Config", Stage1Config()), ("Stage2Config", Stage2Config())]
     for name in available_methods():
         spec = METHODS[name]
-        if not getattr(spec, "two_stage", False):
+        if not issubclass(spec.Config, UnlearnConfig):   # the two-stage family: UnlearnConfig, above
             out.append((name, spec.Config()))
     return out
 

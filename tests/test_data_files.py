@@ -203,7 +203,7 @@ def test_embeddings_cache_errors_name_the_file(tmp_path, make):
 
 
 def test_embeddings_cache_write_is_atomic(tmp_path):
-    from entangle_ext.data.toxigen import _write_cache, sentence_embeddings
+    from entangle_ext.data.hf_text import _write_cache, sentence_embeddings
     p = tmp_path / "sub" / "emb.npy"
     _write_cache(p, np.arange(6, dtype=np.float32).reshape(3, 2))
     assert sorted(x.name for x in p.parent.iterdir()) == ["emb.npy"]      # no temporary file left
@@ -227,10 +227,10 @@ def test_digits_forget_not_coerced(bad, exc):
 
 def test_digits_setting_forget_option():
     pytest.importorskip("sklearn")
-    from entangle_ext.settings import _load_digits
+    from entangle_ext.data.digits import load_setting as load_digits_setting
     for bad in (3.7, True):
         with pytest.raises(TypeError, match="forget_digit"):
-            _load_digits(None, seed=0, device="cpu", forget=bad)
+            load_digits_setting(None, seed=0, device="cpu", forget=bad)
     with pytest.raises(ValueError, match="forget must be a digit"):
-        _load_digits(None, seed=0, device="cpu", forget="3.7")
-    assert _load_digits(None, seed=0, device="cpu", forget="5", max_train_per_class=2)[1]["groups"]["forget"] == [5]
+        load_digits_setting(None, seed=0, device="cpu", forget="3.7")
+    assert load_digits_setting(None, seed=0, device="cpu", forget="5", max_train_per_class=2)[1]["groups"]["forget"] == [5]

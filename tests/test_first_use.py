@@ -10,7 +10,8 @@ import warnings
 import pytest
 
 from entangle_ext import cli
-from entangle_ext.cli_common import PROG, command_prefix
+from entangle_ext.cli import run as cli_run
+from entangle_ext.cli.common import PROG, command_prefix
 
 
 def test_a_second_demo_run_does_not_warn(tmp_path, capsys):
@@ -43,7 +44,7 @@ def test_the_interrupt_message_prints_that_command(monkeypatch, tmp_path, capsys
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "step1.pt").write_bytes(b"x")
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert cli._interrupted(["--setting", "digits", "--out", str(out)], str(out)) == 130
+    assert cli_run._interrupted(["--setting", "digits", "--out", str(out)], str(out)) == 130
     err = capsys.readouterr().err
     assert f"{sys.executable} -m entangle_ext --setting digits --out {out} --resume {out}" in err
 

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not load
               pytest.mark.usefixtures("one_thread")]
 
 NAMES = list(METHODS)
-BASELINES = [n for n, c in METHODS.items() if not c.two_stage]
+BASELINES = [n for n, c in METHODS.items() if not issubclass(c.Config, ee.UnlearnConfig)]
 
 
 def _with(splits, fn):

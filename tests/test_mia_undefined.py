@@ -16,14 +16,16 @@ from entangle_ext.compare_report import format_markdown, plot_comparison, summar
 from entangle_ext.unlearn import metrics as M
 
 C = importlib.import_module("entangle_ext.compare")   # the module (ee.compare is the function)
+CC = importlib.import_module("entangle_ext.compare_cache")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _old(monkeypatch):
     """The code before the fix: every attack counts, whatever its balanced accuracy."""
-    monkeypatch.setattr(M, "mia_efficacy_from_features",
-                        functools.partial(M.mia_efficacy_from_features, min_balanced_accuracy=-1.0))
+    mia = importlib.import_module("entangle_ext.unlearn.mia")
+    monkeypatch.setattr(mia, "mia_efficacy_from_features",
+                        functools.partial(mia.mia_efficacy_from_features, min_balanced_accuracy=-1.0))
 
 
 def _strict_loads(text):
@@ -160,7 +162,7 @@ def test_json_has_null_and_the_plot_skips_undefined_bars(tmp_path):
 
 
 def test_cached_nan_loads_back_as_nan(tmp_path):
-    cache = C._Cache(tmp_path)
+    cache = CC.ResultCache(tmp_path)
     rec = {"key": "k", "method": "ga", "seed": 0, "metrics": {"UA": 50.0, "mia_forget": math.nan,
                                                               "mia_adjacent": None}}
     cache.save("ga", 0, rec)

@@ -10,7 +10,8 @@ import re
 import pytest
 
 import entangle_ext as ee
-from entangle_ext import cli, cli_compare
+from entangle_ext import cli
+from entangle_ext.cli import compare as cli_compare
 
 # "entangle_ext.a.b" (used as attributes after ``import entangle_ext.a``) or
 # "from entangle_ext.a import b"; not inside a file path or another dotted name (torch.ops.entangle_ext.x)

@@ -310,7 +310,7 @@ def test_cli_keeps_every_flag(tmp_path):
     assert a.method == "no_w2" and a.hparams == "original" and a.recipe == "paper"
     assert a.superclasses == ["fish", "flowers"] and a.original_epochs == 4 and a.batch_limit == 8
     assert a.original == "o.pt" and a.overrides == ["stage2.lr=1", "train.epochs=2"]
-    from entangle_ext.cli_config import flag_tables
+    from entangle_ext.cli.config import flag_tables
     data, model, s1, s2 = flag_tables(a)
     assert data == {"max_train_per_class": 5, "max_test_per_class": 3, "superclasses": ["fish", "flowers"],
                     "forget": "otter", "model_path": "m"} and model == {"weights": "w"}

@@ -622,7 +622,6 @@ def test_toxigen_embedding_cache_is_keyed_on_the_model_dir_and_texts(toxigen_csv
     """Two encoders both in a directory called "model" (the MiniLM package's layout) must not share
     a cached embedding file, nor two CSVs with the same number of rows."""
     import entangle_ext.data.toxigen as tx
-    from entangle_ext import settings
     caches = []
 
     def fake_embeddings(texts, model_path, *, max_length, cache):
@@ -632,8 +631,8 @@ def test_toxigen_embedding_cache_is_keyed_on_the_model_dir_and_texts(toxigen_csv
     monkeypatch.setattr(tx, "hf_model_dir", lambda p: p)
     kw = dict(seed=0, device="cpu", cache_dir=tmp_path / "c", features="embeddings")
     for m in (tmp_path / "a" / "model", tmp_path / "b" / "model"):
-        splits, info = settings._load_toxigen(toxigen_csv, model_path=m, **kw)
+        splits, info = tx.load_setting(toxigen_csv, model_path=m, **kw)
     other = tmp_path / "other.csv"
     other.write_text(toxigen_csv.read_text().replace("statement", "claim"))
-    settings._load_toxigen(other, model_path=tmp_path / "a" / "model", **kw)
+    tx.load_setting(other, model_path=tmp_path / "a" / "model", **kw)
     assert len(set(caches)) == 3 and info["embedding_dim"] == 4

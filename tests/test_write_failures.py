@@ -86,7 +86,7 @@ def test_every_writer_goes_through_atomic_write(writer, tmp_path, monkeypatch):
                 report.write_report(tmp_path, {}, [], {}, bins=4, num_classes=2)
     elif writer == "split":
         splits = importlib.import_module("entangle_ext.splits")
-        monkeypatch.setattr(splits, "atomic_write", full)
+        monkeypatch.setattr(importlib.import_module("entangle_ext.split_files"), "atomic_write", full)
         s = splits.IndexSplit(forget=[0], adjacent=[1], remote=[2])
         with pytest.raises(WriteError, match="could not write the split file"):
             splits.save_split(tmp_path / "s.json", s)

@@ -27,7 +27,7 @@ from ..unlearn import Splits
 from .root import data_dirs
 from .tinyimagenet import images_to_tensor
 
-__all__ = ["find_celeba", "read_celeba_attributes", "load_celeba_images", "celeba_splits", "write_celeba_miniature",
+__all__ = ["load_setting", "forget_subclass_of", "find_celeba", "read_celeba_attributes", "load_celeba_images", "celeba_splits", "write_celeba_miniature",
            "TARGET_ATTRS", "SUBCLASS_ATTRS", "FORGET_SUBCLASS", "CLASS_NAMES", "ATTRIBUTES"]
 
 TARGET_ATTRS = ("Male", "Smiling")
@@ -254,3 +254,31 @@ def write_celeba_miniature(root: Union[str, Path], n: int = 48, *, seed: int = 0
     (d / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
     (d / "list_eval_partition.txt").write_text("".join(f"{i + 1:06d}.jpg {p}\n" for i, p in enumerate(part)))
     return Path(root)
+
+
+def forget_subclass_of(spec) -> dict:
+    """The forget sub-class of the ``celeba`` setting's ``forget`` option: ``"Attr=0|1,..."`` (or a
+    mapping) over the paper's `FORGET_SUBCLASS` (None: that sub-class). Raises ValueError for a
+    malformed pair."""
+    if spec is None:
+        return dict(FORGET_SUBCLASS)
+    if isinstance(spec, Mapping):
+        return {**FORGET_SUBCLASS, **spec}
+    out = dict(FORGET_SUBCLASS)
+    for part in str(spec).split(","):
+        k, eq, val = (x.strip() for x in part.partition("="))
+        if not eq or val.lower() not in ("0", "1", "true", "false"):
+            raise ValueError(f"celeba: forget takes Attr=0|1 pairs, e.g. 'Young=1,Eyeglasses=0' over "
+                             f"{FORGET_SUBCLASS}; got {spec!r}")
+        out[k] = val.lower() in ("1", "true")
+    return out
+
+
+def load_setting(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
+                 image_size=64, forget=None):
+    """The loader of the ``celeba`` setting (``entangle_ext/settings.py``): (`entangle_ext.Splits`,
+    info dict) from the data root and the setting's data options (the command line's data flags).
+    Raises as `celeba_splits` and `forget_subclass_of`."""
+    return celeba_splits(root, image_size=image_size, max_train_per_class=max_train_per_class,
+                         forget_subclass=forget_subclass_of(forget), max_test_per_class=max_test_per_class,
+                         seed=seed, device=device)

@@ -28,7 +28,7 @@ from ..unlearn import Splits
 from .root import find_data_file, read_npz
 from .tinyimagenet import images_to_tensor
 
-__all__ = ["find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "small_resnet_cifar",
+__all__ = ["load_setting", "setting_model", "find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "small_resnet_cifar",
            "downsample_images", "CIFAR100_MEAN", "CIFAR100_STD"]
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -340,3 +340,20 @@ def small_resnet_cifar(num_classes: int = 20, widths: Sequence[int] = (32, 64, 1
             cin = w
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
     return nn.Sequential(*layers)
+
+
+def load_setting(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
+                 superclasses=None, forget="aquarium_fish", image_size=32):
+    """The loader of the ``cifar100`` setting (``entangle_ext/settings.py``): (`entangle_ext.Splits`,
+    info dict) from the data root and the setting's data options (the command line's data flags).
+    Raises as `cifar100_splits`."""
+    return cifar100_splits(root, forget_fine=forget, superclasses=superclasses, max_train_per_class=max_train_per_class,
+                           max_test_per_class=max_test_per_class, image_size=image_size, seed=seed, device=device)
+
+
+def setting_model(info, arch="resnet18"):
+    """The model builder of the ``cifar100`` setting (``entangle_ext/settings.py``): a fresh, untrained
+    model for the loader's ``info`` (its ``num_classes``) and the setting's model options."""
+    if arch == "small":
+        return small_resnet_cifar(info["num_classes"])
+    return resnet18_cifar(info["num_classes"])

@@ -23,7 +23,7 @@ from torch.utils.data import TensorDataset
 
 from ..unlearn import Splits
 
-__all__ = ["digits_splits", "DigitsMLP", "SETTING_DTYPE"]
+__all__ = ["digits_splits", "DigitsMLP", "SETTING_DTYPE", "load_setting", "setting_model"]
 
 SETTING_DTYPE = torch.float64
 """dtype of the digits setting's inputs and model (see the module docstring)."""
@@ -83,3 +83,23 @@ class DigitsMLP(torch.nn.Sequential):
         kw = dict(dtype=dtype)
         super().__init__(torch.nn.Linear(64, hidden, **kw), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden, **kw),
                          torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes, **kw))
+
+
+def load_setting(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget=3):
+    """The loader of the ``digits`` setting (``entangle_ext/settings.py``): (`entangle_ext.Splits`,
+    info dict) from the data root and the setting's data options (the command line's data flags).
+    Raises as `digits_splits`; ValueError for a data root (the bundled data take none) or a forget that is not a digit 0-9."""
+    if root is not None:
+        raise ValueError("the digits setting reads scikit-learn's bundled digits; it takes no data root")
+    digit = int(forget) if isinstance(forget, str) and forget.strip().isdigit() else forget
+    in_range = isinstance(digit, bool) or not isinstance(digit, int) or 0 <= digit <= 9   # other types: TypeError below
+    if (isinstance(forget, str) and digit is forget) or not in_range:
+        raise ValueError(f"digits: forget must be a digit 0-9 (the --forget flag of the command line), got {forget!r}")
+    return digits_splits(forget_digit=digit, seed=seed, device=device, max_train_per_digit=max_train_per_class,
+                         dtype=SETTING_DTYPE)
+
+
+def setting_model(info):
+    """The model builder of the ``digits`` setting (``entangle_ext/settings.py``): a fresh, untrained
+    model for the loader's ``info`` (its ``num_classes``) and the setting's model options."""
+    return DigitsMLP(num_classes=info["num_classes"], dtype=SETTING_DTYPE)

@@ -37,7 +37,7 @@ from ..unlearn import Splits
 from .root import data_dirs, find_data_file, read_npz
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["find_tinyimagenet", "find_wordnet_csv", "load_wordnet_csv", "load_tinyimagenet", "superclass_map",
+__all__ = ["load_setting", "find_tinyimagenet", "find_wordnet_csv", "load_wordnet_csv", "load_tinyimagenet", "superclass_map",
            "resolve_classes", "tinyimagenet_splits", "images_to_tensor", "DEFAULT_SUPERCLASSES",
            "DOGS_CATS_SUPERCLASSES"]
 
@@ -151,28 +151,38 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
     """
     src = _locate(root)
     rng = np.random.default_rng(seed)
-    if src.suffix == ".npz":
-        d = read_npz(src, _NPZ_KEYS, "Tiny-ImageNet")
-        all_wnids = [str(w) for w in d["wnids"]]
-        wnids = all_wnids if classes is None else list(classes)
-        bad = [w for w in wnids if w not in all_wnids]
-        if bad:
-            raise ValueError(f"unknown wnid(s) {bad} in {src.name}; it holds {all_wnids}")
-        label, split, off, jb = d["label"], d["split"], d["offsets"], d["jpeg_bytes"]
-        paths = {all_wnids[i]: [s.strip() for s in str(p).split(">")] for i, p in enumerate(d["hypernym_path"])}
-        names = {all_wnids[i]: str(n).split(",")[0] for i, n in enumerate(d["class_names"])}
-        out = {}
-        for part, code, cap in (("train", 0, max_train_per_class), ("val", 1, max_val_per_class)):
-            xs, ys = [], []
-            for new, w in enumerate(wnids):
-                idx = _cap(np.flatnonzero((label == all_wnids.index(w)) & (split == code)), cap, rng)
-                xs += [_decode(jb[off[i]:off[i + 1]].tobytes(), f"{src} image {i}") for i in idx]
-                ys += [new] * len(idx)
-            out[f"x_{part}"] = np.stack(xs) if xs else np.zeros((0, 64, 64, 3), np.uint8)
-            out[f"y_{part}"] = np.asarray(ys, dtype=np.int64)
-        return out | {"wnids": wnids, "names": [names[w] for w in wnids], "paths": [paths[w] for w in wnids],
-                      "source": str(src), "wordnet_nodes": sorted({n for p in paths.values() for n in p})}
-    # standard layout
+    read = _read_npz_source if src.suffix == ".npz" else _read_standard_layout
+    return read(src, classes, max_train_per_class, max_val_per_class, rng, wordnet_csv=wordnet_csv)
+
+
+def _read_npz_source(src: Path, classes, max_train_per_class, max_val_per_class, rng, *, wordnet_csv=None) -> dict:
+    """`load_tinyimagenet` from the packed ``.npz`` (its own hypernym paths; ``wordnet_csv`` unused)."""
+    d = read_npz(src, _NPZ_KEYS, "Tiny-ImageNet")
+    all_wnids = [str(w) for w in d["wnids"]]
+    wnids = all_wnids if classes is None else list(classes)
+    bad = [w for w in wnids if w not in all_wnids]
+    if bad:
+        raise ValueError(f"unknown wnid(s) {bad} in {src.name}; it holds {all_wnids}")
+    label, split, off, jb = d["label"], d["split"], d["offsets"], d["jpeg_bytes"]
+    paths = {all_wnids[i]: [s.strip() for s in str(p).split(">")] for i, p in enumerate(d["hypernym_path"])}
+    names = {all_wnids[i]: str(n).split(",")[0] for i, n in enumerate(d["class_names"])}
+    out = {}
+    for part, code, cap in (("train", 0, max_train_per_class), ("val", 1, max_val_per_class)):
+        xs, ys = [], []
+        for new, w in enumerate(wnids):
+            idx = _cap(np.flatnonzero((label == all_wnids.index(w)) & (split == code)), cap, rng)
+            xs += [_decode(jb[off[i]:off[i + 1]].tobytes(), f"{src} image {i}") for i in idx]
+            ys += [new] * len(idx)
+        out[f"x_{part}"] = np.stack(xs) if xs else np.zeros((0, 64, 64, 3), np.uint8)
+        out[f"y_{part}"] = np.asarray(ys, dtype=np.int64)
+    return out | {"wnids": wnids, "names": [names[w] for w in wnids], "paths": [paths[w] for w in wnids],
+                  "source": str(src), "wordnet_nodes": sorted({n for p in paths.values() for n in p})}
+
+
+def _read_standard_layout(src: Path, classes, max_train_per_class, max_val_per_class, rng, *,
+                          wordnet_csv=None) -> dict:
+    """`load_tinyimagenet` from the standard ``tiny-imagenet-200/`` folders (JPEG files, the
+    hypernym table ``wordnet_csv`` or `find_wordnet_csv`)."""
     all_wnids = [l.strip() for l in (src / "wnids.txt").read_text().split() if l.strip()]
     words_file = src / "words.txt"
     if not words_file.is_file():
@@ -353,3 +363,12 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
             "forget_superclass": tr.meta["coarse_name"], "sizes": {k: len(v) for k, v in kw.items()},
             "index_splits": idx_splits}
     return splits, info
+
+
+def load_setting(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,
+                 superclasses=None, forget=None):
+    """The loader of the ``tinyimagenet`` setting (``entangle_ext/settings.py``): (`entangle_ext.Splits`,
+    info dict) from the data root and the setting's data options (the command line's data flags).
+    Raises as `tinyimagenet_splits`."""
+    return tinyimagenet_splits(root, forget=forget, superclasses=superclasses, max_train_per_class=max_train_per_class,
+                               max_val_per_class=max_test_per_class, seed=seed, device=device)

@@ -11,13 +11,13 @@ ImageNet-pretrained), built with torchvision, never downloading.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 import torch
 
 from .._optional import optional_import
 
-__all__ = ["vit_classifier", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["setting_model", "vit_classifier", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -77,3 +77,14 @@ def vit_classifier(num_classes: int, *, arch: str = "small", weights: Union[str,
             raise ValueError(f"{p} does not fit torchvision vit_b_32: missing {missing[:5]}, unexpected {unexpected[:5]}")
     m.heads.head = torch.nn.Linear(m.heads.head.in_features, num_classes)
     return torch.nn.Sequential(_Resize(224), m)
+
+
+def setting_model(info, arch="small", weights=None, image_size=64):
+    """The model builder of the tinyimagenet / celeba settings (``entangle_ext/settings.py``): a ViT (``arch`` "small"/"b32", optional local weights) or,
+    for ``arch="lite0"``, the pretrained EfficientNet-Lite0 classifier of the CPU preset."""
+    if arch == "lite0":
+        if weights is not None:
+            raise ValueError("the lite0 variant brings its own ImageNet weights; it takes no weights option")
+        from .lite0 import Lite0Classifier   # (lite0 imports this module)
+        return Lite0Classifier(info["num_classes"], image_size=image_size)
+    return vit_classifier(info["num_classes"], arch=arch, weights=weights, image_size=image_size)

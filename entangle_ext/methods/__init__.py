@@ -13,7 +13,7 @@ from .base import (HPARAMS, METHODS, MethodConfig, TrainConfig, UnlearningMethod
 from ..unlearn.run import run_method
 # importing the method modules registers them, in this order
 from . import retrain, ft, ga, neggrad_plus, rl, l1_sparse, salun, scrub, ssd, gdr, munba, delete  # noqa: F401,E402
-from . import ablations  # noqa: F401,E402
+from . import two_stage  # noqa: F401,E402
 
 __all__ = ["METHODS", "HPARAMS", "MethodConfig", "TrainConfig", "UnlearningMethod", "available_methods",
            "get_method", "register_method", "run_method"]

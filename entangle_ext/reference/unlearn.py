@@ -1,14 +1,14 @@
 """A deliberately naive plain-PyTorch transcription of the reference recipe of both stages
 (docs/algorithm.md §2, §3, §7), the way the authors' reference implementation runs them.
 
-It is the test oracle of the driver (tests/test_fidelity.py compares `entangle_ext.stage1` /
+It is the test oracle of the run (tests/test_fidelity.py compares `entangle_ext.stage1` /
 `stage2` with it parameter for parameter in float64) and the baseline of bench/bench_unlearn.py:
 batch-by-batch loops, `.backward()` into ``.grad``, a host-side (`.item()`) dual update, the forget
 loader wrapped in `itertools.cycle` (its first pass replayed), the ToxiGen confidence penalty on
 the unclipped CE, and the 2×2 normal equations of the projection accumulated per parameter tensor
 in float64 with a ridge of 1e-8 added per tensor (docs/algorithm.md §7). It shares no code with
 `entangle_ext.unlearn` except the data order, which callers pass in as explicit batches
-(`driver_order_stage1` / `driver_order_stage2` draw them as the driver does).
+(`driver_order_stage1` / `driver_order_stage2` draw them as the run does).
 """
 import copy
 import itertools
@@ -116,8 +116,8 @@ def _stream(dataset, batch_size, seed, name, device):
 
 
 class DriverOrderLoader:
-    """An iterable whose k-th iteration yields the batches of the driver's stream in the order of
-    its epoch k: a shuffling DataLoader as the driver draws it."""
+    """An iterable whose k-th iteration yields the batches of the run's stream in the order of
+    its epoch k: a shuffling DataLoader as the run draws it."""
 
     def __init__(self, stream):
         self.stream, self.passes = stream, 0
@@ -128,8 +128,8 @@ class DriverOrderLoader:
 
 
 def driver_order_stage1(splits, cfg1, seed, device="cpu"):
-    """The remote batches of every epoch and a forget "loader" in the order the driver draws them
-    (the driver's forget stream reshuffles each pass; ``cycle=True`` in `naive_stage1` replays
+    """The remote batches of every epoch and a forget "loader" in the order the run draws them
+    (the run's forget stream reshuffles each pass; ``cycle=True`` in `naive_stage1` replays
     the first one as the reference recipe does)."""
     rem = _stream(splits.remote, cfg1.remote_batch_size, seed, "s1/remote", device)
     fgt = _stream(splits.forget, cfg1.forget_batch_size, seed, "s1/forget", device)
@@ -140,7 +140,7 @@ def driver_order_stage1(splits, cfg1, seed, device="cpu"):
 
 
 def driver_order_stage2(splits, cfg2, seed, device="cpu"):
-    """Per-step (adjacent batch, forget batches, remote batches) in the driver's order."""
+    """Per-step (adjacent batch, forget batches, remote batches) in the run's order."""
     adj = _stream(splits.adjacent, cfg2.adjacent_batch_size, seed, "s2/adjacent", device)
     fgt = _stream(splits.forget, cfg2.forget_batch_size, seed, "s2/forget", device)
     rem = _stream(splits.remote, cfg2.remote_batch_size, seed, "s2/remote", device)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .._segments import OffsetsLike, normalize, reduce
+from .._wasserstein_args import OffsetsLike, normalize, reduce
 
 __all__ = ["wasserstein2_1d", "wasserstein2_1d_sorted"]
 

@@ -1,12 +1,23 @@
 """Batch helpers below both the data streams (`unlearn/data.py`) and the ranks
-(`unlearn/distributed.py`): concatenating and slicing tuple/list or dict batches along dim 0."""
+(`unlearn/distributed.py`): concatenating and slicing tuple/list or dict batches along dim 0,
+moving them to a device, splitting them into (inputs, labels), checking and casting the labels
+and floating inputs (`prepare_batch`), and calling the model on them (`forward_logits`).
+`unlearn/data.py` re-exports every name here."""
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional, Tuple
 
 import torch
 
-__all__ = ["concat_batches", "slice_batch"]
+from .precision import autocast_for
+
+__all__ = ["concat_batches", "slice_batch", "move_batch", "split_batch", "cast_floating", "prepare_batch",
+           "forward_logits", "batch_size_of", "LABEL_DTYPES"]
+
+#: Label dtypes accepted (cast to int64 where batches are made).
+LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16,
+                torch.uint32, torch.uint64)
+_LABEL_KEYS = ("labels", "label")
 
 
 def concat_batches(batches: List[Any]):
@@ -26,3 +37,96 @@ def slice_batch(batch, start: int, stop: int):
     if isinstance(batch, dict):
         return {k: v[start:stop] for k, v in batch.items()}
     return tuple(v[start:stop] for v in batch)
+
+
+def move_batch(batch, device):
+    """Move a tuple/list/dict batch to ``device`` (non_blocking)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: move_batch(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_batch(v, device) for v in batch) if isinstance(batch, tuple) \
+            else [move_batch(v, device) for v in batch]
+    return batch
+
+
+def split_batch(batch) -> Tuple[Any, torch.Tensor]:
+    """(inputs, labels) of a tuple/list or dict batch (dict labels under ``"labels"`` or
+    ``"label"``; every other entry is a model input). Raises ValueError otherwise."""
+    if isinstance(batch, dict):
+        key = next((k for k in _LABEL_KEYS if k in batch), None)
+        if key is None:
+            raise ValueError("dict batches need a 'labels' (or 'label') entry")
+        return {k: v for k, v in batch.items() if k not in _LABEL_KEYS}, batch[key]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise ValueError("batches must be (x, y) tuples or dicts with 'labels'")
+
+
+def cast_floating(x, dtype: Optional[torch.dtype]):
+    if dtype is None:
+        return x
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
+    if isinstance(x, dict):
+        return {k: cast_floating(v, dtype) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(cast_floating(v, dtype) for v in x)
+    return x
+
+
+def prepare_batch(batch, input_dtype: Optional[torch.dtype] = None, where: str = "batch"):
+    """A batch as the stages use it: ``(x, y)`` or ``{**inputs, "labels": y}`` with ``y`` int64
+    (from any integer dtype) and the floating tensors of the inputs cast to ``input_dtype`` (None:
+    left as they are). Dtype checks only: no host synchronisation.
+
+    Raises:
+        ValueError: labels that are not a 1-D integer tensor (float, bool, complex, one-hot...);
+            the message names ``where`` (the stream, e.g. "s1/remote") and the accepted dtypes.
+    """
+    inputs, y = split_batch(batch)
+    if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype not in LABEL_DTYPES:
+        got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
+        split = where.split("/")[-1]
+        raise ValueError(f"split '{split}': labels must be integer class indices of shape (batch,) "
+                         f"(any integer dtype: {', '.join(str(d) for d in LABEL_DTYPES)}), got "
+                         f"{got}; float, bool, one-hot or soft labels are not supported")
+    y = y if y.dtype == torch.int64 else y.long()
+    inputs = cast_floating(inputs, input_dtype)
+    return {**inputs, "labels": y} if isinstance(batch, dict) else (inputs, y)
+
+
+def _device_type(model: torch.nn.Module, inputs) -> str:
+    for p in model.parameters():
+        return p.device.type
+    t = inputs if isinstance(inputs, torch.Tensor) else next(
+        (v for v in (inputs.values() if isinstance(inputs, dict) else inputs)
+         if isinstance(v, torch.Tensor)), None)
+    return t.device.type if t is not None else "cpu"
+
+
+def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
+    """Call the model (``model(x)`` or ``model(**inputs)``; under autocast inside an
+    `amp_scope` of ``entangle_ext/unlearn/precision.py``) and return (B, C) logits.
+
+    Accepts plain tensors, tuples (first element), dicts with a ``"logits"`` key and objects with
+    ``.logits`` (Hugging Face). Raises ValueError when the output is not a 2-D tensor of logits.
+    """
+    with autocast_for(_device_type(model, inputs)):
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    if isinstance(out, dict) and "logits" in out:
+        out = out["logits"]
+    elif hasattr(out, "logits"):
+        out = out.logits
+    elif isinstance(out, (tuple, list)):
+        out = out[0]
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}")
+    return out
+
+
+def batch_size_of(batch) -> int:
+    _, y = split_batch(batch)
+    return int(y.shape[0])

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
 from .fields import StrictFields, at_least, check_fields, require
 
-__all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "Recipe",
+__all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "RECIPE_OF_HPARAMS", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
 
 Recipe = Literal["reference", "paper"]
@@ -43,6 +43,9 @@ PenaltyOn = Literal["ce", "clipped"]          # Stage 1: ToxiGen penalty on the 
 Amp = Literal["bf16"]
 MicroBatch = Union[int, Literal["auto"], None]   # Stage 2: samples per forward pass / auto / one pass
 RECIPES = typing.get_args(Recipe)
+RECIPE_OF_HPARAMS = {"paper_code": "reference", "original": "paper"}
+"""hparams family (``entangle_ext.unlearn(..., hparams=)``) → `UnlearnConfig` recipe: the released
+code's loops, or the paper's own text."""
 
 
 # ------------------------------------------------------------------------------- configs

@@ -1,5 +1,7 @@
 """Evaluation of the three splits (train and held-out): accuracy and mean cross-entropy at each
-evaluation point (original / after Stage 1 / after Stage 2; docs/algorithm.md §10). The table,
+evaluation point (original / after Stage 1 / after Stage 2; docs/algorithm.md §10), and the
+per-sample losses, true-label probabilities and correctness the metrics are built on
+(`per_sample`). The table,
 plot and report files built from these results are in ``entangle_ext/unlearn/report.py``. Under several
 ranks each evaluates its part of every batch; the counts and sums are all-reduced and the per-sample
 losses gathered, so every rank reports each sample exactly once (docs/algorithm.md §11)."""
@@ -8,13 +10,14 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 
 from .data import BatchStream, Splits, check_batch_size, forward_logits, split_batch
 from .distributed import Dist, scope
 from .inputs import check_model_and_splits, model_device, training_flags_kept
 from .precision import LOW_PRECISION, amp_scope, model_dtype
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "per_sample", "NonFiniteOutputError"]
 
 _MAX_LISTED = 20
 
@@ -119,3 +122,43 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
                     r["retained"] = r["acc"]
                 out[name] = r
     return out
+
+
+class NonFiniteOutputError(ValueError):
+    """The scored model returns NaN/Inf logits (e.g. the weights of a diverged run overflow)."""
+
+
+@torch.no_grad()
+def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int = 512,
+               name: str = "split") -> Dict[str, torch.Tensor]:
+    """Per-sample quantities of ``model`` (eval mode, no grad; every submodule's ``training`` flag
+    is set back afterwards, also on error) on ``dataset`` (a Dataset, DataLoader or `Source`,
+    e.g. ``splits.source("forget")``), in dataset order. Floating inputs are cast to the model's
+    dtype.
+
+    Returns: {"loss": (N,) float64 CE in nats, "p_true": (N,) float64 softmax probability of the
+    label (= exp(-loss)), "correct": (N,) bool argmax == label}, all on the CPU.
+    Raises: ValueError for an empty dataset, ``batch_size`` not an integer >= 1, no ``device`` for
+    a model without parameters or buffers, or labels outside [0, C); `NonFiniteOutputError` (a
+    ValueError) for non-finite logits (``name`` names the split in the message).
+    """
+    batch_size = check_batch_size(batch_size, "per_sample: batch_size")
+    device = model_device(model, device)
+    stream = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="metrics", device=device,
+                         input_dtype=model_dtype(model))
+    if stream.n == 0:
+        raise ValueError(f"split {name!r} is empty")
+    loss, correct = [], []
+    with training_flags_kept(model):
+        model.eval()
+        for b in stream.epoch_batches(0):
+            inputs, y = split_batch(b)
+            logits = forward_logits(model, inputs).double()
+            if bool(((y < 0) | (y >= logits.shape[1])).any()):
+                raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
+            if not bool(torch.isfinite(logits).all()):
+                raise NonFiniteOutputError(f"split {name!r}: the model returned non-finite logits")
+            loss.append(F.cross_entropy(logits, y, reduction="none").cpu())
+            correct.append((logits.argmax(1) == y).cpu())
+    loss_t = torch.cat(loss)
+    return {"loss": loss_t, "p_true": torch.exp(-loss_t), "correct": torch.cat(correct)}

@@ -119,8 +119,7 @@ class UnlearningMethod:
 
     Class attributes: ``name`` (set by `register_method`), ``Config`` (its configuration
     dataclass), ``presets`` = {setting: {"paper_code": {field: value}, "original": {...}}}
-    (overrides of the ``Config`` defaults; sources in docs/algorithm.md §10), ``two_stage``
-    (True for the two-stage family: its config is an `UnlearnConfig` with a recipe) and
+    (overrides of the ``Config`` defaults; sources in docs/algorithm.md §10) and
     ``required_splits`` (the train splits its objective reads; the run refuses a `Splits`
     without one of them before any compute).
     ``uses_model_fn`` (True for Retrain only, which builds a fresh model with it).
@@ -129,7 +128,6 @@ class UnlearningMethod:
     name: ClassVar[str] = ""
     Config: ClassVar[type] = MethodConfig
     presets: ClassVar[Dict[str, Dict[str, Dict[str, Any]]]] = {}
-    two_stage: ClassVar[bool] = False
     required_splits: ClassVar[Tuple[str, ...]] = ("forget", "adjacent", "remote")
     uses_model_fn: ClassVar[bool] = False
 
@@ -200,7 +198,7 @@ class UnlearningMethod:
         (default: one stage, the method's name)."""
         return (cls.name,)
 
-    def unlearn_in(self, run) -> Dict[str, Any]:
+    def execute(self, run) -> Dict[str, Any]:
         """The method's part of a run (``run``: the `Run` of ``entangle_ext/unlearn/run.py``, made by
         `entangle_ext.unlearn`, after θ0 was evaluated): take the stages with ``run.stage``,
         evaluate with ``run.evaluate_after``; return the report entries the method adds
@@ -225,7 +223,7 @@ class UnlearningMethod:
     def run(self, model: torch.nn.Module, splits: Splits, config, *, device: torch.device, seed: int,
             out_dir=None, progress: bool = True, loop_args: Dict[str, Any]) -> List[Dict[str, float]]:
         """Unlearn in place; returns the per-step history records. Implemented by each baseline
-        (the two-stage family overrides `unlearn_in` instead). ``loop_args``: the `StageLoop`
+        (the two-stage family overrides `execute` instead). ``loop_args``: the `StageLoop`
         keywords of the run (`Run.loop_args`), which `loop` passes on."""
         raise NotImplementedError
 

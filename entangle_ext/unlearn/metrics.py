@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
@@ -27,8 +26,9 @@ from torch.utils.data import Subset, TensorDataset
 
 from .._optional import optional_import
 from .data import BatchStream, Source, Splits, as_source, check_batch_size, forward_logits, split_batch
-from .evaluate import evaluate
-from .inputs import model_device, training_flags_kept
+from .evaluate import NonFiniteOutputError, evaluate, per_sample
+from .mia import MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features
+from .inputs import model_device
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
@@ -83,166 +83,6 @@ def require_metric_dependencies() -> None:
     metrics need is missing (scikit-learn, for MIA-efficacy): checked before any run, so a
     comparison does not train every method and then fail."""
     _optional("sklearn.svm", "MIA-efficacy (a metric of every comparison)")
-
-
-class NonFiniteOutputError(ValueError):
-    """The scored model returns NaN/Inf logits (e.g. the weights of a diverged run overflow)."""
-
-
-MIA_MIN_BALANCED_ACCURACY = 0.55
-"""The MIA attack must beat this balanced accuracy on its own training data (members vs
-non-members), else its MIA-efficacy is undefined (NaN, `MIAUndefinedWarning`): at or below it the
-SVC has no signal and its verdict on a target split only says on which side of an arbitrary
-boundary the split's features lie (100 or 0 % from one member subset to the next)."""
-
-
-class MIAUndefinedWarning(UserWarning):
-    """MIA-efficacy is undefined (NaN) for the named splits: the attack's balanced accuracy on its
-    own members vs non-members is <= `MIA_MIN_BALANCED_ACCURACY` (e.g. identical features, or an
-    SVC that predicts one class for all)."""
-
-
-@torch.no_grad()
-def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int = 512,
-               name: str = "split") -> Dict[str, torch.Tensor]:
-    """Per-sample quantities of ``model`` (eval mode, no grad; every submodule's ``training`` flag
-    is set back afterwards, also on error) on ``dataset`` (a Dataset, DataLoader or `Source`,
-    e.g. ``splits.source("forget")``), in dataset order. Floating inputs are cast to the model's
-    dtype.
-
-    Returns: {"loss": (N,) float64 CE in nats, "p_true": (N,) float64 softmax probability of the
-    label (= exp(-loss)), "correct": (N,) bool argmax == label}, all on the CPU.
-    Raises: ValueError for an empty dataset, ``batch_size`` not an integer >= 1, no ``device`` for
-    a model without parameters or buffers, or labels outside [0, C); `NonFiniteOutputError` (a
-    ValueError) for non-finite logits (``name`` names the split in the message).
-    """
-    batch_size = check_batch_size(batch_size, "per_sample: batch_size")
-    device = model_device(model, device)
-    stream = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="metrics", device=device,
-                         input_dtype=model_dtype(model))
-    if stream.n == 0:
-        raise ValueError(f"split {name!r} is empty")
-    loss, correct = [], []
-    with training_flags_kept(model):
-        model.eval()
-        for b in stream.epoch_batches(0):
-            inputs, y = split_batch(b)
-            logits = forward_logits(model, inputs).double()
-            if bool(((y < 0) | (y >= logits.shape[1])).any()):
-                raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
-            if not bool(torch.isfinite(logits).all()):
-                raise NonFiniteOutputError(f"split {name!r}: the model returned non-finite logits")
-            loss.append(F.cross_entropy(logits, y, reduction="none").cpu())
-            correct.append((logits.argmax(1) == y).cpu())
-    loss_t = torch.cat(loss)
-    return {"loss": loss_t, "p_true": torch.exp(-loss_t), "correct": torch.cat(correct)}
-
-
-def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
-                               targets: Mapping[str, torch.Tensor], *,
-                               min_balanced_accuracy: float = MIA_MIN_BALANCED_ACCURACY) -> Dict[str, float]:
-    """MIA-efficacy from 1-D features (docs/algorithm.md §10; SalUn ``evaluation/SVC_MIA.py``).
-
-    An RBF SVC (``sklearn.svm.SVC(C=3, gamma="auto")``) is fit on ``members`` (label 1) vs
-    ``nonmembers`` (label 0); each target's score is the percentage of its samples predicted
-    non-member (higher = more forgotten). When the attack has no signal - its balanced accuracy
-    on the members and non-members it was fit on is <= ``min_balanced_accuracy`` (default
-    `MIA_MIN_BALANCED_ACCURACY` = 0.55; e.g. every feature identical, or one class predicted for
-    all) - every target's score is NaN (undefined) and one `MIAUndefinedWarning` names the targets
-    and the balanced accuracy.
-    Args: (N,) real tensors (any float dtype/device); targets: {name: (M,) tensor}.
-    Returns: {name: percentage in [0, 100], or NaN}.
-    Raises: ValueError for empty or non-finite inputs; ImportError without scikit-learn.
-    """
-    svm = _optional("sklearn.svm", "MIA-efficacy")
-    arrays = {"members": members, "non-members": nonmembers, **targets}
-    for k, v in arrays.items():
-        if v.numel() == 0:
-            raise ValueError(f"MIA-efficacy: the {k!r} features are empty")
-        if not bool(torch.isfinite(v).all()):
-            raise ValueError(f"MIA-efficacy: the {k!r} features are not finite")
-    x = torch.cat([members.reshape(-1), nonmembers.reshape(-1)]).double().cpu().numpy()[:, None]
-    y = np.concatenate([np.ones(members.numel()), np.zeros(nonmembers.numel())])
-    clf = svm.SVC(C=3, gamma="auto", kernel="rbf").fit(x, y)
-    pred = clf.predict(x)
-    bacc = 0.5 * (float((pred[y == 1] == 1).mean()) + float((pred[y == 0] == 0).mean()))
-    if bacc <= min_balanced_accuracy:
-        why = ("every member and non-member feature is the same" if np.ptp(x) == 0 else
-               "it predicts one class for all" if np.unique(pred).size == 1 else "no better than chance")
-        warnings.warn(f"MIA-efficacy undefined (NaN) for {sorted(targets)}: the attack's balanced accuracy on "
-                      f"its own members vs non-members is {bacc:.3f} <= {min_balanced_accuracy} ({why}); its "
-                      "verdict on a split would only say on which side of an arbitrary boundary it lies",
-                      MIAUndefinedWarning, stacklevel=2)
-        return {k: math.nan for k in targets}
-    return {k: 100.0 * float((clf.predict(v.reshape(-1, 1).double().cpu().numpy()) == 0).mean())
-            for k, v in targets.items()}
-
-
-_MIA_SIDES = {"members": (("adjacent", "remote"), "retain-train samples (adjacent and/or remote)"),
-              "non-members": (("adjacent_test", "remote_test"),
-                              "held-out retain samples (adjacent_test and/or remote_test)")}
-
-
-def _retain_features(model, splits: Splits, feats: Dict[str, dict], device, batch_size):
-    """(members, non-members): the `per_sample` p_true of the present retain-train / held-out
-    retain splits (``feats`` caches each split's `per_sample` dict)."""
-    out = []
-    for side, (names, what) in _MIA_SIDES.items():
-        present = [n for n in names if getattr(splits, n) is not None]
-        if not present:
-            raise ValueError(f"MIA-efficacy needs {what} as {side}; the Splits has none")
-        for n in present:
-            if n not in feats:
-                feats[n] = per_sample(model, splits.source(n), device=device, batch_size=batch_size, name=n)
-        out.append(torch.cat([feats[n]["p_true"] for n in present]))
-    return tuple(out)
-
-
-def mia_efficacy(model: torch.nn.Module, splits: Splits, *, targets: Sequence[str] = ("forget", "adjacent", "remote"),
-                 device=None, batch_size: int = 512, seed: int = 0, max_samples: Optional[int] = None,
-                 features: Optional[Dict[str, dict]] = None) -> Dict[str, float]:
-    """MIA-efficacy per split, the SalUn / Unlearn-Sparse protocol (docs/algorithm.md §10).
-
-    Feature = softmax probability of the true label. Members = retain-train samples (adjacent +
-    remote), non-members = held-out retain samples (adjacent_test + remote_test, evaluated as
-    given, i.e. with the held-out transforms of the splits), equal counts n = min of the two (and
-    ``max_samples``): a random subset (seeded by ``seed``) of the larger side, as SalUn takes the
-    first |test| samples of its class-mixed retain set. Score of a split = % of its train samples
-    predicted non-member: ↑ on forget = more forgotten; on adjacent / remote ↑ = damaged.
-
-    Members and non-members come from the retain splits present (e.g. remote / remote_test alone
-    when ``splits.adjacent`` and ``splits.adjacent_test`` are None).
-
-    Args: model returning (B, C) logits; splits; targets: train split names scored, each present
-        in ``splits``; features: optional cache {split: `per_sample` dict}, filled in place.
-    Returns: {split: percentage in [0, 100]}; NaN for every split, with an `MIAUndefinedWarning`,
-        when the attack has no signal on its own members vs non-members (`mia_efficacy_from_features`).
-    Raises: ValueError (no retain-train split, no held-out retain split, a target that is unknown or
-        absent from ``splits``, non-finite logits, max_samples < 1), all before any forward pass
-        but the last; ImportError without scikit-learn.
-    """
-    if max_samples is not None and int(max_samples) < 1:
-        raise ValueError(f"MIA-efficacy: max_samples must be >= 1 (or None), got {max_samples}")
-    for t in targets:
-        if t not in Splits.TRAIN:
-            raise ValueError(f"MIA-efficacy target must be one of {Splits.TRAIN}, got {t!r}")
-        if getattr(splits, t) is None:
-            present = tuple(n for n in Splits.TRAIN if getattr(splits, n) is not None)
-            raise ValueError(f"MIA-efficacy target {t!r} is absent from the Splits (None): score only "
-                             f"present train splits, e.g. targets={present}")
-    device = model_device(model, device)
-    feats = features if features is not None else {}
-    members, nonmembers = _retain_features(model, splits, feats, device, batch_size)
-    n = min(len(members), len(nonmembers), max_samples or len(members))
-    g = torch.Generator().manual_seed(int(seed))
-    members = members[torch.randperm(len(members), generator=g)[:n]]
-    nonmembers = nonmembers[torch.randperm(len(nonmembers), generator=g)[:n]]
-    tgt = {}
-    for t in targets:
-        if t not in feats:
-            feats[t] = per_sample(model, splits.source(t), device=device, batch_size=batch_size, name=t)
-        tgt[t] = feats[t]["p_true"]
-    return mia_efficacy_from_features(members, nonmembers, tgt)
 
 
 def forget_quality_ks(losses: Union[Sequence[float], torch.Tensor],

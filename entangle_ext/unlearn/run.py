@@ -1,7 +1,7 @@
 """The one lifecycle of every run, whatever the method (docs/algorithm.md §2, §3, §10): checks →
 pre-flight → seeding → evaluate θ0 → the method's stages (each timed, checkpointed and resumable)
 → evaluations → report, table and files. `run_method` is that lifecycle; `Run` is the state one
-call carries through it. A method plugs in with `UnlearningMethod.unlearn_in`, which takes its
+call carries through it. A method plugs in with `UnlearningMethod.execute`, which takes its
 stages with `Run.stage` and evaluates with `Run.evaluate_after`: the two-stage family takes two
 (Stage 1, Stage 2), a baseline one."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     (``cls.splits_needed``) → the splits fingerprint and, on a resume, `check_resume` →
     trainable parameters → device → `preflight` (one batch per split) → lock ``out_dir`` and
     ``on_checked()`` → seed (and deterministic algorithms when the config asks) → evaluate θ0
-    (non-finite per-sample losses raise) → ``cls(...).unlearn_in(run)`` → `Run.finish`.
+    (non-finite per-sample losses raise) → ``cls(...).execute(run)`` → `Run.finish`.
 
     Raises: as `entangle_ext.unlearn` (TypeError / ValueError for bad input, OutDirInUseError,
     NonFiniteLossError, RunInterrupted).
@@ -78,7 +78,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
                   ckpt=ckpt, progress=progress, fingerprint=fingerprint, stages=cls.stage_keys(), amp=amp)
         if "original" not in run.evals:
             run.evaluate("original", check_finite=True)
-        extras = cls(num_classes=num_classes, model_fn=model_fn).unlearn_in(run)
+        extras = cls(num_classes=num_classes, model_fn=model_fn).execute(run)
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
         return run.finish(extras, resumed=resumed, preset=preset)
 

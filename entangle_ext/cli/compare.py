@@ -29,14 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli_common import fail, resolve_device, sigterm_interrupts
+from .common import fail, resolve_device, sigterm_interrupts
 
 __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .methods import HPARAMS, available_methods
-    from .settings import SETTINGS
+    from ..methods import HPARAMS, available_methods
+    from ..settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
     ap = argparse.ArgumentParser(prog="entangle-unlearn compare", description="Compare unlearning methods on a "
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _methods(spec: str):
     """The method names of ``--methods`` ('all' or a comma list), checked before any data is loaded
     (``check_method_names`` of the compare module, its message naming the flag)."""
-    from .compare import available_methods, check_method_names
+    from ..compare import available_methods, check_method_names
 
     known = available_methods()
     names = known if spec.strip() == "all" else [m.strip() for m in spec.split(",") if m.strip()]
@@ -86,7 +86,7 @@ def _methods(spec: str):
 
 def _check_flags(args, out: str) -> None:
     """The flags that need no data, checked before anything is loaded or trained (ValueError)."""
-    from .compare import check_budget
+    from ..compare import check_budget
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
@@ -106,66 +106,85 @@ def _check_flags(args, out: str) -> None:
         raise ValueError(f"--out {out} exists and is not a directory")
 
 
+def _plan(args, out: str):
+    """(device, setting, variant, data options, model options, methods, threads), everything
+    checked before any data is loaded (ValueError / TypeError / FileNotFoundError / ImportError)."""
+    from ..compare import method_spec
+    from ..settings import get_setting
+    from ..threads import default_threads
+
+    _check_flags(args, out)
+    device = resolve_device(args.device)
+    setting = get_setting(args.setting)
+    opts = {"weights": args.weights, "model_path": args.model_path}
+    data = {k: v for k, v in opts.items() if v is not None and k in setting.data_options}
+    model = {k: v for k, v in opts.items() if v is not None and k in setting.model_options}
+    variant = setting.variant(args.variant, given=set(data) | set(model))
+    methods = _methods(args.methods)
+    for m in methods:   # each method's preset and budget-scaled config, as compare will build them
+        method_spec(m, setting=args.setting, variant=variant.name, hparams=args.hparams, budget=args.budget)
+    threads = args.threads or default_threads(setting.threads)
+    return device, setting, variant, data, model, methods, threads
+
+
+def _compare(args, out: str, device, variant, data, model, methods, threads):
+    """The comparison itself (this process, or ``--jobs`` workers and then this process's table);
+    None for a ``--worker`` process."""
+    from ..compare import compare
+    from ..compare_jobs import die_with_parent, plan_tasks, run_workers, work, worker_command
+    from ..settings import prepare
+    from ..unlearn.lock import out_dir_lock
+
+    with contextlib.ExitStack() as stack:
+        if args.worker is not None:
+            die_with_parent(Path(args.worker))   # SIGTERM when the parent exits (Linux)
+        else:   # one live comparison per --out (its workers share the parent's lock)
+            stack.enter_context(out_dir_lock(out))
+        run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
+                      cache_dir=out, progress=not args.no_progress, data=data, model=model)
+        relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        kw = dict(setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out, device=device,
+                  model_fn=run.fresh_model, relearn=relearn, mia_max_samples=args.mia_max_samples,
+                  budget=args.budget)
+        if args.worker is not None:   # one (method, seed) at a time from the parent's queue
+            ref = ["retrain"] if "retrain" in methods else []   # the same cache keys as one process
+            work(Path(args.worker), lambda m, s: compare(run.model, run.splits, ref + [m] if m not in ref else ref,
+                                                         [s], write_tables=False, progress=False, **kw))
+            return None
+        tasks = plan_tasks(methods, seeds)
+        jobs = min(args.jobs, len(tasks))
+        if jobs > 1:
+            (Path(out) / "jobs").mkdir(parents=True, exist_ok=True)   # this invocation's own queue:
+            queue = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=Path(out) / "jobs"))
+            args.out_dir = out
+            cmds = [worker_command(args, variant.name, methods, max(1, threads // jobs), queue)
+                    for _ in range(jobs)]
+            run_workers(cmds, tasks, queue, progress=not args.no_progress)
+        return compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, **kw)
+
+
 def main(argv=None) -> int:
     """Entry point of ``entangle-unlearn compare``. Returns the exit code: 0 success; 2 bad input
     (one ``entangle-unlearn compare: error: ...`` line on stderr: a ValueError / TypeError /
     FileNotFoundError / missing package; flags are checked before any data is loaded); 1 a
     ``--jobs`` worker failed (its log is named); 130 interrupted (rerunning the same command resumes
     from the per-run cache)."""
-    from .compare import compare, method_spec
-    from .compare_jobs import (ParentExited, WorkerFailed, die_with_parent, plan_tasks, run_workers, work,
-                               worker_command)
-    from .settings import get_setting, prepare
-    from .threads import default_threads, torch_threads
-    from .unlearn.lock import out_dir_lock
+    from ..compare_jobs import ParentExited, WorkerFailed
+    from ..threads import torch_threads
 
     args = build_parser().parse_args(argv)
     out = args.out or f"runs/compare_{args.setting}"
     t0 = time.perf_counter()
     try:
-        _check_flags(args, out)
-        device = resolve_device(args.device)
-        setting = get_setting(args.setting)
-        opts = {"weights": args.weights, "model_path": args.model_path}
-        data = {k: v for k, v in opts.items() if v is not None and k in setting.data_options}
-        model = {k: v for k, v in opts.items() if v is not None and k in setting.model_options}
-        variant = setting.variant(args.variant, given=set(data) | set(model))
-        methods = _methods(args.methods)
-        for m in methods:   # each method's preset and budget-scaled config, as compare will build them
-            method_spec(m, setting=args.setting, variant=variant.name, hparams=args.hparams, budget=args.budget)
-        threads = args.threads or default_threads(setting.threads)
+        device, setting, variant, data, model, methods, threads = _plan(args, out)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e, "entangle-unlearn compare")
     # SIGTERM / SIGHUP (a kill, a closed terminal) stop like Ctrl-C: --jobs workers are terminated
     stop = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     try:
-        with torch_threads(threads), sigterm_interrupts(*stop), contextlib.ExitStack() as stack:
-            if args.worker is not None:
-                die_with_parent(Path(args.worker))   # SIGTERM when the parent exits (Linux)
-            else:   # one live comparison per --out (its workers share the parent's lock)
-                stack.enter_context(out_dir_lock(out))
-            run = prepare(args.setting, variant.name, data_root=args.data_root, seed=args.model_seed, device=device,
-                          cache_dir=out, progress=not args.no_progress, data=data, model=model)
-            relearn = False if args.no_relearn else ({"max_steps": args.relearn_steps} if args.relearn_steps else None)
-            seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-            kw = dict(setting=args.setting, variant=variant.name, hparams=args.hparams, out_dir=out, device=device,
-                      model_fn=run.fresh_model, relearn=relearn, mia_max_samples=args.mia_max_samples,
-                      budget=args.budget)
-            if args.worker is not None:   # one (method, seed) at a time from the parent's queue
-                ref = ["retrain"] if "retrain" in methods else []   # the same cache keys as one process
-                work(Path(args.worker), lambda m, s: compare(run.model, run.splits, ref + [m] if m not in ref else ref,
-                                                             [s], write_tables=False, progress=False, **kw))
-                return 0
-            tasks = plan_tasks(methods, seeds)
-            jobs = min(args.jobs, len(tasks))
-            if jobs > 1:
-                (Path(out) / "jobs").mkdir(parents=True, exist_ok=True)   # this invocation's own queue:
-                queue = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=Path(out) / "jobs"))
-                args.out_dir = out
-                cmds = [worker_command(args, variant.name, methods, max(1, threads // jobs), queue)
-                        for _ in range(jobs)]
-                run_workers(cmds, tasks, queue, progress=not args.no_progress)
-            res = compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, **kw)
+        with torch_threads(threads), sigterm_interrupts(*stop):
+            res = _compare(args, out, device, variant, data, model, methods, threads)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e, "entangle-unlearn compare")
     except (WorkerFailed, ParentExited) as e:
@@ -175,12 +194,10 @@ def main(argv=None) -> int:
         print(f"\nentangle-unlearn compare: interrupted; finished runs are cached in {out}/cache: rerun the "
               "same command to go on from there", file=sys.stderr)
         return 130
+    if res is None:   # a --worker process
+        return 0
     print(f"{args.setting} ({variant.name}: {variant.summary}), {len(res.seeds)} seed(s)\n")
     print(res.table)
     print(f"\nwrote {res.paths['markdown']}, {res.paths['json']}, {res.paths['png']} "
           f"({time.perf_counter() - t0:.0f} s)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,38 +1,6 @@
-"""Command line: run a registered setting end to end (original model → unlearning method → report).
-
-    entangle-unlearn --setting digits --out runs/digits                  # the two-stage method
-    entangle-unlearn --setting digits --method salun --out runs/salun    # a baseline, its paper_code preset
-    entangle-unlearn --setting digits --method scrub --hparams original --set epochs=3 --out runs/scrub
-    entangle-unlearn --setting digits --method no_w2 --out runs/no_w2    # an ablation of the method
-    entangle-unlearn --setting digits --forget 5 --set stage2.lr=1e-3 --out runs/digits5
-    python -m entangle_ext --setting cifar100 --variant reduced --out runs/cifar
-    python -m entangle_ext --setting cifar100 --data-root path/to/cifar100.npz --out runs/cifar \\
-        --superclasses fish,flowers,insects --max-train-per-class 100 --original-epochs 5 --epochs 2
-    python -m entangle_ext --setting tinyimagenet --weights vit_b_32.pth --out runs/tin   # also celeba, toxigen
-    torchrun --nproc_per_node 4 -m entangle_ext --setting cifar100 --out runs/cifar   # 4 ranks, global batches
-
-The settings, their variants and options come from the registry `entangle_ext.settings`; the flags
-below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS` (entangle_ext.cli_config),
-and ``--set KEY=VALUE`` reaches any other field of the chosen method's config. ``--method`` is any
-name of `entangle_ext.available_methods()` and runs through ``entangle_ext.unlearn(...,
-method=NAME)`` with the config that ``from entangle_ext.compare import method_config`` gives it
-(docs/algorithm.md §10); the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage
-family only. The whole configuration (method, flag values, options, device, resume and
-original-model files) is checked before any data is loaded or model trained: bad input prints one
-``entangle-unlearn: error: ...`` line and exits with code 2.
-
-Reusing an ``--out`` that holds a run without ``--resume`` overwrites it, after a one-line
-warning; an ``--out`` that another live run is writing (its lock ``OUT/.entangle_ext.lock`` is
-held) is refused with a one-line error naming that run (exit code 2). ``--resume`` continues a
-run with the same ``--method``, data and configuration: another method, or another configuration
-without ``--allow-config-change``, is refused before any data is loaded; other data once the data
-is known (the same checks as ``entangle_ext.unlearn``).
-
-Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
-original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached
-original model ``original_*.pt`` (its name hashes everything that produced it, see
-`entangle_ext.settings.prepare`; ``--original PATH`` uses a given file instead) under ``--out``.
-"""
+"""``entangle-unlearn [flags]``: one run of a registered setting (original model → unlearning
+method → report), described in ``entangle_ext/cli/__init__.py``: the parser, the plan checked
+before any data is loaded, the run under ``torchrun`` ranks and the report's "run" section."""
 from __future__ import annotations
 
 import argparse
@@ -42,18 +10,16 @@ import json
 import shlex
 import sys
 import warnings
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
 
-from .cli_common import PROG, command_prefix, default_device, device_arg, fail, resolve_device, sigterm_interrupts  # noqa: F401  (default_device, device_arg: also imported from here by python_examples/)
-from .cli_config import OPTION_FLAGS, STAGE_FLAGS, build_config, check_conflicts, flag_tables, parse_overrides
+from .common import PROG, command_prefix, fail, resolve_device, sigterm_interrupts
+from .config import build_config, check_conflicts, flag_tables, parse_overrides
 
-__all__ = ["main", "build_parser", "exit_on_bad_input", "OPTION_FLAGS", "STAGE_FLAGS"]
-
+__all__ = ["main", "build_parser"]
 
 
 def _comma_list(s: str):
@@ -61,10 +27,12 @@ def _comma_list(s: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .settings import SETTINGS
+    """The parser of ``entangle-unlearn [flags]`` (its ``--help``); the choices come from the
+    settings and methods registries."""
+    from ..settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
-    from .methods import HPARAMS, available_methods
+    from ..methods import HPARAMS, available_methods
 
     ap = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -74,7 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
                "  compare   several methods over several seeds on one setting, one table of the unlearning\n"
                f"            metrics (mean ± std): see `{PROG} compare --help`\n"
                "            (or `python -m entangle_ext compare --help`)")
-    ap.add_argument("--setting", choices=list(SETTINGS), required=True, help="the data set and model")
+    _add_run_flags(ap, list(SETTINGS), variants, HPARAMS, available_methods())
+    _add_data_flags(ap)
+    _add_override_flags(ap)
+    return ap
+
+
+def _add_run_flags(ap, settings, variants, hparams, methods) -> None:
+    """What runs where: setting, variant, data and model files, out dir, method, recipe, seed,
+    device, resume."""
+    ap.add_argument("--setting", choices=settings, required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
                     "scratch for tinyimagenet/celeba without --weights; reduced, cpu, lite0 = CPU runs)")
     ap.add_argument("--data-root", default=None, help="data file or directory (default: $ENTANGLE_DATA, the user "
@@ -90,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "OUT/checkpoints/stage1_done.pt; its model), OUT/checkpoints/latest.pt or the out dir OUT (its "
                     "latest checkpoint); it must fit the setting's model")
     ap.add_argument("--method", default="two_stage", metavar="NAME", help="the unlearning method, one of: "
-                    + ", ".join(available_methods()) + " (docs/algorithm.md §10; default two_stage)")
-    ap.add_argument("--hparams", choices=HPARAMS, default=None, help="preset family: paper_code (the paper's "
+                    + ", ".join(methods) + " (docs/algorithm.md §10; default two_stage)")
+    ap.add_argument("--hparams", choices=hparams, default=None, help="preset family: paper_code (the paper's "
                     "released code; default) or original (the baseline authors' defaults; the paper's text for the "
                     "two-stage family, i.e. --recipe paper)")
     ap.add_argument("--recipe", choices=["reference", "paper"], default=None,
@@ -106,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-config-change", action="store_true", help="with --resume: accept a configuration "
                     "that differs from the checkpoint's (e.g. another --set lr=...), applied from the resume point "
                     "on and recorded in report.json (\"resume\": \"config_changes\"); the data must still be the same")
+
+
+def _add_data_flags(ap) -> None:
+    """Data selection and run size (the setting's data options, epochs, batch limits, threads)."""
     g = ap.add_argument_group("data selection and run size")
     g.add_argument("--forget", default=None, help="what to forget: digits: a digit 0-9; cifar100: a fine class; "
                    "tinyimagenet: a class or hypernym; celeba: Attr=0|1 pairs, e.g. Young=1,Eyeglasses=0; "
@@ -125,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Stage 2 max samples per forward/backward pass (default: auto, bounded on CPU)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the setting's own, "
                    "else $OMP_NUM_THREADS, else the physical cores)")
+
+
+def _add_override_flags(ap) -> None:
+    """Hyperparameter overrides (stage learning rates, α, ``--set``) and logging / checkpoints."""
     h = ap.add_argument_group("hyperparameter overrides")
     h.add_argument("--stage1-lr", type=float, default=None, help="Stage 1 Adam learning rate")
     h.add_argument("--stage2-lr", type=float, default=None, help="Stage 2 SGD learning rate")
@@ -138,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "(0 = only after each stage / at the end)")
     ap.add_argument("--log-every", type=int, default=10, help="steps between logged values")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars (the table is still printed)")
-    return ap
 
 
 @dataclass
@@ -157,10 +141,10 @@ class _Plan:
 
 
 def _plan(args) -> _Plan:
-    from .settings import get_setting
-    from .threads import default_threads
-    from .unlearn import load_checkpoint
-    from .unlearn.checkpoint import check_method, check_resume_config
+    from ..settings import get_setting
+    from ..threads import default_threads
+    from ..unlearn import load_checkpoint
+    from ..unlearn.checkpoint import check_method, check_resume_config
 
     device = resolve_device(args.device)
     setting = get_setting(args.setting)
@@ -182,7 +166,7 @@ def _plan(args) -> _Plan:
         raise ValueError("--allow-config-change applies to a resumed run only: give --resume too")
     resume = None if args.resume is None else load_checkpoint(args.resume)
     if resume is not None:   # the method and the configuration before any data is loaded (the data: later)
-        from .compare import effective_config
+        from ..compare import effective_config
         check_method(resume, args.method, where=f"--resume {args.resume}: the checkpoint")
         eff = effective_config(args.method, copy.deepcopy(cfg), setting=setting.name, hparams=hparams)
         check_resume_config(resume, eff.to_dict(), allow_config_change=args.allow_config_change)
@@ -200,18 +184,6 @@ def _jsonable(info: dict) -> dict:
         if k != "coarse_names":
             out[k] = v
     return out
-
-
-@contextlib.contextmanager
-def exit_on_bad_input(prog: str):
-    """For scripts built on the package (``python_examples/``): inside the block, bad input, i.e. a
-    ValueError, TypeError, FileNotFoundError or other OSError, ImportError (a missing optional package
-    such as Pillow or torchvision) or a corrupt archive (`zipfile.BadZipFile`), prints one
-    ``PROG: error: ...`` line on stderr and exits with code 2 (`SystemExit`), as `main` does."""
-    try:
-        yield
-    except (ValueError, TypeError, OSError, ImportError, zipfile.BadZipFile) as e:
-        raise SystemExit(fail(e, prog)) from None
 
 
 def _interrupted(argv: List[str], out: str) -> int:
@@ -233,8 +205,8 @@ def _interrupted(argv: List[str], out: str) -> int:
 
 
 def _run(args, plan: _Plan) -> int:
-    from .unlearn.distributed import process_group_from_env
-    from .unlearn.lock import out_dir_lock
+    from ..unlearn.distributed import process_group_from_env
+    from ..unlearn.lock import out_dir_lock
 
     # under torchrun: one process per rank (NCCL on GPUs, else gloo); the group is destroyed on the way out.
     # One live run per --out: rank 0 locks it before the original model is trained / cached there
@@ -244,9 +216,9 @@ def _run(args, plan: _Plan) -> int:
 
 
 def _run_ranks(args, plan: _Plan, procs, device) -> int:
-    from .settings import prepare
-    from .unlearn import UnlearnConfig, unlearn
-    from .unlearn.report import save_report_json
+    from ..settings import prepare
+    from ..unlearn import UnlearnConfig, unlearn
+    from ..unlearn.report import save_report_json
 
     for turn in (True, False):   # rank 0 trains and caches θ0 first; the other ranks then load it
         if turn == procs.is_main:
@@ -279,16 +251,14 @@ def _run_ranks(args, plan: _Plan, procs, device) -> int:
 
 
 def main(argv=None) -> int:
-    """Entry point of ``entangle-unlearn`` / ``python -m entangle_ext``. Returns the exit code:
+    """``entangle-unlearn [flags]`` (one run; `entangle_ext.cli.main` dispatches here for every
+    command line but ``compare ...``). ``argv``: the flags (None: ``sys.argv[1:]``). Returns the exit code:
     0 success; 2 bad input (one ``entangle-unlearn: error: ...`` line on stderr, before any
     training when the flags are at fault); 130 interrupted (the resume command is printed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["compare"]:   # `entangle-unlearn compare ...`: entangle_ext.cli_compare
-        from .cli_compare import main as compare_main
-        return compare_main(argv[1:])
     args = build_parser().parse_args(argv)
     args.given_flags = _typed_flags(argv)
-    from .threads import torch_threads
+    from ..threads import torch_threads
 
     try:
         plan = _plan(args)
@@ -315,8 +285,8 @@ def _typed_flags(argv) -> set:
 def _one_line_warnings():
     """The package's own warnings to the user (e.g. `OutDirReusedWarning`: ``--out`` holds a run
     and no ``--resume``) print as one ``entangle-unlearn: warning: ...`` line; others as usual."""
-    from .unlearn import OutDirReusedWarning
-    from .unlearn.report import PlotSkippedWarning
+    from ..unlearn import OutDirReusedWarning
+    from ..unlearn.report import PlotSkippedWarning
 
     before = warnings.showwarning
 
@@ -340,11 +310,8 @@ def _deterministic(on: bool):
     if not on:
         yield
         return
-    from .unlearn.checkpoint import preserved_global_state, seed_everything
+    from ..unlearn.checkpoint import preserved_global_state, seed_everything
     with preserved_global_state():
         seed_everything(0, deterministic=True)   # the run seeds again from its own seed
         yield
 
-
-if __name__ == "__main__":
-    sys.exit(main())

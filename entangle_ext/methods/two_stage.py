@@ -3,22 +3,19 @@
 projection with the plain mean forget term), "stage1_only", and "two_stage_basis4" (ours, not
 the paper's: Stage 2 with ``basis_every=4``, docs/algorithm.md §3 "basis_every (ours)"). They run
 through the one run lifecycle (`entangle_ext.unlearn`, ``entangle_ext/unlearn/run.py``) with an
-`UnlearnConfig`, taking its two stages (`TwoStage.unlearn_in`); each ablation only rewrites that
+`UnlearnConfig`, taking its two stages (`TwoStage.execute`); each ablation only rewrites that
 config."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Dict, Optional, Tuple
 
-from ..unlearn.config import PRESETS, UnlearnConfig
-from ..unlearn.stages import stage1, stage2
+from ..unlearn.config import PRESETS, RECIPE_OF_HPARAMS, UnlearnConfig
+from ..unlearn.stage1_al import stage1
+from ..unlearn.stage2_wpgd import stage2
 from .base import UnlearningMethod, register_method
 
 __all__ = ["TwoStage", "NoW2", "PGDMean", "Stage1Only", "TwoStageBasis4", "RECIPE_OF_HPARAMS"]
-
-RECIPE_OF_HPARAMS = {"paper_code": "reference", "original": "paper"}
-"""hparams → `UnlearnConfig` recipe: the released code's loops, or the paper's own text."""
-
 
 def _preset_name(setting: str) -> str:
     if setting in PRESETS:
@@ -32,7 +29,6 @@ class TwoStage(UnlearningMethod):
     """Stage 1 (augmented Lagrangian) then Stage 2 (W-PGD), docs/algorithm.md §2, §3.
     Presets: `UnlearnConfig.preset(setting, recipe)` with recipe "reference" ("paper_code") or
     "paper" ("original")."""
-    two_stage = True
     Config = UnlearnConfig
     presets = {name: {h: {"recipe": r} for h, r in RECIPE_OF_HPARAMS.items()} for name in PRESETS}
 
@@ -81,7 +77,7 @@ class TwoStage(UnlearningMethod):
     def stage_keys(cls) -> Tuple[int, ...]:
         return (1, 2)
 
-    def unlearn_in(self, run) -> Dict[str, Any]:
+    def execute(self, run) -> Dict[str, Any]:
         """c0 (`Run.constraint_target`) → Stage 1 (`stage1`, checkpoint ``stage1_done``, with the
         augmented Lagrangian's state) → evaluate "stage1" → Stage 2 (`stage2`, ``stage2_done``)
         → evaluate "stage2"; a stage the config switches off is skipped. Returns c0, the final

@@ -1,4 +1,4 @@
-"""What the command lines (`entangle_ext.cli`, `entangle_ext.cli_compare`, ``python_examples/``)
+"""What the command lines (``entangle_ext/cli/run.py``, ``entangle_ext/cli/compare.py``, ``python_examples/``)
 share: the device flag, the one-line bad-input exit and SIGTERM/SIGHUP as Ctrl-C."""
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import signal
 import sys
+import zipfile
 from typing import Optional
 
 import torch
 
-__all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "default_device", "fail", "sigterm_interrupts"]
+__all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "default_device", "fail", "sigterm_interrupts",
+           "exit_on_bad_input"]
 
 PROG = "entangle-unlearn"
 
@@ -106,3 +108,15 @@ def sigterm_interrupts(*signums):
     finally:
         for s, h in before.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def exit_on_bad_input(prog: str):
+    """For scripts built on the package (``python_examples/``): inside the block, bad input, i.e. a
+    ValueError, TypeError, FileNotFoundError or other OSError, ImportError (a missing optional package
+    such as Pillow or torchvision) or a corrupt archive (`zipfile.BadZipFile`), prints one
+    ``PROG: error: ...`` line on stderr and exits with code 2 (`SystemExit`), as `main` does."""
+    try:
+        yield
+    except (ValueError, TypeError, OSError, ImportError, zipfile.BadZipFile) as e:
+        raise SystemExit(fail(e, prog)) from None

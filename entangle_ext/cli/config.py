@@ -11,7 +11,7 @@ import typing
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "parse_overrides", "hparams_and_recipe",
-           "build_config", "check_conflicts"]
+           "build_config", "check_conflicts", "has_stages", "named_recipe"]
 
 OPTION_FLAGS = {"max_train_per_class": "data", "max_test_per_class": "data", "superclasses": "data",
                 "forget": "data", "model_path": "data", "weights": "model"}
@@ -56,18 +56,33 @@ def _literal(text: str) -> Any:
         return text
 
 
+def has_stages(cls) -> bool:
+    """True when the method's ``Config`` has the ``stage1`` / ``stage2`` fields (the two-stage
+    family): the stage flags (`STAGE_FLAGS`) and ``--recipe`` apply to it."""
+    names = {f.name for f in dataclasses.fields(cls.Config)}
+    return {"stage1", "stage2"} <= names
+
+
+def named_recipe(cls) -> bool:
+    """True when the method's ``Config`` has a ``recipe`` field that names a recipe (a string, as
+    the two-stage family's) rather than holding one (Retrain's `TrainRecipe` dataclass): it is
+    chosen with ``--recipe`` / ``--hparams``, never with ``--set``."""
+    hints = typing.get_type_hints(cls.Config)
+    return "recipe" in hints and not dataclasses.is_dataclass(hints["recipe"])
+
+
 def _sections(method: str) -> Tuple[type, Dict[str, type], List[str]]:
     """(the method's config class, {section: dataclass it sets} — ``train`` (the original model's
     `TrainRecipe`) and every dataclass-valued field of the config (stage1 / stage2, Retrain's
     recipe) — and the top-level field names)."""
-    from .methods import get_method
-    from .train import TrainRecipe
+    from ..methods import get_method
+    from ..train import TrainRecipe
 
     cls = get_method(method)
     hints = typing.get_type_hints(cls.Config)
     nested = {f.name: hints[f.name] for f in dataclasses.fields(cls.Config) if dataclasses.is_dataclass(hints[f.name])}
     top = [f.name for f in dataclasses.fields(cls.Config)
-           if f.name not in nested and not (cls.two_stage and f.name == "recipe")]
+           if f.name not in nested and not (f.name == "recipe" and named_recipe(cls))]
     return cls, {**nested, "train": TrainRecipe}, top
 
 
@@ -85,7 +100,7 @@ def parse_overrides(items: List[str], method: str = "two_stage") -> Dict[str, Di
         key = key.strip()
         if not eq or not key:
             raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. stage2.lr=1e-4")
-        if cls.two_stage and key == "recipe":
+        if key == "recipe" and named_recipe(cls):
             raise ValueError(f"--set {item!r}: use --recipe or --hparams (they switch the recipe's fields together)")
         section, dot, name = key.partition(".")
         if not dot:
@@ -132,13 +147,13 @@ def hparams_and_recipe(method: str, hparams: Optional[str], recipe: Optional[str
     (None = not given). For the two-stage family the two name one choice (paper_code = reference,
     original = paper, docs/algorithm.md §7); a baseline takes ``--hparams`` only. ValueError when
     ``--recipe`` is given to a baseline or disagrees with ``--hparams``."""
-    from .methods import get_method
-    from .methods.ablations import RECIPE_OF_HPARAMS
+    from ..methods import get_method
+    from ..unlearn.config import RECIPE_OF_HPARAMS
 
     if recipe is None:
         h = hparams or "paper_code"
-        return h, RECIPE_OF_HPARAMS[h] if get_method(method).two_stage else None
-    if not get_method(method).two_stage:
+        return h, RECIPE_OF_HPARAMS[h] if has_stages(get_method(method)) else None
+    if not has_stages(get_method(method)):
         raise ValueError(f"--recipe does not apply to method {method!r} (a baseline); choose its preset with "
                          "--hparams paper_code|original")
     implied = {r: h for h, r in RECIPE_OF_HPARAMS.items()}[recipe]
@@ -162,7 +177,7 @@ def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]],
     stage flag is a ValueError."""
     cls, (hparams, recipe) = _sections(args.method)[0], hparams_and_recipe(args.method, args.hparams, args.recipe)
     run = dict(seed=args.seed, log_every=args.log_every, checkpoint_every=args.checkpoint_every)
-    if cls.two_stage:
+    if has_stages(cls):
         top = {**run, "deterministic": args.deterministic, **sets["top"]}
         cfg = setting.config(variant, recipe=recipe, stage1=stage_flags["stage1"],
                              stage2=stage_flags["stage2"], **top)
@@ -176,7 +191,7 @@ def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]],
         raise ValueError(f"{given[0]} does not apply to method {args.method!r} (a baseline: the stage flags "
                          f"configure the two-stage family); set its fields with --set FIELD=VALUE, one of "
                          f"{_sections(args.method)[2]}")
-    from .compare import effective_config, method_config
+    from ..compare import effective_config, method_config
     retrain = variant.recipe.replace(**train) if args.method == "retrain" and hparams == "paper_code" else None
     cfg = method_config(args.method, setting=setting.name, variant=variant.name, hparams=hparams,
                         retrain_recipe=retrain)

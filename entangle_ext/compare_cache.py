@@ -1,0 +1,127 @@
+"""The per-run cache of `entangle_ext.compare`: ``out_dir/cache/<method>/seed<k>.json``, one
+record per finished (method, seed) run, keyed (`cache_key`) on `CACHE_FORMAT`, the method, the
+seed, its effective hyperparameters, the fingerprint of the original model and the splits
+(``entangle_ext/unlearn/fingerprint.py``), the metric settings and the Retrain reference's key.
+A record made with another torch version or device type is reused with a `UserWarning`; a record
+of an older cache format is recomputed, with a one-line notice per cache directory."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import torch
+
+from .unlearn.files import atomic_write
+
+__all__ = ["CACHE_FORMAT", "ResultCache", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free"]
+
+CACHE_FORMAT = 3
+"""Part of every cache key and written into every record: 2 since an MIA attack without signal
+scores NaN (undefined) instead of 0 or 100 % (records of format 1 hold coin-flip MIA values); 3
+since the one fingerprint of the splits and the model (``entangle_ext/unlearn/fingerprint.py``).
+Records of an older format are recomputed, not reused."""
+
+
+def json_nan_free(obj) -> Any:
+    """``obj`` with every NaN / ±Inf float (an undefined metric, e.g. MIA-efficacy without signal)
+    replaced by None: JSON has no NaN (``json.dumps(..., allow_nan=False)`` then holds)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {k: json_nan_free(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_nan_free(v) for v in obj]
+    return obj
+
+
+def jsonable(obj) -> Any:
+    """``obj`` as JSON-ready builtins for a cache key or a record: ``to_dict()`` / dataclass fields,
+    mappings with string keys in sorted order, lists for tuples, ``repr`` for anything else."""
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if hasattr(obj, "to_dict"):
+        return jsonable(obj.to_dict())
+    if dataclasses.is_dataclass(obj):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return repr(obj)
+
+
+class ResultCache:
+    """``out_dir/cache/<method>/seed<k>.json``, written atomically; None dir = no cache."""
+
+    _noticed: set = set()   # the cache roots whose old-format records were announced (one line each)
+
+    def __init__(self, out_dir, device=None):
+        self.root = None if out_dir is None else Path(out_dir) / "cache"
+        self.device = device
+
+    def path(self, method: str, seed: int) -> Optional[Path]:
+        return None if self.root is None else self.root / re.sub(r"[^A-Za-z0-9_.-]", "_", method) / f"seed{seed}.json"
+
+    def load(self, method: str, seed: int, key: str) -> Optional[dict]:
+        p = self.path(method, seed)
+        if p is None or not p.exists():
+            return None
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            return None   # unreadable: run again
+        if rec.get("format", 1) < CACHE_FORMAT:
+            self._notice_old_format(rec.get("format", 1))
+            return None
+        if rec.get("key") != key:
+            return None
+        for k in rec.get("nan_metrics", ()):   # stored as null (JSON has no NaN): back to NaN
+            rec["metrics"][k] = math.nan
+        env, here = rec.get("env"), cache_env(self.device)
+        if env is not None and env != here:
+            warnings.warn(f"compare: reusing the cached {method} seed {seed} made with torch {env.get('torch')} "
+                          f"on {env.get('device')} (this run: torch {here['torch']} on {here['device']}); "
+                          f"delete {p} to recompute it", UserWarning, stacklevel=3)
+        return rec
+
+    def _notice_old_format(self, old: int) -> None:
+        if self.root in ResultCache._noticed:
+            return
+        ResultCache._noticed.add(self.root)
+        print(f"compare: the cache under {self.root} holds records of an older format ({old}, now "
+              f"{CACHE_FORMAT}): recomputing them", file=sys.stderr)
+
+    def save(self, method: str, seed: int, rec: dict) -> None:
+        p = self.path(method, seed)
+        if p is None:
+            return
+        p.parent.mkdir(parents=True, exist_ok=True)
+        nan = sorted(k for k, v in rec.get("metrics", {}).items() if isinstance(v, float) and math.isnan(v))
+        text = json.dumps(json_nan_free({**rec, **({"nan_metrics": nan} if nan else {}), "format": CACHE_FORMAT,
+                                         "env": cache_env(self.device)}),
+                          allow_nan=False)   # (one temporary file per process: --jobs workers share the dir)
+        atomic_write(p, lambda tmp: tmp.write_text(text), what="comparison cache entry",
+                     hint="the runs cached so far are kept: free space and rerun the same command to go on")
+
+
+def cached_note(reused: Mapping[str, Sequence[int]], root: Optional[Path]) -> str:
+    """The line under the table naming the results reused from the cache, e.g. "cached: ft seeds
+    0,1 (from OUT/cache; delete to recompute)"."""
+    parts = "; ".join(f"{m} seed{'s' if len(k) > 1 else ''} {','.join(str(i) for i in k)}" for m, k in reused.items())
+    return f"cached: {parts} (from {root}; delete to recompute)"
+
+
+def cache_env(device) -> Dict[str, str]:
+    """What a cached record notes about where it was computed (not part of its key)."""
+    return {"torch": torch.__version__, "device": "cpu" if device is None else torch.device(device).type}
+
+
+def cache_key(*parts) -> str:
+    return hashlib.sha256(json.dumps(jsonable(parts), sort_keys=True).encode()).hexdigest()
