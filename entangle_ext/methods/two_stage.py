@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ..unlearn.config import PRESETS, RECIPE_OF_HPARAMS, UnlearnConfig
 from ..unlearn.stage1_al import stage1
-from ..unlearn.stage2_wpgd import stage2
+from ..unlearn.stages import stage2
 from .base import UnlearningMethod, register_method
 
 __all__ = ["TwoStage", "NoW2", "PGDMean", "Stage1Only", "TwoStageBasis4", "RECIPE_OF_HPARAMS"]

@@ -11,7 +11,7 @@ from .lock import OutDirInUseError
 from .loop import NonFiniteLossError, RunInterrupted, StageLoop, StageResult
 from .report import format_table, plot_forget_histograms
 from .stage1_al import stage1
-from .stage2_wpgd import stage2
+from .stages import stage2
 
 __all__ = ["unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
            "stage1", "stage2", "evaluate", "format_table", "plot_forget_histograms",
