@@ -143,7 +143,7 @@ def compile_flags(torch, version: str, cuda: bool, arch: str = "", *,
     macros ENTANGLE_VERSION, ENTANGLE_TORCH_VERSION and (CUDA) ENTANGLE_CUDA_ARCH_LIST that
     csrc/registration.cpp reports (``shell_escaped``: see `_string_define`). nvcc: diagnostics
     numbered (to name them), plus the two warnings that guard the kernels' contracts (a launch
-    without an explicit stream, reordered member initialisers; tests/test_build.py checks with
+    without an explicit stream, reordered member initialisers; tests/build/test_build.py checks with
     the same flags)."""
     defines = [_string_define("ENTANGLE_VERSION", version, shell_escaped),
                _string_define("ENTANGLE_TORCH_VERSION", torch.__version__, shell_escaped)]

@@ -34,7 +34,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 
-# Time caps in seconds (override from the environment). Sum: 300 (tests/test_gpu_scripts.py checks
+# Time caps in seconds (override from the environment). Sum: 300 (tests/build/test_gpu_scripts.py checks
 # that this, the paper script and the data staging fit one 15-minute lease with a rerun).
 CAP_BUILD=${CAP_BUILD:-100}
 CAP_CUDA_TESTS=${CAP_CUDA_TESTS:-45}

@@ -1,7 +1,6 @@
 import faulthandler
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +10,7 @@ settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-HAS_CUDA = torch.cuda.is_available()
-SHARED_DATA = Path(os.environ.get("ENTANGLE_SHARED_DATA",
-                                  Path(__file__).resolve().parents[2] / "shared" / "data"))
-
-DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+from _support import DEVICES, HAS_CUDA, REPO_ROOT, SHARED_DATA  # noqa: F401  (REPO_ROOT, SHARED_DATA: re-exported)
 
 # Seconds after the per-test alarm at which a test stuck in native code (where a Python signal
 # handler cannot run, e.g. a hung kernel) dumps every thread's traceback and ends the process.

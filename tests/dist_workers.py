@@ -1,4 +1,4 @@
-"""The runs of tests/test_distributed.py: a tiny float64 problem, its configs, and the worker each of
+"""The runs of tests/unlearn/test_distributed.py: a tiny float64 problem, its configs, and the worker each of
 two gloo processes runs (every scenario in one launch: process start-up is the slow part)."""
 import dataclasses
 import gc

@@ -1,7 +1,7 @@
 """A deliberately naive plain-PyTorch transcription of the reference recipe of both stages
 (docs/algorithm.md §2, §3, §7), the way the authors' reference implementation runs them.
 
-It is the test oracle of the run (tests/test_fidelity.py compares `entangle_ext.stage1` /
+It is the test oracle of the run (tests/unlearn/test_fidelity.py compares `entangle_ext.stage1` /
 `stage2` with it parameter for parameter in float64) and the baseline of bench/bench_unlearn.py:
 batch-by-batch loops, `.backward()` into ``.grad``, a host-side (`.item()`) dual update, the forget
 loader wrapped in `itertools.cycle` (its first pass replayed), the ToxiGen confidence penalty on

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 STAGE = ROOT / "scripts" / "gpu_stage_data.sh"
 PAPER = ROOT / "scripts" / "gpu_paper_cifar100.sh"
 CHECK = ROOT / "scripts" / "gpu_check.sh"

@@ -7,7 +7,7 @@ import torch
 
 import entangle_ext as ee
 
-from test_wasserstein import ragged
+from _support import ragged
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")]

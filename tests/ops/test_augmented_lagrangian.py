@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 import entangle_ext as ee
 from entangle_ext import reference as ref
 
-from conftest import DEVICES
+from _support import DEVICES
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 

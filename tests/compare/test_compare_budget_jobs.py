@@ -16,7 +16,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-import torch
 
 import entangle_ext as ee
 from entangle_ext import cli

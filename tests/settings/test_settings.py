@@ -4,7 +4,6 @@ import importlib.util
 import inspect
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,9 @@ from entangle_ext.train import TrainRecipe, train_original
 from entangle_ext.unlearn import PRESETS, UnlearnConfig
 
 from _tiny import DictDS
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 # Runs in the subprocess: compute the allowed distributions, block every other top-level module,
 # check the block works, then collect.

@@ -8,11 +8,11 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 TORCH_SPEC = os.environ.get("ENTANGLE_TEST_INSTALL_TORCH", "torch==2.13.0")
 
 pytestmark = pytest.mark.skipif(os.environ.get("ENTANGLE_TEST_INSTALL") != "1",

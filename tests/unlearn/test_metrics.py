@@ -228,7 +228,7 @@ def test_unlearning_metrics_on_digits(digits):
     assert out["RA"] == pytest.approx(ra)
     # on these 20-per-digit splits both models generalise: the attack has no signal on its own members
     # vs non-members (balanced accuracy 0.51-0.55), so MIA is undefined (it used to read 100 vs 10 at
-    # seed 0, but 0 at seed 1: a coin flip, tests/test_mia_undefined.py) and avg gap is UA, RA, TA's
+    # seed 0, but 0 at seed 1: a coin flip, tests/unlearn/test_mia.py) and avg gap is UA, RA, TA's
     assert all(math.isnan(d[f"mia_{k}"]) for d in (out, ref) for k in ("forget", "adjacent", "remote"))
     assert out["avg_gap"] == pytest.approx(M.average_gap(out, ref, keys=("UA", "RA", "TA")))
     assert out["relearn_steps"] > 0 and out["relearn_reached"]

@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 import entangle_ext as ee
 from entangle_ext.methods import available_methods, get_method
 from entangle_ext.methods.base import PAPER_SETTINGS, ZipStream
-from entangle_ext.unlearn import NonFiniteLossError, load_checkpoint
+from entangle_ext.unlearn import NonFiniteLossError
 from entangle_ext.unlearn.data import BatchStream
 
 from _tiny import NaNAfter, mlp, params
@@ -172,70 +172,6 @@ def test_retrain_takes_a_bare_train_recipe(small):
     rec = TrainRecipe("adam", lr=1e-2, epochs=2, batch_size=32, schedule="constant")
     rep = ee.unlearn(mlp(), small, rec, method="retrain", progress=False).report
     assert rep["config"]["recipe"]["epochs"] == 2 and rep["method"] == "retrain"
-
-
-# ----------------------------------------------------------------------- checkpoint and resume
-@pytest.mark.parametrize("name, over", [("salun", dict(epochs=2, batch_size=32, momentum=0.9)),
-                                        ("scrub", dict(epochs=2, msteps=2, batch_size=32)),
-                                        ("gdr", dict(epochs=3, batch_size=32, forget_batch_size=8)),
-                                        ("rl", dict(epochs=2, batch_size=32)),
-                                        ("neggrad_plus", dict(epochs=2, batch_size=32))])
-def test_baseline_checkpoint_and_resume_bit_identical(small, tmp_path, name, over):
-    cfg = get_method(name).config_for("digits", checkpoint_every=3, log_every=2, **over)
-    full = ee.unlearn(mlp(), small, cfg, method=name, out_dir=tmp_path / "a", progress=False)
-    ck = sorted((tmp_path / "a" / "checkpoints").glob(f"stage{name}_step*.pt"))
-    assert ck, "no mid-run checkpoint written"
-    mid = ck[len(ck) // 2]
-    assert load_checkpoint(mid)["method"] == name
-    r = ee.unlearn(mlp(seed=9), small, method=name, resume=mid, progress=False)   # config from the checkpoint
-    torch.testing.assert_close(params(r.model), params(full.model), rtol=0, atol=0)
-    assert [h["step"] for h in r.history] == [h["step"] for h in full.history]
-    done = ee.unlearn(mlp(seed=9), small, method=name, resume=tmp_path / "a", progress=False)
-    torch.testing.assert_close(params(done.model), params(full.model), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="written by method"):
-        ee.unlearn(mlp(), small, method="ft", resume=mid, progress=False)
-
-
-@pytest.fixture(scope="module")
-def ft_run(small, tmp_path_factory):
-    """An ft run on ``small`` with mid-run checkpoints (12 steps, one every 2): (out dir, result)."""
-    out = tmp_path_factory.mktemp("ft")
-    cfg = get_method("ft").config_for("digits", checkpoint_every=2, epochs=2, batch_size=32)
-    return out, ee.unlearn(mlp(), small, cfg, method="ft", out_dir=out, progress=False)
-
-
-def test_baseline_resume_refuses_other_splits(small, ft_run):
-    """A baseline's checkpoint holds the splits fingerprint; a resume on other data is refused (as
-    for the two-stage family), whatever the config."""
-    out, full = ft_run
-    assert load_checkpoint(out)["fingerprint"] == full.report["fingerprint"]
-    assert set(full.report["fingerprint"]["splits"]) == set(SPLITS) and full.report["resume"] is None
-    x, y = small.forget.tensors
-    other = dataclasses.replace(small, forget=TensorDataset(x[:10], y[:10]))
-    for cfg in (None, full.report["config"]):
-        cfg = cfg and get_method("ft").Config.from_dict(cfg)
-        with pytest.raises(ValueError, match=r"resume: the splits differ.*split 'forget': 20 samples in the "
-                                             r"checkpoint vs 10 samples now"):
-            ee.unlearn(mlp(), other, cfg, method="ft", resume=out, allow_config_change=True, progress=False)
-
-
-def test_baseline_resume_refuses_another_config_unless_allowed(small, ft_run):
-    out, full = ft_run
-    mid = out / "checkpoints" / "stageft_step000006.pt"
-    cfg = get_method("ft").Config.from_dict(full.report["config"]).replace(weight_decay=0.5)
-    with pytest.raises(ValueError, match=r"config differs.*weight_decay: 0\.0 in the checkpoint vs 0\.5 now.*"
-                                         r"allow_config_change=True \(command line: --allow-config-change\)"):
-        ee.unlearn(mlp(), small, cfg, method="ft", resume=mid, progress=False)
-    same = ee.unlearn(mlp(seed=9), small, method="ft", resume=mid, progress=False)
-    assert same.report["resume"] == {"from": str(mid), "config_changes": {}}
-    torch.testing.assert_close(params(same.model), params(full.model), rtol=0, atol=0)
-    from entangle_ext.unlearn.checkpoint import Checkpointer   # an interrupted run's hint names the method
-    assert f"unlearn(model, splits, method='ft', resume={str(out)!r}" in Checkpointer(out, {"method": "ft"}).resume_hint
-    changed = ee.unlearn(mlp(seed=9), small, cfg, method="ft", resume=mid, allow_config_change=True, progress=False)
-    assert changed.report["resume"]["config_changes"] == {"weight_decay": [0.0, 0.5]}
-    assert changed.report["config"]["weight_decay"] == 0.5
-    # the new weight decay is applied from the resume point on (not the optimizer's saved one)
-    assert not torch.equal(params(changed.model), params(full.model))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -4,7 +4,6 @@ All data here is tiny and synthetic (tmp_path)."""
 import numpy as np
 import pytest
 
-from test_settings import celeba_root, tiny_root  # noqa: F401  (pytest fixtures)
 
 FINE = ["aquarium_fish", "trout", "rose", "tulip", "bee", "ant"]
 COARSE = ["fish", "flowers", "insects"]

@@ -10,7 +10,7 @@ import torch
 from entangle_ext.settings import get_setting, prepare
 from entangle_ext.train import TrainRecipe, cifar_augment
 
-from conftest import SHARED_DATA
+from _support import SHARED_DATA
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import entangle_ext as ee
+from _support import REPO_ROOT
 
 
 def _flag(name):
@@ -44,7 +45,7 @@ def test_version():
 # the PTX assembled with ptxas (its diagnostics); the host compiler pass, which only repeats the
 # EDG front end's checks on the host code at great cost, is skipped. Warnings are counted only
 # where the file named is ours (csrc/): torch's and CUDA's headers have their own.
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 CUDA_SOURCES = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))
 ARCHS = ("80", "90")
 WARNING_FLAGS = ["-Xcudafe", "--display_error_number", "--Wdefault-stream-launch", "--Wreorder"]

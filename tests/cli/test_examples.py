@@ -2,12 +2,12 @@
 package CLI, and the CIFAR-100 example never starts the full (GPU) recipe on a CPU by default."""
 import importlib.util
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _support import REPO_ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "python_examples"
+EXAMPLES = REPO_ROOT / "python_examples"
 
 
 def load_example(name):

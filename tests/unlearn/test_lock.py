@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,9 @@ from entangle_ext import settings as settings_mod
 from entangle_ext.unlearn.lock import LOCK_NAME, OutDirInUseError, out_dir_lock
 
 from _tiny import mlp, params, tiny_config
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 HOLD = ("import sys, time\n"
         "from entangle_ext.unlearn.lock import out_dir_lock\n"

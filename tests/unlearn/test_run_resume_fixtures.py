@@ -2,15 +2,15 @@
 before the one-run-lifecycle refactor) resume to the uninterrupted run of that version (bit for
 bit on the CPU that wrote them, to float32 round-off on others): checkpoint file names and keys
 are a compatibility promise (issue 21)."""
-from pathlib import Path
 
 import pytest
 import torch
 
 import entangle_ext as ee
+from _support import REPO_ROOT
 from _tiny import mlp, params
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "resume"
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "resume"
 
 
 @pytest.fixture(scope="module")

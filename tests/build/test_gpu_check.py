@@ -7,11 +7,11 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_summary  # noqa: E402
@@ -103,7 +103,8 @@ _TIMEOUT_TESTS = textwrap.dedent("""
 
 
 def test_per_test_timeout_of_conftest(tmp_path):
-    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    for name in ("conftest.py", "_support.py"):   # (the conftest imports _support)
+        shutil.copy(ROOT / "tests" / name, tmp_path / name)
     (tmp_path / "test_t.py").write_text(_TIMEOUT_TESTS)
     env = dict(os.environ, ENTANGLE_TEST_TIMEOUT_GRACE="2")
     env.pop("ENTANGLE_TEST_TIMEOUT", None)

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 import entangle_ext as ee
 from entangle_ext import reference as ref
 
-from conftest import DEVICES
+from _support import DEVICES
 
 from _tiny import flat_of, make_lists, rand
 

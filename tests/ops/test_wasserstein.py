@@ -7,20 +7,9 @@ from hypothesis import given, strategies as st
 import entangle_ext as ee
 from entangle_ext import reference as ref
 
-from conftest import DEVICES, HAS_CUDA
+from _support import DEVICES, ragged
 
 pytestmark = pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}")
-
-
-def ragged(lengths, gen, dtype=torch.float64, scale=3.0, distinct=True):
-    n = sum(lengths)
-    if distinct:  # distinct values: the function is differentiable there
-        x = torch.randperm(max(n, 1) * 7, generator=gen)[:n].to(dtype) / 7.0
-        x = (x - x.mean() if n else x) * scale / max(n, 1) ** 0.5
-    else:
-        x = torch.randint(-3, 4, (n,), generator=gen).to(dtype)
-    off = torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int64)
-    return x, off
 
 
 sizes = st.lists(st.integers(1, 40), min_size=1, max_size=5)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 FINE = [b"aquarium_fish", b"trout", b"rose", b"tulip"]
 COARSE = [b"fish", b"flowers"]
 

@@ -7,13 +7,13 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from entangle_ext.unlearn.files import WriteError, atomic_write
+from _support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 def test_a_checkpoint_write_past_a_file_size_limit_is_one_clear_error(tmp_path):
