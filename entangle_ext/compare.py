@@ -31,7 +31,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from .unlearn import NonFiniteLossError, Splits, evaluate
+from .unlearn.data import Splits
+from .unlearn.evaluate import evaluate
+from .unlearn.loop import NonFiniteLossError
 from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fingerprint import fingerprint

@@ -11,7 +11,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .unlearn import UnlearnResult, unlearn
+from .unlearn.entry import unlearn
+from .unlearn.report import UnlearnResult
 from .unlearn.config import RECIPE_OF_HPARAMS, UnlearnConfig
 from .compare_cache import jsonable
 

@@ -18,7 +18,7 @@ import warnings
 
 from .settings import get_setting, prepare
 from .threads import default_threads, torch_threads
-from .unlearn import OutDirReusedWarning, unlearn
+from .unlearn.entry import OutDirReusedWarning, unlearn
 
 __all__ = ["main"]
 

@@ -45,7 +45,9 @@ import torch
 from ._version import __version__
 from .data import celeba, cifar100, digits, tinyimagenet, toxigen, vit
 from .train import TrainRecipe, load_model_file, train_original
-from .unlearn import Splits, UnlearnConfig, seed_everything
+from .unlearn.checkpoint import seed_everything
+from .unlearn.config import UnlearnConfig
+from .unlearn.data import Splits
 from .unlearn.files import atomic_write
 from .unlearn.fingerprint import splits_fingerprint
 

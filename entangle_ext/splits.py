@@ -372,7 +372,7 @@ def subset_splits(dataset, split: IndexSplit, *, test_dataset=None, test_split: 
     ``test_dataset`` for the held-out parts). The datasets must already return the split's targets.
     Raises ValueError when a split is empty."""
     from torch.utils.data import Subset
-    from .unlearn import Splits
+    from .unlearn.data import Splits
 
     kw = {n: Subset(dataset, getattr(split, n)) for n in IndexSplit.NAMES}
     if test_dataset is not None and test_split is not None:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .unlearn import seed_everything
+from .unlearn.checkpoint import seed_everything
 from .unlearn.data import BatchStream, forward_logits, has_batchnorm, split_batch, union_source
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device

@@ -35,7 +35,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..methods import HPARAMS, available_methods
+    from ..unlearn.method import HPARAMS, available_methods
     from ..settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})

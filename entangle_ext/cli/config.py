@@ -75,7 +75,7 @@ def _sections(method: str) -> Tuple[type, Dict[str, type], List[str]]:
     """(the method's config class, {section: dataclass it sets} — ``train`` (the original model's
     `TrainRecipe`) and every dataclass-valued field of the config (stage1 / stage2, Retrain's
     recipe) — and the top-level field names)."""
-    from ..methods import get_method
+    from ..unlearn.method import get_method
     from ..train import TrainRecipe
 
     cls = get_method(method)
@@ -147,7 +147,7 @@ def hparams_and_recipe(method: str, hparams: Optional[str], recipe: Optional[str
     (None = not given). For the two-stage family the two name one choice (paper_code = reference,
     original = paper, docs/algorithm.md §7); a baseline takes ``--hparams`` only. ValueError when
     ``--recipe`` is given to a baseline or disagrees with ``--hparams``."""
-    from ..methods import get_method
+    from ..unlearn.method import get_method
     from ..unlearn.config import RECIPE_OF_HPARAMS
 
     if recipe is None:

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
-    from ..methods import HPARAMS, available_methods
+    from ..unlearn.method import HPARAMS, available_methods
 
     ap = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -143,7 +143,7 @@ class _Plan:
 def _plan(args) -> _Plan:
     from ..settings import get_setting
     from ..threads import default_threads
-    from ..unlearn import load_checkpoint
+    from ..unlearn.checkpoint import load_checkpoint
     from ..unlearn.checkpoint import check_method, check_resume_config
 
     device = resolve_device(args.device)
@@ -217,7 +217,8 @@ def _run(args, plan: _Plan) -> int:
 
 def _run_ranks(args, plan: _Plan, procs, device) -> int:
     from ..settings import prepare
-    from ..unlearn import UnlearnConfig, unlearn
+    from ..unlearn.config import UnlearnConfig
+    from ..unlearn.entry import unlearn
     from ..unlearn.report import save_report_json
 
     for turn in (True, False):   # rank 0 trains and caches θ0 first; the other ranks then load it
@@ -285,7 +286,7 @@ def _typed_flags(argv) -> set:
 def _one_line_warnings():
     """The package's own warnings to the user (e.g. `OutDirReusedWarning`: ``--out`` holds a run
     and no ``--resume``) print as one ``entangle-unlearn: warning: ...`` line; others as usual."""
-    from ..unlearn import OutDirReusedWarning
+    from ..unlearn.entry import OutDirReusedWarning
     from ..unlearn.report import PlotSkippedWarning
 
     before = warnings.showwarning

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_attributes
-from ..unlearn import Splits
+from ..unlearn.data import Splits
 from .root import data_dirs
 from .tinyimagenet import images_to_tensor
 

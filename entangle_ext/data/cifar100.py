@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 
 from .._optional import optional_import
 from ..splits import IndexSplit, split_by_hierarchy
-from ..unlearn import Splits
+from ..unlearn.data import Splits
 from .root import find_data_file, read_npz
 from .tinyimagenet import images_to_tensor
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from ..unlearn import Splits
+from ..unlearn.data import Splits
 
 __all__ = ["digits_splits", "DigitsMLP", "SETTING_DTYPE", "load_setting", "setting_model"]
 

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_hierarchy
-from ..unlearn import Splits
+from ..unlearn.data import Splits
 from .root import data_dirs, find_data_file, read_npz
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 

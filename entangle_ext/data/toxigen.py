@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..splits import IndexSplit, split_by_group
-from ..unlearn import Splits
+from ..unlearn.data import Splits
 from .hf_text import hf_model_dir, load_hf_classifier, load_hf_tokenizer, minilm_path, sentence_embeddings
 from .root import find_data_file
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .._ext import available
-from ..reference import wasserstein2_1d as _w2_reference
+from ..reference.wasserstein import wasserstein2_1d as _w2_reference
 from ..wasserstein import wasserstein2_1d
 from .config import MicroBatch, Stage2Config
 from .data import batch_size_of, forward_logits, slice_batch, split_batch

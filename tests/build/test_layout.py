@@ -49,6 +49,28 @@ def test_no_private_name_is_imported_from_another_module():
     assert bad == [], "\n".join(bad)
 
 
+def test_internal_imports_name_the_defining_module():
+    """A module imports a name from the module that defines it, not from a package's face
+    (``from ..unlearn import Splits`` -> ``from ..unlearn.data import Splits``); only the
+    ``__init__.py`` files, which are the faces, import from their modules."""
+    bad = []
+    for path in PKG.rglob("*.py"):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level > 0):
+                continue
+            base = path.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            target = base.joinpath(*node.module.split(".")) if node.module else base
+            if (target / "__init__.py").exists():
+                names = [a.name for a in node.names if not _is_module(target, a.name)]
+                if names:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {names} from the package {node.module}")
+    assert bad == [], "\n".join(bad)
+
+
 OPERATORS = ("wasserstein", "augmented_lagrangian", "projection")
 
 
