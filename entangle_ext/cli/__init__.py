@@ -15,8 +15,8 @@ The settings, their variants and options come from the registry `entangle_ext.se
 below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS` (``entangle_ext/cli/config.py``),
 and ``--set KEY=VALUE`` reaches any other field of the chosen method's config. ``--method`` is any
 name of `entangle_ext.available_methods()` and runs through ``entangle_ext.unlearn(...,
-method=NAME)`` with the config that ``from entangle_ext.compare import method_config`` gives it
-(docs/algorithm.md §10); the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage
+method=NAME)`` with the config its ``resolve_config`` gives it (``entangle_ext/unlearn/method.py``;
+the same config ``from entangle_ext.compare import method_config`` names; docs/algorithm.md §10); the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage
 family only. The whole configuration (method, flag values, options, device, resume and
 original-model files) is checked before any data is loaded or model trained: bad input prints one
 ``entangle-unlearn: error: ...`` line and exits with code 2.

@@ -171,10 +171,10 @@ def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]],
     Two-stage family: `Setting.config` of ``variant`` in the recipe of ``--hparams`` / ``--recipe``
     with the stage flags, ``--set`` and the run flags; a flag or ``--set`` field that the method
     itself rewrites or whose stage it skips (e.g. ``--alpha`` with no_w2) is a ValueError.
-    Baseline: ``from entangle_ext.compare import method_config`` / `effective_config` (its ``--hparams`` preset
-    for the setting; Retrain's paper_code recipe is the one the original model is trained with,
-    ``--original-epochs`` and ``--set train.*`` included) with ``--set`` and the run flags; any
-    stage flag is a ValueError."""
+    Baseline: the method's ``resolve_config`` (``entangle_ext/unlearn/method.py``: its
+    ``--hparams`` preset for the setting; Retrain's paper_code recipe is the one the original model
+    is trained with, ``--original-epochs`` and ``--set train.*`` included) with ``--set`` and the
+    run flags, as `entangle_ext.compare` resolves it too; any stage flag is a ValueError."""
     cls, (hparams, recipe) = _sections(args.method)[0], hparams_and_recipe(args.method, args.hparams, args.recipe)
     run = dict(seed=args.seed, log_every=args.log_every, checkpoint_every=args.checkpoint_every)
     if has_stages(cls):
@@ -191,11 +191,11 @@ def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]],
         raise ValueError(f"{given[0]} does not apply to method {args.method!r} (a baseline: the stage flags "
                          f"configure the two-stage family); set its fields with --set FIELD=VALUE, one of "
                          f"{_sections(args.method)[2]}")
-    from ..compare import effective_config, method_config
-    retrain = variant.recipe.replace(**train) if args.method == "retrain" and hparams == "paper_code" else None
-    cfg = method_config(args.method, setting=setting.name, variant=variant.name, hparams=hparams,
-                        retrain_recipe=retrain)
-    cfg = effective_config(args.method, cfg, setting=setting.name, hparams=hparams)
+    # Retrain's paper_code recipe is the original model's (the variant's, with --original-epochs /
+    # --set train.*); every other baseline starts from its --hparams preset (config None)
+    paper_retrain = args.method == "retrain" and hparams == "paper_code"
+    cfg = cls.Config(recipe=variant.recipe.replace(**train)) if paper_retrain else None
+    cfg = cls.resolve_config(cfg, setting.name, hparams).validate()
     nested = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in sets.items() if s not in ("top", "train") and v}
     return cfg.replace(**{**run, **sets["top"], **nested}).validate(), hparams
 

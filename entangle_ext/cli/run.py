@@ -166,9 +166,9 @@ def _plan(args) -> _Plan:
         raise ValueError("--allow-config-change applies to a resumed run only: give --resume too")
     resume = None if args.resume is None else load_checkpoint(args.resume)
     if resume is not None:   # the method and the configuration before any data is loaded (the data: later)
-        from ..compare import effective_config
+        from ..unlearn.method import get_method
         check_method(resume, args.method, where=f"--resume {args.resume}: the checkpoint")
-        eff = effective_config(args.method, copy.deepcopy(cfg), setting=setting.name, hparams=hparams)
+        eff = get_method(args.method).resolve_config(copy.deepcopy(cfg), setting.name, hparams).validate()
         check_resume_config(resume, eff.to_dict(), allow_config_change=args.allow_config_change)
     threads = args.threads or default_threads(setting.threads)
     return _Plan(device, setting, variant, data, model, train, cfg, hparams, threads, resume)

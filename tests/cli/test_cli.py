@@ -263,7 +263,7 @@ def test_forget_flag_chooses_the_digit(tmp_path, capsys):
 @needs_ext
 def test_thread_count_default_explicit_and_restored(tmp_path, capsys, monkeypatch):
     pytest.importorskip("sklearn")
-    U = importlib.import_module("entangle_ext.unlearn")   # the package (entangle_ext.unlearn is the function)
+    U = importlib.import_module("entangle_ext.unlearn.entry")   # where unlearn is defined (the CLI calls it from there)
     seen, real = [], U.unlearn
     monkeypatch.setattr(U, "unlearn", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -389,7 +389,7 @@ def test_rerun_into_the_same_out_warns_in_one_line(tmp_path, capsys):
 
 def test_interrupt_prints_the_resume_command(tmp_path, capsys, monkeypatch):
     pytest.importorskip("sklearn")
-    U = importlib.import_module("entangle_ext.unlearn")   # the package (entangle_ext.unlearn is the function)
+    U = importlib.import_module("entangle_ext.unlearn.entry")   # where unlearn is defined (the CLI calls it from there)
 
     def interrupted(*a, out_dir, **k):   # as a run stopped mid-stage, with a checkpoint written
         (tmp_path / "checkpoints").mkdir(parents=True, exist_ok=True)
