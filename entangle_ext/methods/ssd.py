@@ -78,7 +78,7 @@ class SSD(UnlearningMethod):
             torch._foreach_addcmul_(imp, g, g)
             return loss, []
 
-        la = dict(loop_args, checkpoint_every=0, checkpoint_fn=None, resume_state=None)
+        la = dict(loop_args, checkpoint_every=0, checkpoint_fn=None, resume_state=None, probe=None)   # no curves inside
         self.history += self.loop(stream, 1, step, {}, la, device=device, stage=f"ssd/{name}")
         torch._foreach_div_(imp, float(len(stream)))
         return imp

@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Tuple
 
+import torch
+
+from ..unlearn import curves
+from ..unlearn.certificate import certificate
 from ..unlearn.config import PRESETS, RECIPE_OF_HPARAMS, UnlearnConfig
 from ..unlearn.stage1_al import stage1
 from ..unlearn.stages import stage2
@@ -80,23 +84,71 @@ class TwoStage(UnlearningMethod):
     def execute(self, run) -> Dict[str, Any]:
         """c0 (`Run.constraint_target`) → Stage 1 (`stage1`, checkpoint ``stage1_done``, with the
         augmented Lagrangian's state) → evaluate "stage1" → Stage 2 (`stage2`, ``stage2_done``)
-        → evaluate "stage2"; a stage the config switches off is skipped. Returns c0, the final
-        λ and the step records per stage."""
+        → evaluate "stage2"; a stage the config switches off is skipped. With curves on, each
+        stage's probe also measures the forget-margin share and the constraint violation (Stage
+        1) and the W2 drift to θ̄ (Stage 2), and the opt-in stopping rules (``stage1.until``,
+        ``stage2.until``) are checked there. Returns c0, the final λ and the certificate
+        (``entangle_ext/unlearn/certificate.py``). Raises ValueError when a rule needs the
+        original model's curve record and the resumed checkpoint was written without curves."""
         cfg = run.config
         c0 = run.constraint_target()
+        margin = cfg.stage1.margin if cfg.stage1.margin is not None else curves.default_margin(run.num_classes)
 
         def loop_args(la):
             return dict(la, device=run.device, seed=cfg.seed, amp=cfg.amp, eval_batch_size=cfg.eval_batch_size)
         if cfg.run_stage1:
             run.stage(1, lambda la: stage1(run.model, run.splits, cfg.stage1, c0=c0, **loop_args(la)),
                       timing="stage1", tag="stage1_done", keep=lambda r: {"lagrangian": r.lagrangian.state_dict()},
-                      results=lambda r: {"lambda_final": float(r.lam)})
+                      results=lambda r: {"lambda_final": float(r.lam)},
+                      probe_kw=dict(margin=margin, origin=run.curve_origin), rule=_stage1_rule(run))
             run.evaluate_after(1, "stage1")
         if cfg.run_stage2:
             run.stage(2, lambda la: stage2(run.model, run.splits, cfg.stage2, **loop_args(la)),
-                      timing="stage2", tag="stage2_done")
+                      timing="stage2", tag="stage2_done", probe_kw=_stage2_probe_kw(run, margin),
+                      rule=_stage2_rule(run))
             run.evaluate_after(2, "stage2")
-        return {"c0": c0, "lambda_final": run.done.get("lambda_final")}
+        return {"c0": c0, "lambda_final": run.done.get("lambda_final"),
+                "certificate": certificate(run.evals, margin=margin, eps=cfg.stage2.drift_eps)}
+
+
+def _stage1_rule(run):
+    """("forget_margin", predicate) when ``stage1.until`` asks for it, else None."""
+    s1 = run.config.stage1
+    if s1.until is None:
+        return None
+    _origin_for(run, "stage1.until")
+    return s1.until, curves.forget_margin_rule(s1.margin_fraction, s1.violation_tol)
+
+
+def _stage2_rule(run):
+    """("adjacent_recovered", predicate) when ``stage2.until`` asks for it, else None."""
+    s2 = run.config.stage2
+    if s2.until is None:
+        return None
+    origin = _origin_for(run, "stage2.until")
+    return s2.until, curves.adjacent_recovered_rule(origin["adjacent_acc"], s2.recover_delta, s2.drift_eps)
+
+
+def _origin_for(run, field: str):
+    origin = run.curve_origin
+    if origin is None:
+        raise ValueError(f"{field}={getattr(run.config, field.split('.')[0]).until!r} compares with the original "
+                         "model's curve record, which this run lacks: it resumed a checkpoint written with "
+                         "eval_every=0; restart the run with eval_every > 0")
+    return origin
+
+
+def _stage2_probe_kw(run, margin: float):
+    """Stage 2's probe keywords: the margin, the origin record and w2_ref, θ̄'s per-sample forget
+    CE on the curve subsample (from the evaluation of the Stage-2 entry model); {} with curves off."""
+    if not run.curves_on:
+        return {}
+    entry = run.evals.get("stage1" if "stage1" in run.evals else "original", {}).get("forget", {})
+    kw = dict(margin=margin, origin=run.curve_origin)
+    if entry.get("losses"):
+        idx = run.curve_probe.indices["forget"]
+        kw["w2_ref"] = torch.tensor(entry["losses"], dtype=torch.float64)[idx]
+    return kw
 
 
 @register_method("no_w2")

@@ -42,15 +42,16 @@ CHECKPOINT_FORMAT = 5
 ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
 #: Config fields that may differ between a checkpoint and the run resuming it (they change
 #: logging, checkpointing or plots, or add Stage 2 to a Stage-1-only two_stage run; not the
-#: computation; stage2.micro_batch changes the gradients' float round-off only). The first two
-#: are fields of every method's config, the others of `UnlearnConfig`.
-RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "run_stage2",
-                           "stage2.micro_batch")
+#: computation (eval_every: the curve probes, and so where a stopping rule is checked); stage2.micro_batch
+#: changes the gradients' float round-off only). run_stage2 and stage2.* are `UnlearnConfig`'s only.
+RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "eval_every", "run_stage2", "stage2.micro_batch")
 #: Config fields added after checkpoints of this format were first written, with the value that
 #: reproduces the earlier runs: a checkpoint whose config has the field's section (e.g. a
-#: "stage2" entry) but not the field is read as holding this value (`check_resume_config`;
-#: `UnlearnConfig.from_dict` fills it from the dataclass default).
-ADDED_CONFIG_DEFAULTS = {"stage2.basis_every": 1}
+#: "stage2" entry; a top-level field: any entry) but not the field is read as holding this value
+#: (`check_resume_config`; ``from_dict`` fills it from the dataclass default). Curves and rules: off.
+ADDED_CONFIG_DEFAULTS = {"stage2.basis_every": 1, "eval_every": 0, "curve_samples": 256, "stage1.until": None,
+                         "stage1.margin": None, "stage1.margin_fraction": 0.9, "stage1.violation_tol": 0.1,
+                         "stage2.until": None, "stage2.recover_delta": 0.02, "stage2.drift_eps": 0.1}
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -351,7 +352,7 @@ def check_resume_config(ckpt: Dict[str, Any], config: Dict[str, Any], *,
     loading any). Returns the accepted differences; raises ValueError as `check_resume`."""
     old, new = (_flatten(json.loads(json.dumps(c))) for c in (ckpt.get("config", {}), config))
     for k, default in ADDED_CONFIG_DEFAULTS.items():   # on both sides: either may predate the field
-        section = k.rsplit(".", 1)[0] + "."
+        section = k.rsplit(".", 1)[0] + "." if "." in k else ""
         for side in (old, new):
             if k not in side and any(o.startswith(section) for o in side):
                 side[k] = default

@@ -41,6 +41,8 @@ W2Scope = Literal["minibatch", "forget_set"]  # Stage 2: W2² per forget minibat
 ForgetOrder = Literal["cycle", "reshuffle"]   # Stage 1: replay the first pass / reshuffle each pass
 PenaltyOn = Literal["ce", "clipped"]          # Stage 1: ToxiGen penalty on the unclipped / clipped CE
 Amp = Literal["bf16"]
+Stage1Until = Optional[Literal["forget_margin"]]       # Stage 1 stopping rule (None: the fixed budget)
+Stage2Until = Optional[Literal["adjacent_recovered"]]  # Stage 2 stopping rule (None: the fixed budget)
 MicroBatch = Union[int, Literal["auto"], None]   # Stage 2: samples per forward pass / auto / one pass
 RECIPES = typing.get_args(Recipe)
 RECIPE_OF_HPARAMS = {"paper_code": "reference", "original": "paper"}
@@ -72,6 +74,13 @@ class Stage1Config(StrictFields):
         dual_update: "pre" (reference: λ += μ·g with g from before the step) or "post" (paper:
             g re-evaluated on the same remote batch after the step); docs/algorithm.md §6.
         adam_betas, adam_eps: Adam constants (PyTorch defaults).
+        until: None (default: the paper's fixed budget) or "forget_margin" (ours, opt-in; needs
+            ``UnlearnConfig.eval_every > 0``): stop at the first curve probe where a share >=
+            ``margin_fraction`` of the forget *train* subsample has CE >= ``margin`` and the
+            constraint violation |g| <= ``violation_tol`` nats, else at the budget
+            (docs/algorithm.md "Curves, certificate and stopping rules (ours)").
+        margin: m in nats (> 0) of that rule and of the certificate; None = log C + 1 (C classes).
+        margin_fraction: q in (0, 1] of the rule (default 0.9). violation_tol: >= 0, nats.
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range.
     """
@@ -91,6 +100,10 @@ class Stage1Config(StrictFields):
     dual_update: DualUpdate = "pre"
     adam_betas: Tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
+    until: Stage1Until = None
+    margin: Optional[float] = None
+    margin_fraction: float = 0.9
+    violation_tol: float = 0.1
 
     def __post_init__(self):
         self.validate()
@@ -104,6 +117,9 @@ class Stage1Config(StrictFields):
         for n in ("clip", "penalty_eps", "mu"):
             require(self, getattr(self, n) > 0, n, "> 0")
         require(self, all(0 <= b < 1 for b in self.adam_betas), "adam_betas", "in [0, 1)")
+        require(self, self.margin is None or self.margin > 0, "margin", "None or > 0")
+        require(self, 0 < self.margin_fraction <= 1, "margin_fraction", "in (0, 1]")
+        at_least(self, 0, "violation_tol")
         return self
 
 
@@ -145,6 +161,13 @@ class Stage2Config(StrictFields):
             per refresh. 1 (default, every recipe and preset) = the reference: a new basis every
             step. r > 1 cuts Stage 2's forget/remote passes about r-fold and changes the algorithm
             (method "two_stage_basis4" reports it as its own row).
+        until: None (default: the fixed budget) or "adjacent_recovered" (ours, opt-in; needs
+            ``UnlearnConfig.eval_every > 0``): stop at the first curve probe where the adjacent
+            *train* subsample's accuracy is at most ``recover_delta`` below the original model's
+            on the same subsample and the W2 distance of the forget-loss profile to θ̄ is
+            <= ``drift_eps`` nats, else at the budget.
+        recover_delta: δ >= 0 (accuracy fraction, default 0.02). drift_eps: ε >= 0 in nats
+            (default 0.1), also the certificate's bound on |L̃_f(θ) − L̃_f(θ̄)|.
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range.
     """
@@ -164,6 +187,9 @@ class Stage2Config(StrictFields):
     rcond: Optional[float] = None
     gram_ridge: Optional[float] = 1e-8
     basis_every: int = 1
+    until: Stage2Until = None
+    recover_delta: float = 0.02
+    drift_eps: float = 0.1
 
     def __post_init__(self):
         self.validate()
@@ -180,6 +206,7 @@ class Stage2Config(StrictFields):
         require(self, self.rcond is None or 1e-15 <= self.rcond < 1, "rcond",
                  "None or in [1e-15, 1)")
         require(self, self.gram_ridge is None or self.gram_ridge >= 0, "gram_ridge", "None or >= 0")
+        at_least(self, 0, "recover_delta", "drift_eps")
         return self
 
 
@@ -201,6 +228,11 @@ class UnlearnConfig(StrictFields):
         histogram_bins: bins (>= 1) of the forget-loss histogram PNG.
         amp: None, or "bf16": every forward pass under `torch.autocast` with bfloat16 (parameters,
             gradients, optimizer state, λ/c0/μ and the W2 / projection arithmetic stay float32).
+        eval_every: steps (>= 0) between curve probes of each stage (0 = off, the default; a
+            probe also runs at each stage's end); curve_samples: size (>= 1) of the seeded
+            subsample of each train split the probes evaluate (docs/algorithm.md "Curves,
+            certificate and stopping rules (ours)"). A stopping rule (``stage1.until``,
+            ``stage2.until``) needs eval_every > 0.
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range (nested stage configs included).
     """
@@ -217,6 +249,8 @@ class UnlearnConfig(StrictFields):
     run_stage2: bool = True
     histogram_bins: int = 40
     amp: Optional[Amp] = None
+    eval_every: int = 0
+    curve_samples: int = 256
 
     def __post_init__(self):
         self.validate()
@@ -226,8 +260,12 @@ class UnlearnConfig(StrictFields):
         check_fields(self)
         self.stage1.validate()
         self.stage2.validate()
-        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
-        at_least(self, 0, "checkpoint_every")
+        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins", "curve_samples")
+        at_least(self, 0, "checkpoint_every", "eval_every")
+        for name, until in (("stage1.until", self.stage1.until), ("stage2.until", self.stage2.until)):
+            if until is not None and self.eval_every == 0:
+                raise ValueError(f"UnlearnConfig.{name}={until!r} is a stopping rule checked at the curve "
+                                 "probes: it needs eval_every > 0 (steps between probes), got eval_every=0")
         return self
 
     def with_recipe(self, recipe: Recipe) -> "UnlearnConfig":

@@ -224,13 +224,20 @@ class StageLoop:
             when it is None, ``checkpoint_fn.no_checkpoint_note(checkpoint_every)`` (if any) says why.
         progress: show the tqdm bar.
         extra: plain values stored in every checkpoint of this stage (e.g. Stage 1's c0).
+        probe, probe_every: every ``probe_every`` steps and after the last step, ``probe(step,
+            final)`` (final: the budget's last step; before that step's checkpoint); it returning
+            True ends the stage after this step
+            (a stopping rule). A probe with ``state_dict`` (`StageProbe` of
+            ``entangle_ext/unlearn/curves.py``) is saved in every checkpoint as ``"curves"`` and
+            restored on resume. None (default): nothing is called.
     """
 
     def __init__(self, stage, desc: str, keys: List[str], *,
                  postfix: Optional[Callable[[Dict[str, float]], Dict[str, str]]] = None,
                  log_every: int = 10, checkpoint_every: int = 0,
                  checkpoint_fn: Optional[Callable[[int, Dict[str, Any]], Optional[str]]] = None,
-                 progress: bool = True, extra: Optional[Dict[str, Any]] = None):
+                 progress: bool = True, extra: Optional[Dict[str, Any]] = None,
+                 probe: Optional[Callable[[int], bool]] = None, probe_every: int = 0):
         if int(log_every) < 1:
             raise ValueError(f"log_every must be >= 1, got {log_every}")
         self.stage, self.desc, self.keys = stage, desc, list(keys)
@@ -238,6 +245,7 @@ class StageLoop:
         self.log_every, self.checkpoint_every = int(log_every), int(checkpoint_every or 0)
         self.checkpoint_fn, self.progress = checkpoint_fn, progress
         self.extra = dict(extra or {})
+        self.probe, self.probe_every = probe, int(probe_every or 0)
 
     def run(self, stream: BatchStream, epochs: int, step_fn: StepFn, *,
             objects: Dict[str, Any], resume_state: Optional[Dict[str, Any]] = None,
@@ -258,6 +266,8 @@ class StageLoop:
         if resume_state is not None:
             restore_objects(objects, resume_state)
             start, history = int(resume_state["step"]), list(resume_state.get("history", []))
+            if self.probe is not None and "curves" in resume_state and hasattr(self.probe, "load_state_dict"):
+                self.probe.load_state_dict(resume_state["curves"])
         total = len(stream) * epochs
         total = total if max_steps is None else min(total, int(max_steps))
         mon = _Monitor(self.stage, self.keys, device or torch.device("cpu"), start, history)
@@ -276,6 +286,8 @@ class StageLoop:
                             raise self._interrupted(step, mon, objects, "KeyboardInterrupt") from None
                         mon.record(step, loss, values)
                         step += 1
+                        if self._probed(step, total):   # a stopping rule ended the stage
+                            total = step
                         flushed = self._end_step(step, total, mon, bar, objects)
                         if _stop(intr, d, flushed):
                             raise self._interrupted(step, mon, objects, _signal_name(intr))
@@ -292,8 +304,17 @@ class StageLoop:
             bar.close()
         return step, mon.history
 
+    def _probed(self, step: int, total: int) -> bool:
+        """Probe after ``step`` steps when one is due (every ``probe_every`` steps, and at the
+        last one); whether its stopping rule ends the stage."""
+        if self.probe is None or self.probe_every <= 0 or (step % self.probe_every and step != total):
+            return False
+        return bool(self.probe(step, step == total))
+
     def _state(self, step: int, mon: "_Monitor", objects) -> Dict[str, Any]:
         state = {name: capture_state(obj) for name, obj in objects.items()}
+        if self.probe is not None and hasattr(self.probe, "state_dict"):
+            state["curves"] = self.probe.state_dict()
         return {"stage": self.stage, "step": step, "history": list(mon.history), **self.extra, **state}
 
     def _interrupted(self, step: int, mon: "_Monitor", objects, name: str) -> RunInterrupted:

@@ -75,6 +75,7 @@ class MethodConfig(StrictFields):
         eval_batch_size: batch size (>= 1) of the evaluations.
         histogram_bins: bins (>= 1) of the forget-loss histogram PNG under out_dir (as
             `UnlearnConfig.histogram_bins`; a resume may change it).
+        eval_every, curve_samples: the curve probes, as `UnlearnConfig`'s (0 = off, default).
         budget_fields (class attribute, not a field): the dotted names of the fields that count
             training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
             them. Empty: no training loop (e.g. SSD).
@@ -86,6 +87,8 @@ class MethodConfig(StrictFields):
     checkpoint_every: int = 0
     eval_batch_size: int = 512
     histogram_bins: int = 40
+    eval_every: int = 0
+    curve_samples: int = 256
 
     def __post_init__(self):
         self.validate()
@@ -93,8 +96,8 @@ class MethodConfig(StrictFields):
     def validate(self):
         """Check every field; returns self."""
         check_fields(self)
-        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
-        at_least(self, 0, "checkpoint_every")
+        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins", "curve_samples")
+        at_least(self, 0, "checkpoint_every", "eval_every")
         self.check_ranges()
         return self
 

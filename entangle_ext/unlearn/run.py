@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Type, Union
 
 import torch
 
+from . import curves
 from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_resume, preserved_global_state,
                          restore_objects, seed_everything, set_rng_state, splits_fingerprint)
 from .data import Splits
@@ -24,7 +25,8 @@ from .inputs import check_model_and_splits, model_device, preflight, require_tra
 from .lock import OutDirLock
 from .loop import check_final_losses
 from .method import UnlearningMethod, warm_imports
-from .report import UnlearnResult, build_report, format_table, write_report
+from .certificate import NOT_APPLICABLE, certificate_line
+from .report import UnlearnResult, build_report, format_table, plot_available, save_report_json, write_report
 
 __all__ = ["run_method", "Run"]
 
@@ -78,6 +80,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
                   ckpt=ckpt, progress=progress, fingerprint=fingerprint, stages=cls.stage_keys(), amp=amp)
         if "original" not in run.evals:
             run.evaluate("original", check_finite=True)
+            run.probe_original()
         extras = cls(num_classes=num_classes, model_fn=model_fn).execute(run)
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
         return run.finish(extras, resumed=resumed, preset=preset)
@@ -121,6 +124,8 @@ class Run:
         self._running: Optional[tuple] = None   # (name, start, seconds before this process)
         self._stage_timings: List[str] = []
         self._at: Any = None   # the key of the stage whose end the model is at (None: not at an end)
+        self._probe: Optional[curves.StageProbe] = None   # the curve probe of the running stage
+        self._curve_probe: Optional[curves.CurveProbe] = None
         self.saver = Checkpointer(self.out, {"method": method, "config": config.to_dict(), "evals": self.evals,
                                              "done": self.done, "fingerprint": fingerprint_entry(fingerprint)},
                                   dynamic=lambda: {"timings": self._timings_now()})
@@ -185,12 +190,69 @@ class Run:
         resumed from while it was written inside this stage, else None)."""
         ck = self.ckpt
         inside = bool(ck) and not ck.get("stage_done") and (ck.get("stage") == key or ck.get("stage") not in self.stages)
-        return dict(log_every=self.config.log_every, checkpoint_every=self.config.checkpoint_every,
-                    checkpoint_fn=self.saver, resume_state=ck if inside else None, progress=self.progress)
+        la = dict(log_every=self.config.log_every, checkpoint_every=self.config.checkpoint_every,
+                  checkpoint_fn=self.saver, resume_state=ck if inside else None, progress=self.progress)
+        if self._probe is not None:
+            la.update(probe=self._probe, probe_every=self.config.eval_every)
+        return la
+
+    @property
+    def curves_on(self) -> bool:
+        """Whether the config asks for curves (``eval_every > 0``)."""
+        return int(getattr(self.config, "eval_every", 0) or 0) > 0
+
+    @property
+    def curve_probe(self) -> curves.CurveProbe:
+        """The run's `CurveProbe` (``entangle_ext/unlearn/curves.py``; built on first use)."""
+        if self._curve_probe is None:
+            self._curve_probe = curves.CurveProbe(self.model, self.splits, samples=self.config.curve_samples,
+                                                  seed=self.config.seed, device=self.device,
+                                                  batch_size=self.config.eval_batch_size)
+        return self._curve_probe
+
+    @property
+    def curve_origin(self) -> Optional[Dict[str, Any]]:
+        """The original model's curve record (global step 0), None when the run (or the checkpoint
+        it resumed) was started without curves."""
+        first = self.done.get("curves") or [None]
+        return first[0] if first[0] is not None and first[0]["stage"] == "original" else None
+
+    def probe_original(self) -> None:
+        """With curves on: the original model's curve record (stage "original", step 0), kept in
+        ``done["curves"]`` (hence in every checkpoint)."""
+        if self.curves_on:
+            rec = {"kind": "curve", "stage": "original", "step": 0, "global_step": 0, **self.curve_probe.measure()}
+            self.done["curves"] = [rec]
+
+    def _stage_label(self, key) -> str:
+        return f"stage{key}" if isinstance(key, int) else str(key)
+
+    def _start_probe(self, key, probe_kw: Optional[Dict[str, Any]], rule) -> None:
+        """The `StageProbe` of stage ``key`` (None with curves off), its global-step offset = the
+        steps of the stages before it; ``rule`` = (name, predicate) or None."""
+        self._probe = None
+        if not self.curves_on:
+            return
+        kw = dict(probe_kw or {})
+        name, pred = rule if rule is not None else (None, None)
+        self._probe = curves.StageProbe(lambda: self.curve_probe.measure(**kw), stage=key,
+                                        offset=len(self.done["history"]), rule=pred, rule_name=name)
+
+    def _end_probe(self, steps: int) -> None:
+        """The stage's end record when its loop did not write one (a stage without a probed loop),
+        then the stage's records join ``done["curves"]``; the rule that ended it into
+        ``done["stopped"]``."""
+        p = self._probe
+        if p is not None:
+            if not p.records or p.records[-1]["step"] != steps:
+                p(steps, final=True)
+            self.done["curves"] = list(self.done.get("curves", [])) + p.records
 
     def stage(self, key, fn: Callable[[Dict[str, Any]], Any], *, timing: str, tag: str,
               keep: Optional[Callable[[Any], Dict[str, Any]]] = None,
-              results: Optional[Callable[[Any], Dict[str, Any]]] = None) -> Any:
+              results: Optional[Callable[[Any], Dict[str, Any]]] = None,
+              probe_kw: Optional[Dict[str, Any]] = None,
+              rule: Optional[tuple] = None) -> Any:
         """Run stage ``key`` (one of ``stages``) unless the checkpoint resumed from finished it.
 
         ``fn(loop_args)`` runs the stage (``loop_args``: `loop_args` of ``key``) and returns its
@@ -200,6 +262,12 @@ class Run:
         ``keep(result)`` (objects a later resume needs), after ``results(result)`` was merged into
         ``done`` (what the report needs, e.g. λ). Returns ``fn``'s result, or None for a finished
         stage (whose model is restored from the checkpoint when it was written at that stage's end).
+
+        With curves on (``config.eval_every > 0``) the stage's loop gets a `StageProbe`
+        (``entangle_ext/unlearn/curves.py``) measuring with ``probe_kw`` (`CurveProbe.measure`'s
+        keywords) and stopping when ``rule`` = (name, predicate on a curve record) holds; its
+        records join ``done["curves"]``, and ``done["stopped"]`` names what ended the stage
+        ({"rule": name or "budget", "step": steps}).
         """
         self._stage_timings.append(timing)
         if self.stages.index(key) < self._finished:
@@ -207,8 +275,13 @@ class Run:
                 restore_objects({"model": self.model}, self.ckpt)
                 self._at = key
             return None
+        self._start_probe(key, probe_kw, rule)
         out = self._timed(timing, lambda: fn(self.loop_args(key)))
         history, steps = (out, len(out)) if isinstance(out, list) else (out.history, out.steps)
+        self._end_probe(steps)
+        p, self._probe = self._probe, None
+        self.done.setdefault("stopped", {})[self._stage_label(key)] = {
+            "rule": p.rule_name if p is not None and p.stopped_at is not None else "budget", "step": steps}
         self.done["history"] = self.done["history"] + history
         if results is not None:
             self.done.update(results(out))
@@ -224,12 +297,16 @@ class Run:
         ``lambda_final``, ``steps``); ``preset``: {"hparams", "setting"} of the preset the config
         came from (None values otherwise); ``resumed``: the report's ``resume`` entry."""
         history = self.history
-        table = format_table(self.evals)
+        cert = extras.get("certificate", NOT_APPLICABLE)
+        table = format_table(self.evals) + ("\n" + certificate_line(cert) if cert.get("applies") else "")
         report = build_report(config=self.config.to_dict(), num_classes=self.num_classes, c0=extras.get("c0"),
                               lam=extras.get("lambda_final"), history=history, timings=self._timings_now(),
                               evals=self.evals, checkpoint=self.saver.last_path)
         if "steps" in extras:
             report["steps"] = extras["steps"]
+        done_stops = self.done.get("stopped", {})
+        report.update(curves=list(self.done.get("curves", [])), certificate=cert, curves_png=None,
+                      stopped={k: done_stops.get(k, {"rule": "budget", "step": n}) for k, n in report["steps"].items()})
         report.update(method=self.method, fingerprint=self.saver.common["fingerprint"], resume=resumed,
                       world_size=current().world, **preset)
         if "final" not in report["evals"]:
@@ -238,8 +315,29 @@ class Run:
         tm = report["timings_s"]
         tm["unlearn"] = sum(tm.get(name, 0.0) for name in dict.fromkeys(self._stage_timings))
         if self.out is not None and current().is_main:
-            write_report(self.out, report, history, self.evals, bins=self.config.histogram_bins,
-                         num_classes=self.num_classes)
+            write_report(self.out, report, history + report["curves"], self.evals,
+                         bins=self.config.histogram_bins, num_classes=self.num_classes)
+            self._write_curves_png(report)
         if self.progress and current().is_main:
             print(table)
         return UnlearnResult(model=self.model, report=report, history=history, table=table)
+
+    def _write_curves_png(self, report: Dict[str, Any]) -> None:
+        """``curves.png`` under out_dir when the run has curves and matplotlib is installed (its
+        path into ``report["curves_png"]``, report.json rewritten), with the held-out accuracies
+        of the stage-end evaluations as markers."""
+        png = self.out / "curves.png"
+        if not report["curves"] or not plot_available(png):
+            return
+        at, total = {"original": 0}, 0
+        for key, n in report["steps"].items():
+            total += n
+            at[key if key.startswith("stage") else "final"] = total
+        at.setdefault("final", total)
+        marks: Dict[str, list] = {}
+        for tag, e in self.evals.items():
+            for name, r in e.items():
+                if name.endswith("_test") and tag in at:
+                    marks.setdefault(name[:-len("_test")], []).append((at[tag], r["acc"]))
+        report["curves_png"] = curves.plot_curves(report["curves"], str(png), marks)
+        save_report_json(self.out, report)

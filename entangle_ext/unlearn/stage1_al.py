@@ -4,7 +4,7 @@ model in eval mode and reads no device value back to the host (``entangle_ext/un
 for the conventions both stages share)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -86,7 +86,8 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
            eval_batch_size: int = 512, log_every: int = 10, checkpoint_every: int = 0,
            checkpoint_fn: Optional[CheckpointFn] = None,
            resume_state: Optional[Dict[str, Any]] = None, progress: bool = True,
-           amp: Optional[str] = None) -> StageResult:
+           amp: Optional[str] = None, probe: Optional[Callable[[int], bool]] = None,
+           probe_every: int = 0) -> StageResult:
     """Stage 1 (docs/algorithm.md §2): minimise −L_f(θ) s.t. L_rem(θ) = L_rem(θ0) with an
     `AugmentedLagrangian` (one equality constraint, docs/algorithm.md §6).
 
@@ -113,6 +114,9 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
             its c0 and its λ, μ from its ``lagrangian`` entry).
         amp: None or "bf16": forward passes under `torch.autocast` (see
             ``entangle_ext/unlearn/precision.py``).
+        probe, probe_every: the curve probe of `StageLoop` (``entangle_ext/unlearn/loop.py``):
+            called every ``probe_every`` steps and at the end; True ends the stage (a stopping
+            rule). None (default): the fixed budget, nothing extra computed.
     Returns:
         StageResult(stage=1, steps, history (loss, violation g, λ, forget CE, remote CE), lam, c0,
         lagrangian).
@@ -130,7 +134,7 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
                                                viol=f"{last['violation']:+.3f}",
                                                lam=f"{last['lambda']:.3f}"),
                      log_every=log_every, checkpoint_every=checkpoint_every,
-                     checkpoint_fn=checkpoint_fn, progress=progress)
+                     checkpoint_fn=checkpoint_fn, progress=progress, probe=probe, probe_every=probe_every)
     with scope(model) as (d, model), amp_scope(amp):
         return _run_stage1(d, model, splits, config, loop, device=device, seed=seed, c0=c0,
                            eval_batch_size=eval_batch_size, resume_state=resume_state)

@@ -14,7 +14,7 @@ every global batch with the reductions of ``entangle_ext/unlearn/distributed.py`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -179,7 +179,8 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
            log_every: int = 10,
            checkpoint_every: int = 0, checkpoint_fn: Optional[CheckpointFn] = None,
            resume_state: Optional[Dict[str, Any]] = None, progress: bool = True,
-           amp: Optional[str] = None) -> StageResult:
+           amp: Optional[str] = None, probe: Optional[Callable[[int], bool]] = None,
+           probe_every: int = 0) -> StageResult:
     """Stage 2 (docs/algorithm.md §3), W-PGD: repair D_adj while keeping D_f forgotten and D_rem
     intact.
 
@@ -221,7 +222,7 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
                      postfix=lambda last: dict(adj=f"{last['loss']:.3f}", w2=f"{last['w2']:.2e}",
                                                f_ce=f"{last['forget_ce']:.2f}"),
                      log_every=log_every, checkpoint_every=checkpoint_every,
-                     checkpoint_fn=checkpoint_fn, progress=progress)
+                     checkpoint_fn=checkpoint_fn, progress=progress, probe=probe, probe_every=probe_every)
     with scope(model) as (d, model), amp_scope(amp):
         return _run_stage2(d, model, splits, config, loop, device=device, seed=seed,
                            eval_batch_size=eval_batch_size, resume_state=resume_state)
