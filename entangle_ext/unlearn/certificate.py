@@ -71,16 +71,19 @@ def certificate(evals: Dict[str, Dict[str, dict]], *, margin: float, eps: float)
 
 
 def certificate_line(cert: Optional[Dict[str, Any]]) -> str:
-    """The one footer line of the printed table ("" for a method it does not apply to)."""
+    """The one footer line (at most 100 characters, as the table) of the printed table: held or
+    not, the margin share at θ̄, |ΔL_f| against ε and the W2 drift ("" for a method it does not
+    apply to; ``cert["reason"]`` in the report says why in full)."""
     if not cert or not cert.get("applies"):
         return ""
-    parts = []
+    parts = ["held" if cert["held"] else "NOT held"]
     if cert.get("stage1"):
-        parts.append(f"loss >= m = {cert['margin']:.2f} nats: {100 * cert['stage1']['margin_share']:.1f}% of forget "
-                     f"at θ̄")
+        parts.append(f"loss ≥ m={cert['margin']:.2f}: {100 * cert['stage1']['margin_share']:.1f}% of forget")
     s2 = cert.get("stage2")
     if s2:
-        w2 = "-" if s2["w2"] is None else f"{s2['w2']:.3f}"
-        parts.append(f"|ΔL_f| = {s2['mean_forget_loss_change']:.3f} (ε = {cert['eps']:g}), W2 drift {w2} nats")
-    verdict = "held" if cert["held"] else f"NOT held ({cert['reason']})"
-    return f"certificate (Prop. 4.2): {verdict}" + (f"; {'; '.join(parts)}" if parts else "")
+        change = s2["mean_forget_loss_change"]
+        parts.append(f"|ΔL_f|={change:.3f} {'<' if change < cert['eps'] else '≥'} ε={cert['eps']:g}")
+        parts.append("W2 -" if s2["w2"] is None else f"W2 {s2['w2']:.3f}")
+    else:
+        parts.append("no Stage 2")
+    return "certificate (Prop. 4.2): " + " · ".join(parts)

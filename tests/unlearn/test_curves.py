@@ -105,7 +105,8 @@ def test_the_certificate_is_always_there_and_says_why_an_assumption_failed(small
     assert cert["stage2"]["mean_forget_loss_change"] == pytest.approx(
         abs(ev["stage2"]["forget"]["loss"] - ev["stage1"]["forget"]["loss"]))
     assert cert["stage2"]["w2"] >= 0
-    assert r.table.splitlines()[-1].startswith("certificate (Prop. 4.2): NOT held")
+    assert r.table.splitlines()[-1].startswith("certificate (Prop. 4.2): NOT held · loss ≥ m=1.69: ")
+    assert max(len(line) for line in r.table.splitlines()) <= 100   # the table's width (tests/test_cli.py)
     assert r.report["stopped"] == {"stage1": {"rule": "budget", "step": 1}, "stage2": {"rule": "budget", "step": 3}}
 
 
