@@ -10,7 +10,9 @@ Every (method, seed) run starts from a deep copy of ``model`` and is scored by `
 retrained model of the same seed is the reference of the gap metrics; the row "original" scores
 ``model`` itself. Outputs under ``out_dir``: ``comparison.md`` (mean ± std over seeds; one value
 per cell for one seed; rows = methods, columns = metrics with their direction, best per column
-in bold when two or more unlearning methods are compared), ``comparison.json`` and ``comparison.png``, and
+in bold among the unlearning methods that keep the adjacent and remote accuracy within ± ``band``
+points of the original's, when two or more of them have the metric; the rule is stated under the
+table), ``comparison.json`` and ``comparison.png``, and
 ``cache/<method>/seed<k>.json``: one file per finished run, keyed on the method, the seed, its
 effective hyperparameters and a fingerprint of the splits and the original model, so a rerun after an
 interruption (or with more methods / seeds) only runs what is missing. The key does not hold the
@@ -39,22 +41,26 @@ from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fingerprint import fingerprint
 from .unlearn.inputs import model_device
 from .unlearn.lock import out_dir_lock
-from .compare_report import TABLE_COLUMNS, format_markdown, plot_comparison, summarize
+from .compare_report import BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize
 from .unlearn.files import atomic_write
 from .compare_specs import (MethodSpec, available_methods, build_specs, check_budget, check_method_names,
                             effective_config, method_config, method_spec, scale_budget)
 from .compare_cache import CACHE_FORMAT, ResultCache, cache_key, cached_note, json_nan_free, jsonable
 from .unlearn.report import plot_available
 from .unlearn.evaluate import NonFiniteOutputError
-from .unlearn.metrics import METRICS, check_relearn_args, unlearning_metrics
+from .unlearn.metrics import (METRICS, RELEARN_LR, RELEARN_LR_GROWTH, RELEARN_MAX_STEPS, check_relearn_args,
+                              unlearning_metrics)
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "scale_budget", "check_method_names", "available_methods", "fingerprint",
            "summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "DEFAULT_RELEARN"]
 
-DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": 1e-3, "max_steps": 100, "batch_size": 64}
+DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": RELEARN_LR, "lr_growth": RELEARN_LR_GROWTH,
+                   "max_steps": RELEARN_MAX_STEPS, "batch_size": 64}
 """Relearn time: threshold = ``fraction`` × the original model's forget-train accuracy; the rest are
-`relearn_time` arguments."""
+`relearn_time` arguments: Adam step k at lr ``lr * lr_growth**k`` (1e-5 growing 10 % a step; a
+constant 1e-3 relearned almost every model in one step, docs/algorithm.md §10), at most
+``max_steps``."""
 
 
 @dataclass
@@ -72,6 +78,7 @@ class ComparisonResult:
         failures: {method: {seed: message}} of the runs that stopped on a non-finite loss (their
         cells are "–"; listed under the table).
         budget: the common factor of every method's training passes (`scale_budget`; 1 = the presets).
+        band: the bold rule's band in percentage points (`format_markdown`; None = no band).
     """
     table: str
     summary: Dict[str, Dict[str, Dict[str, Any]]]
@@ -83,9 +90,11 @@ class ComparisonResult:
     hparams: Dict[str, Any] = field(default_factory=dict)
     failures: Dict[str, Dict[int, str]] = field(default_factory=dict)
     budget: float = 1.0
+    band: Optional[float] = BOLD_BAND
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"methods": self.methods, "seeds": self.seeds, "budget": self.budget, "relearn": self.relearn,
+        return {"methods": self.methods, "seeds": self.seeds, "budget": self.budget, "band": self.band,
+                "relearn": self.relearn,
                 "hparams": self.hparams,
                 "metrics": {k: dataclasses.asdict(v) for k, v in METRICS.items()},
                 "summary": self.summary, "runs": {m: {str(s): r for s, r in v.items()} for m, v in self.runs.items()},
@@ -183,8 +192,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             hparams: str = "paper_code", out_dir=None, device=None, model_fn: Optional[Callable[[], torch.nn.Module]] = None,
             retrain_recipe=None, configs: Optional[Mapping[str, Any]] = None,
             relearn: Union[None, bool, Mapping[str, Any]] = None, mia_max_samples: Optional[int] = None,
-            batch_size: int = 512, budget: float = 1.0, write_tables: bool = True,
-            progress: bool = True) -> ComparisonResult:
+            batch_size: int = 512, budget: float = 1.0, band: Optional[float] = BOLD_BAND,
+            write_tables: bool = True, progress: bool = True) -> ComparisonResult:
     """Run every method of ``methods`` for every seed from the same original ``model`` and tabulate
     the metrics of docs/algorithm.md §10 (mean ± std over seeds).
 
@@ -205,6 +214,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         budget: one common factor (> 0) of every registered method's training passes
             (`scale_budget`: epochs rounded up; also the configs given in ``configs``; not a
             `MethodSpec` given as such); said under the table when it is not 1.
+        band: the bold rule (`format_markdown`): a value is bold only among the unlearning methods
+            whose mean adjacent and remote held-out accuracy stay within ± ``band`` percentage
+            points of the original model's (default `BOLD_BAND` = 5; None = no band); stated
+            under the table. Not part of any cache key (it only changes the table).
         write_tables: False writes only the per-run cache under ``out_dir`` (no table, JSON or
             PNG; what the workers of ``entangle-unlearn compare --jobs N`` do). With True (the
             default) ``out_dir`` is locked for the call (``OUT/.entangle_ext.lock``): a second
@@ -219,7 +232,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     Raises, before any run: ValueError (unknown or duplicate method, setting, variant or hparams;
         no seeds or repeated seeds; a ``configs`` entry for a method not compared; an unknown
         ``relearn`` key or a bad relearn value; ``batch_size`` < 1; ``budget`` <= 0;
-        ``mia_max_samples`` < 1; a missing or empty forget / adjacent / remote train split; no
+        ``mia_max_samples`` < 1; a negative or non-finite ``band``; a missing or empty forget / adjacent / remote train split; no
         held-out retain split), TypeError (a config of another method; ``seeds`` not a sequence of
         integers, e.g. a bare int; a budget that is not a number). Later: the other errors of the methods and metrics
         (ImportError without scikit-learn / scipy); a ValueError for a model without
@@ -227,6 +240,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     """
     from ._progress import progress_bar
 
+    band = check_band(band)
     seeds, specs, budget = _checked_arguments(
         splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,
         model_fn=model_fn, retrain_recipe=retrain_recipe, relearn=relearn, batch_size=batch_size, budget=budget,
@@ -266,11 +280,12 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         bar.close()
         order = [s.name for s in specs]
         summary = summarize(runs)
-        table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget)
+        table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget, band=band)
         if reused:
             table += "\n\n" + cached_note(reused, cache.root)
         res = ComparisonResult(table=table, summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
-                               hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget)
+                               hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget,
+                               band=band)
         if out_dir is not None and write_tables:
             _write(res, Path(out_dir), fp)
         return res

@@ -22,11 +22,14 @@ from .unlearn.files import atomic_write
 
 __all__ = ["CACHE_FORMAT", "ResultCache", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free"]
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 """Part of every cache key and written into every record: 2 since an MIA attack without signal
 scores NaN (undefined) instead of 0 or 100 % (records of format 1 hold coin-flip MIA values); 3
-since the one fingerprint of the splits and the model (``entangle_ext/unlearn/fingerprint.py``).
-Records of an older format are recomputed, not reused."""
+since the one fingerprint of the splits and the model (``entangle_ext/unlearn/fingerprint.py``); 4
+since a record holds the KS statistic of the forget losses ("forget_ks", beside the p-value) and
+relearn time counts steps of the geometric lr schedule (1e-5 × 1.1^k; format 3: a constant 1e-3,
+one step for almost every model) — a format-3 record lacks the one and holds the other's old,
+unresolved count. Records of an older format are recomputed, not reused."""
 
 
 def json_nan_free(obj) -> Any:

@@ -1,11 +1,13 @@
 """The outputs of `entangle_ext.compare`: the per-seed summary (mean ± std; no std for one seed), the
-markdown table with the direction of every metric and the best value per column marked (when two or
-more unlearning methods are compared), and the bar-chart PNG."""
+markdown table with the direction of every metric and the best value per column in bold (among the
+unlearning methods that keep the adjacent and remote splits within a band of the original model,
+`BOLD_BAND`; when two or more of them have the metric), and the bar-chart PNG."""
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import math
+import numbers
 
 import numpy as np
 
@@ -13,12 +15,21 @@ from .unlearn.files import atomic_write
 from .unlearn.metrics import METRICS
 from .unlearn.mia import MIA_MIN_BALANCED_ACCURACY
 
-__all__ = ["summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "REFERENCE_ROWS"]
+__all__ = ["summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "REFERENCE_ROWS", "BOLD_BAND",
+           "BAND_SPLITS", "check_band"]
 
 REFERENCE_ROWS = ("original", "retrain")   # shown, never marked best
 TABLE_COLUMNS = ("acc_forget_test", "acc_adjacent_test", "acc_remote_test", "UA", "RA", "TA", "mia_forget",
-                 "mia_adjacent", "mia_remote", "avg_gap", "forget_quality", "relearn_steps", "time_s")
+                 "mia_adjacent", "mia_remote", "avg_gap", "forget_quality", "forget_ks", "relearn_steps", "time_s")
 """The metrics of the table, in order (`METRICS` keys); absent ones are dropped."""
+BOLD_BAND = 5.0
+"""Default band of the bold rule, in percentage points: a method is bold-eligible only when its mean
+accuracy on each split of `BAND_SPLITS` is within ± this of the original model's (the "within 5
+points of the original" adjacent / remote target of README). A method that wipes the adjacent
+split (or inflates it) is never bold, whatever its forget column says."""
+BAND_SPLITS = ("adjacent", "remote")
+"""The "other" splits of the bold band: held-out accuracy (``acc_<split>_test``), or train accuracy
+(``acc_<split>``) where the original row has no held-out value."""
 
 
 def summarize(runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
@@ -57,7 +68,9 @@ def _cell(k: str, s: Mapping[str, Any]) -> str:
         return "–"
     if s.get("undefined"):
         return f"{_cell(k, {**s, 'undefined': 0})} ({s['n']}/{s['n'] + s['undefined']})"
-    if k == "forget_quality":
+    if k == "forget_ks":
+        mean, std = f"{s['mean']:.3f}", None if s["std"] is None else f"{s['std']:.3f}"
+    elif k == "forget_quality":
         mean, std = f"{s['mean']:.3g}", None if s["std"] is None else f"{s['std']:.2g}"
     else:
         digits = 2 if k == "time_s" else 1
@@ -65,18 +78,56 @@ def _cell(k: str, s: Mapping[str, Any]) -> str:
     return mean if std is None else f"{mean} ± {std}"
 
 
-def _best(summary, order: Sequence[str], cols: Sequence[str]) -> Dict[str, float]:
-    """{metric: best mean} among the unlearning methods (rows other than `REFERENCE_ROWS`), for the
-    metrics where at least two of them have a value (with one, "best" would say nothing)."""
+def _band(summary, order: Sequence[str], band: Optional[float]) -> Tuple[List[str], List[str], str]:
+    """(the unlearning rows eligible for bold, the accuracy keys the band was judged on, why none can
+    be judged or ""). ``band`` None: every unlearning row, no keys. Otherwise a row is eligible when
+    for every split of `BAND_SPLITS` it has a defined mean within ± ``band`` points of the original
+    row's (held-out accuracy, else train); no original row or no such accuracy: none is eligible."""
+    rows = [m for m in order if m not in REFERENCE_ROWS]
+    if band is None:
+        return rows, [], ""
+    ref = summary.get("original")
+    if ref is None:
+        return [], [], "no original row to judge the band"
+    keys = [k for k in (next((k for k in (f"acc_{sp}_test", f"acc_{sp}") if _defined(ref.get(k))), None)
+                        for sp in BAND_SPLITS) if k is not None]   # held-out accuracy, else train
+    if not keys:
+        return [], [], "the original row has no adjacent / remote accuracy to judge the band"
+    ok = [m for m in rows if all(_defined(summary[m].get(k)) and abs(summary[m][k]["mean"] - ref[k]["mean"]) <= band
+                                  for k in keys)]
+    return ok, keys, ""
+
+
+def _best(summary, eligible: Sequence[str], cols: Sequence[str]) -> Dict[str, float]:
+    """{metric: best mean} among the ``eligible`` rows (`_band`), for the metrics where at least two
+    of them have a value (with one, "best" would say nothing)."""
     best = {}
     for k in cols:
-        cand = [summary[m][k]["mean"] for m in order if m not in REFERENCE_ROWS and _defined(summary[m].get(k))]
+        cand = [summary[m][k]["mean"] for m in eligible if _defined(summary[m].get(k))]
         if len(cand) >= 2:
             best[k] = max(cand) if METRICS[k].direction == "up" else min(cand)
     return best
 
 
-def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[int], bold: bool) -> str:
+def _bold_rule(order: Sequence[str], band: Optional[float], eligible: Sequence[str], keys: Sequence[str],
+               why: str, bold: bool) -> str:
+    """The one line under the table that states the bold rule and which rows it admitted."""
+    refs = "original and retrain are references, never bold"
+    if band is None:
+        return (f"Bold rule: **bold** = best among the unlearning methods, no band on the other splits ({refs}); "
+                + ("" if bold else "no value is bold: fewer than two unlearning methods to rank."))
+    on = " and ".join(METRICS[k].label for k in keys) or "adjacent and remote accuracy"
+    rule = (f"Bold rule: **bold** = best mean per column among the unlearning methods whose {on} stay within "
+            f"{band:g} points (either way) of the original's ({refs}); a column with fewer than two such values "
+            "has no bold")
+    out = [m for m in order if m not in REFERENCE_ROWS and m not in eligible]
+    if why:
+        return f"{rule}. No value is bold: {why}."
+    admitted = f"Within the band: {', '.join(eligible) or 'none'}; outside: {', '.join(out) or 'none'}"
+    return f"{rule}. {admitted}" + ("." if bold else "; no value is bold: fewer than two methods within the band.")
+
+
+def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[int]) -> str:
     undefined = any(summary[m].get(k, {}).get("undefined") for m in order for k in cols)
     stds = [summary[m][k]["std"] for m in order for k in cols if _defined(summary[m].get(k))]
     if stds and all(s is None for s in stds):
@@ -84,10 +135,8 @@ def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[
     else:
         spread = f"Mean ± std (ddof 1) over seeds {list(seeds)}" + \
             ("; a cell without ± holds one value." if any(s is None for s in stds) else ".")
-    mark = ("**bold** = best among the unlearning methods (original and retrain are references)" if bold else
-            "no value is bold: fewer than two unlearning methods to rank (original and retrain are references)")
     units = ", ".join(f"{METRICS[k].label} in {METRICS[k].unit}" for k in cols if METRICS[k].unit != "%")
-    return (f"{spread} ↑ higher is better, ↓ lower is better; {mark}. Accuracies, UA/RA/TA and MIA in %; "
+    return (f"{spread} ↑ higher is better, ↓ lower is better. Accuracies, UA/RA/TA and MIA in %; "
             f"{units}. MIA-efficacy = % of a split's train samples an SVC on the true-label probability calls "
             "non-member: high on forget = forgotten, high on adjacent / remote = damaged (docs/algorithm.md §10)."
             + (" MIA \"–\" = undefined on every seed, \"(n/N)\" = mean over the n of N seeds where it is defined: "
@@ -95,20 +144,43 @@ def _legend(summary, order: Sequence[str], cols: Sequence[str], seeds: Sequence[
                f"<= {MIA_MIN_BALANCED_ACCURACY})." if undefined else ""))
 
 
+def check_band(band) -> Optional[float]:
+    """``band`` as a float: None (no band) or a finite number >= 0 of percentage points (ValueError
+    otherwise, TypeError for a non-number); see `BOLD_BAND`."""
+    if band is None:
+        return None
+    if not isinstance(band, numbers.Real) or isinstance(band, bool):
+        raise TypeError(f"band must be None or a number of percentage points, got {band!r}")
+    if not (math.isfinite(band) and band >= 0):
+        raise ValueError(f"band must be a finite number of percentage points >= 0 (or None), got {band!r}")
+    return float(band)
+
+
 def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, seeds: Sequence[int] = (),
                     order: Optional[Sequence[str]] = None, columns: Sequence[str] = TABLE_COLUMNS,
-                    failures: Optional[Mapping[str, Mapping[int, str]]] = None, budget: float = 1.0) -> str:
+                    failures: Optional[Mapping[str, Mapping[int, str]]] = None, budget: float = 1.0,
+                    band: Optional[float] = BOLD_BAND) -> str:
     """Markdown table: rows = methods (``order``), columns = the metrics of ``columns`` present in
     ``summary`` with their direction (↑ / ↓), cells "mean ± std" (the mean alone for one seed;
     "–" for a metric undefined on every seed, "(n/N)" after a mean over n of N seeds, see
-    `summarize`); the best (defined) mean per column among the rows other than original / retrain is in bold when at least
-    two such rows have that metric. A legend follows the table (what the cells and the bold mean),
-    then, when ``budget`` is not 1, the common factor of every method's epochs
-    (``from entangle_ext.compare import scale_budget``), then one line per failed run of ``failures``
-    ({method: {seed: message}})."""
+    `summarize`).
+
+    Bold: the best (defined) mean per column among the unlearning methods (never original / retrain)
+    whose mean adjacent and remote accuracy (held-out, else train; `BAND_SPLITS`) are within
+    ± ``band`` percentage points of the "original" row's (default `BOLD_BAND` = 5), in a column where
+    at least two such methods have a value; a method outside the band is bold nowhere, and without an
+    original row nothing is bold. ``band=None``: no band (every unlearning method ranks). The line
+    under the table states this rule and which methods were within the band; the legend follows
+    (cells, directions, units), then, when ``budget`` is not 1, the common factor of every method's
+    epochs (``from entangle_ext.compare import scale_budget``), then one line per failed run of
+    ``failures`` ({method: {seed: message}}). Returns the markdown text (str).
+    Raises: ValueError / TypeError for a bad ``band`` (`check_band`); KeyError for a column not in
+    `METRICS`."""
+    band = check_band(band)
     order = list(order or summary)
     cols = [k for k in columns if any(k in summary[m] for m in order)]
-    best = _best(summary, order, cols)
+    eligible, keys, why = _band(summary, order, band)
+    best = _best(summary, eligible, cols)
     head = ["method"] + [f"{METRICS[k].label} {METRICS[k].arrow}" for k in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in order:
@@ -116,9 +188,9 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
         for k in cols:
             s = summary[m].get(k)
             c = "–" if s is None else _cell(k, s)
-            cells.append(f"**{c}**" if _defined(s) and m not in REFERENCE_ROWS and s["mean"] == best.get(k) else c)
+            cells.append(f"**{c}**" if _defined(s) and m in eligible and s["mean"] == best.get(k) else c)
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", _legend(summary, order, cols, seeds, bool(best))]
+    lines += ["", _bold_rule(order, band, eligible, keys, why, bool(best)), "", _legend(summary, order, cols, seeds)]
     if budget != 1:
         lines += ["", f"Every method's training passes (epochs; Stage 1 / Stage 2 epochs; Retrain's epochs) are "
                       f"its preset's × {float(budget)!r}, rounded up to whole epochs (one common factor)."]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -35,6 +36,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..compare_report import BOLD_BAND
     from ..unlearn.method import HPARAMS, available_methods
     from ..settings import SETTINGS
 
@@ -66,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=int, default=1, help="(method, seed) runs at a time, each in its own worker "
                     "process with max(1, threads // jobs) torch threads, sharing the per-run cache; at most "
                     "one per run (default 1)")
+    ap.add_argument("--bold-band", type=float, default=BOLD_BAND, help="bold only among the methods whose "
+                    "adjacent and remote held-out accuracy stay within ± this many points of the original's "
+                    f"(default {BOLD_BAND:g}); stated under the table")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # internal: a --jobs worker's queue dir
     return ap
@@ -98,6 +103,8 @@ def _check_flags(args, out: str) -> None:
         raise ValueError(f"--mia-max-samples must be >= 1, got {args.mia_max_samples}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if not (math.isfinite(args.bold_band) and args.bold_band >= 0):
+        raise ValueError(f"--bold-band must be a finite number of points >= 0, got {args.bold_band}")
     try:
         check_budget(args.budget)
     except (ValueError, TypeError) as e:
@@ -161,7 +168,8 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
             cmds = [worker_command(args, variant.name, methods, max(1, threads // jobs), queue)
                     for _ in range(jobs)]
             run_workers(cmds, tasks, queue, progress=not args.no_progress)
-        return compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, **kw)
+        return compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, band=args.bold_band,
+                       **kw)
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,8 @@
 
 * `per_sample` - per-sample CE, softmax probability of the true label and correctness (no grad);
 * `mia_efficacy` - the SalUn / Unlearn-Sparse membership-inference efficacy, per split;
-* `average_gap`, `forget_quality_ks` - distances to a model retrained without D_f;
+* `average_gap`, `forget_ks_test` (KS statistic and p-value), `forget_quality_ks` (the p-value) -
+  distances to a model retrained without D_f;
 * `relearn_time` - fine-tuning steps on a small forget subset until forget accuracy returns.
 
 scikit-learn (MIA) and scipy (Kolmogorov-Smirnov) are optional: imported inside the functions that
@@ -32,7 +33,8 @@ from .inputs import model_device
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
-           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "NonFiniteOutputError", "average_gap", "forget_quality_ks", "relearn_time", "unlearning_metrics"]
+           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "NonFiniteOutputError", "average_gap", "forget_quality_ks",
+           "forget_ks_test", "relearn_time", "RELEARN_LR", "RELEARN_LR_GROWTH", "RELEARN_MAX_STEPS", "unlearning_metrics"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,10 @@ METRICS: Dict[str, MetricInfo] = {
                           f"MIA left out); {_SALUN}"),
     "forget_quality": MetricInfo("forget quality", "up", "p-value", "KS test of per-sample forget losses vs "
                                  "Retrain; after Maini et al. 2024 (TOFU)"),
-    "relearn_steps": MetricInfo("relearn", "up", "steps", "relearn time; Golatkar et al. 2020"),
+    "forget_ks": MetricInfo("forget KS D", "down", "[0, 1]", "two-sample KS statistic D in [0, 1] (largest "
+                            "ECDF distance) of per-sample forget losses vs Retrain; after Maini et al. 2024 (TOFU)"),
+    "relearn_steps": MetricInfo("relearn", "up", "steps", "relearn time: Adam steps of a geometric lr schedule "
+                                "(docs/algorithm.md §10); after Golatkar et al. 2020"),
     "time_s": MetricInfo("time", "down", "s", f"wall clock of the unlearning call (RTE); {_SALUN}"),
 }
 """Every key `unlearning_metrics` may return, with its meaning, direction and source."""
@@ -85,17 +90,29 @@ def require_metric_dependencies() -> None:
     _optional("sklearn.svm", "MIA-efficacy (a metric of every comparison)")
 
 
-def forget_quality_ks(losses: Union[Sequence[float], torch.Tensor],
-                      retrained_losses: Union[Sequence[float], torch.Tensor]) -> float:
-    """Forget quality: p-value of the two-sample Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``,
-    two-sided) between the per-sample forget losses (nats) of the unlearned and of the retrained
-    model (docs/algorithm.md §10). ↑ better: 1 = indistinguishable from Retrain.
+def forget_ks_test(losses: Union[Sequence[float], torch.Tensor],
+                   retrained_losses: Union[Sequence[float], torch.Tensor]) -> Dict[str, float]:
+    """Two-sample Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``, two-sided) between the
+    per-sample forget losses (nats; any 1-D-reshapeable sequence or tensor, cast to float64) of the
+    unlearned and of the retrained model (docs/algorithm.md §10; after Maini et al. 2024, TOFU).
+    Returns {"statistic": D in [0, 1], the largest distance between the two empirical CDFs (↓ better:
+    0 = the same distribution as Retrain's), "pvalue": in [0, 1] ("forget quality", ↑ better)}. D
+    keeps its resolution where the p-value underflows (1e-260 for every method on a large forget set).
     Raises: ValueError for empty or non-finite losses; ImportError without scipy."""
     stats = _optional("scipy.stats", "the forget-quality test")
     a, b = (np.asarray(torch.as_tensor(v, dtype=torch.float64).reshape(-1)) for v in (losses, retrained_losses))
     if a.size == 0 or b.size == 0 or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        raise ValueError("forget_quality_ks needs non-empty, finite per-sample losses")
-    return float(stats.ks_2samp(a, b).pvalue)
+        raise ValueError("forget_ks_test / forget_quality_ks need non-empty, finite per-sample losses")
+    r = stats.ks_2samp(a, b)
+    return {"statistic": float(r.statistic), "pvalue": float(r.pvalue)}
+
+
+def forget_quality_ks(losses: Union[Sequence[float], torch.Tensor],
+                      retrained_losses: Union[Sequence[float], torch.Tensor]) -> float:
+    """Forget quality: the p-value of `forget_ks_test` (per-sample forget losses in nats of the
+    unlearned and of the retrained model; docs/algorithm.md §10). ↑ better: 1 = indistinguishable
+    from Retrain. Raises: ValueError for empty or non-finite losses; ImportError without scipy."""
+    return forget_ks_test(losses, retrained_losses)["pvalue"]
 
 
 def average_gap(metrics: Mapping[str, Any], retrained: Mapping[str, Any], keys: Sequence[str] = _GAP_KEYS) -> float:
@@ -119,10 +136,18 @@ def _subset(src: Source, idx: torch.Tensor) -> Source:
     return src._replace(dataset=part)
 
 
-def check_relearn_args(*, subset: Union[int, float] = 0.1, lr: float = 1e-3, max_steps: int = 100,
-                       batch_size: int = 64) -> None:
+RELEARN_LR, RELEARN_LR_GROWTH, RELEARN_MAX_STEPS = 1e-5, 1.1, 100
+"""The relearn schedule's defaults (docs/algorithm.md §10): Adam step k (from 0) has learning
+rate ``RELEARN_LR * RELEARN_LR_GROWTH**k``, so the step count grows with the logarithm of the
+distance to relearn (about 10 % more distance per step, from 1e-5 to about 1.4 per weight within
+the 100 steps) instead of in steps of a fixed 1e-3 that most models relearn from in one."""
+
+
+def check_relearn_args(*, subset: Union[int, float] = 0.1, lr: float = RELEARN_LR, max_steps: int = RELEARN_MAX_STEPS,
+                       batch_size: int = 64, lr_growth: float = RELEARN_LR_GROWTH) -> None:
     """ValueError unless ``subset`` is an int >= 1 or a fraction in (0, 1], ``lr`` finite and > 0,
-    ``max_steps`` an int >= 0 and ``batch_size`` an int >= 1 (the `relearn_time` settings)."""
+    ``lr_growth`` finite and >= 1, ``max_steps`` an int >= 0 and ``batch_size`` an int >= 1 (the
+    `relearn_time` settings)."""
     def whole(v):
         return isinstance(v, numbers.Integral) and not isinstance(v, bool)
     sub_ok = (0 < subset <= 1) if isinstance(subset, float) else (whole(subset) and subset >= 1)
@@ -130,6 +155,8 @@ def check_relearn_args(*, subset: Union[int, float] = 0.1, lr: float = 1e-3, max
         raise ValueError(f"relearn_time: subset must be an int >= 1 or a fraction in (0, 1], got {subset!r}")
     if not (isinstance(lr, numbers.Real) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"relearn_time: lr must be finite and > 0, got {lr!r}")
+    if not (isinstance(lr_growth, numbers.Real) and math.isfinite(lr_growth) and lr_growth >= 1):
+        raise ValueError(f"relearn_time: lr_growth must be finite and >= 1 (1 = a constant lr), got {lr_growth!r}")
     if not (whole(max_steps) and max_steps >= 0):
         raise ValueError(f"relearn_time: max_steps must be an int >= 0, got {max_steps!r}")
     if not (whole(batch_size) and batch_size >= 1):
@@ -137,24 +164,29 @@ def check_relearn_args(*, subset: Union[int, float] = 0.1, lr: float = 1e-3, max
 
 
 def relearn_time(model: torch.nn.Module, forget, *, threshold: float, subset: Union[int, float] = 0.1,
-                 lr: float = 1e-3, max_steps: int = 100, batch_size: int = 64, seed: int = 0, device=None,
-                 eval_batch_size: int = 512) -> Dict[str, Any]:
-    """Relearn time (docs/algorithm.md §10): Adam steps (lr ``lr``, CE with the true labels, eval
-    mode) on a copy of ``model`` over a small seeded subset of the forget set until the accuracy on
-    the whole forget set reaches ``threshold``. ``model`` itself is not changed. ↑ = deeper forgetting.
+                 lr: float = RELEARN_LR, max_steps: int = RELEARN_MAX_STEPS, batch_size: int = 64, seed: int = 0,
+                 device=None, eval_batch_size: int = 512, lr_growth: float = RELEARN_LR_GROWTH) -> Dict[str, Any]:
+    """Relearn time (docs/algorithm.md §10; after Golatkar et al. 2020): Adam steps (CE with the true
+    labels, eval mode) on a copy of ``model`` over a small seeded subset of the forget set until the
+    accuracy on the whole forget set (measured after every step) reaches ``threshold``. Step k
+    (from 0) has learning rate ``lr * lr_growth**k`` (default 1e-5 growing 10 % a step,
+    `RELEARN_LR`: a geometric schedule, so the count resolves both a model one tiny step from
+    relearning and one far from it; ``lr_growth=1`` is a constant lr). ``model`` itself is not
+    changed. ↑ = deeper forgetting.
 
     Args: forget: D_f train (a Dataset, DataLoader or `Source`, e.g. ``splits.source("forget")``);
         threshold: accuracy fraction in (0, 1]; subset: sample count (int >= 1) or fraction of D_f
-        (float in (0, 1]); batch_size: samples per step (cycling over the subset); max_steps: cap.
+        (float in (0, 1]); batch_size: samples per step (cycling over the subset); max_steps: cap;
+        lr, lr_growth: the schedule above.
         Floating inputs are cast to the model's dtype.
     Returns: {"steps": int (0 if already at threshold; ``max_steps`` if never), "reached": bool,
         "threshold": float, "subset": int, "final_acc": fraction}.
-    Raises: ValueError for a bad threshold / subset / max_steps / batch size, an empty forget set,
+    Raises: ValueError for a bad threshold / subset / lr / lr_growth / max_steps / batch size, an empty forget set,
         or no ``device`` for a model without parameters or buffers.
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"relearn_time: threshold must be an accuracy fraction in (0, 1], got {threshold}")
-    check_relearn_args(subset=subset, lr=lr, max_steps=max_steps, batch_size=batch_size)
+    check_relearn_args(subset=subset, lr=lr, max_steps=max_steps, batch_size=batch_size, lr_growth=lr_growth)
     check_batch_size(eval_batch_size, "relearn_time: eval_batch_size")
     forget = as_source(forget)
     N = len(forget.dataset)
@@ -176,6 +208,8 @@ def relearn_time(model: torch.nn.Module, forget, *, threshold: float, subset: Un
     while a < threshold and steps < max_steps:
         with torch.enable_grad():
             inputs, y = split_batch(stream.next())
+            for group in opt.param_groups:
+                group["lr"] = lr * lr_growth ** steps
             loss = F.cross_entropy(forward_logits(m, inputs), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -212,7 +246,8 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
             and held-out retain data; MIA scores the train splits present ("mia_<split>" None for
             an absent one).
         retrained: the model retrained on D \\ D_f, or its own `unlearning_metrics(...,
-            keep_losses=True)` dict; gives "avg_gap" and "forget_quality" (None = both omitted).
+            keep_losses=True)` dict; gives "avg_gap", "forget_quality" (KS p-value) and "forget_ks"
+            (KS statistic D) (None = all omitted).
         evals: ``{split: {"acc", "n", ...}}`` of ``model`` (e.g. ``report["evals"]["final"]``);
             None = computed by `evaluate`. seconds: wall clock of the unlearning call ("time_s").
         relearn: keyword arguments of `relearn_time` (``threshold`` required); None = skipped.
@@ -240,7 +275,8 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
             retrained, splits, device=device, batch_size=batch_size, seed=seed,
             mia_max_samples=mia_max_samples, keep_losses=True)
         out["avg_gap"] = average_gap(out, ref)
-        out["forget_quality"] = forget_quality_ks(losses, ref["forget_losses"])
+        ks = forget_ks_test(losses, ref["forget_losses"])
+        out["forget_quality"], out["forget_ks"] = ks["pvalue"], ks["statistic"]
     if relearn is not None:
         r = relearn_time(model, splits.source("forget"), device=device, eval_batch_size=batch_size,
                          **{"seed": seed, **relearn})

@@ -13,6 +13,7 @@ import torch
 import entangle_ext as ee
 from entangle_ext import cli
 from entangle_ext.data.digits import digits_splits
+from entangle_ext.compare_report import format_markdown
 from entangle_ext.methods import available_methods, get_method
 from entangle_ext.methods.retrain import RetrainConfig
 from entangle_ext.settings import get_setting
@@ -107,7 +108,9 @@ def test_reduced_comparison(setup, tmp_path):
     lines = res.table.splitlines()
     assert lines[0].startswith("| method | forget test acc ↓ | adjacent test acc ↑")
     assert [ln.split("|")[1].strip() for ln in lines[2:6]] == ["retrain", "original", "two_stage", "rl"]
-    assert "**" in lines[4] + lines[5] and "**" not in lines[2] + lines[3]          # best: not the references
+    assert "**" not in lines[2] + lines[3] and "Bold rule:" in res.table            # never the references
+    loose = format_markdown(res.summary, seeds=[0, 1], order=res.methods, band=None).splitlines()   # no band:
+    assert "**" in loose[4] + loose[5] and "**" not in loose[2] + loose[3]         # best: not the references
     assert "↑ higher is better" in res.table
     js = json.loads((tmp_path / "comparison.json").read_text())
     assert js["summary"] == json.loads(json.dumps(res.summary)) and js["metrics"]["mia_forget"]["direction"] == "up"

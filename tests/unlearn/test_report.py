@@ -85,7 +85,7 @@ def test_one_seed_has_no_std_and_the_table_no_plus_minus(tmp_path):
     summary = summarize(_runs(["original", "ga", "rl"], [0]))
     assert summary["ga"]["UA"] == {"mean": 20.0, "std": None, "n": 1}      # undefined, not 0
     assert json.loads(json.dumps(summary))["ga"]["UA"]["std"] is None      # stored as null
-    table = format_markdown(summary, seeds=[0], order=["original", "ga", "rl"])
+    table = format_markdown(summary, seeds=[0], order=["original", "ga", "rl"], band=None)   # (no accuracies)
     assert "±" not in table and "| **30.0** |" in table                    # rl: the best UA ↑ of the two
     assert "no std" in table and "ddof" not in table
     plot_comparison(summary, str(tmp_path / "c.png"))                      # no error bars, no error
@@ -98,9 +98,9 @@ def test_one_seed_has_no_std_and_the_table_no_plus_minus(tmp_path):
 def test_bold_only_with_two_or_more_unlearning_methods():
     from entangle_ext.compare_report import format_markdown, summarize
     rows = lambda t: [ln for ln in t.splitlines() if ln.startswith("| ") and not ln.startswith("| method")]
-    one = format_markdown(summarize(_runs(["retrain", "original", "two_stage"], [0, 1])), seeds=[0, 1])
+    one = format_markdown(summarize(_runs(["retrain", "original", "two_stage"], [0, 1])), seeds=[0, 1], band=None)
     assert "**" not in "\n".join(rows(one)) and "no value is bold" in one
-    two = format_markdown(summarize(_runs(["retrain", "original", "ga", "rl"], [0, 1])), seeds=[0, 1])
+    two = format_markdown(summarize(_runs(["retrain", "original", "ga", "rl"], [0, 1])), seeds=[0, 1], band=None)
     bold = [ln.split("|")[1].strip() for ln in rows(two) if "**" in ln]
     assert bold == ["ga", "rl"]                       # rl: best UA ↑; ga: best TA ↑; references never
     assert "**bold** = best among the unlearning methods" in two
