@@ -32,16 +32,21 @@ def _is_module(pkg_dir: Path, name: str) -> bool:
     return (pkg_dir / f"{name}.py").exists() or (pkg_dir / name / "__init__.py").exists()
 
 
-def test_no_private_name_is_imported_from_another_module():
-    bad = []
-    for path in PKG.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.ImportFrom) and node.level > 0):
-                continue
+def _relative_imports(path: Path):
+    """(node, the folder or module path it imports from) for each relative ``from . import`` of
+    ``path``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
             base = path.parent
             for _ in range(node.level - 1):
                 base = base.parent
-            target = base.joinpath(*node.module.split(".")) if node.module else base
+            yield node, base.joinpath(*node.module.split(".")) if node.module else base
+
+
+def test_no_private_name_is_imported_from_another_module():
+    bad = []
+    for path in PKG.rglob("*.py"):
+        for node, target in _relative_imports(path):
             for alias in node.names:
                 n = alias.name
                 if n.startswith("_") and not n.startswith("__") and not _is_module(target, n):
@@ -57,13 +62,7 @@ def test_internal_imports_name_the_defining_module():
     for path in PKG.rglob("*.py"):
         if path.name in ("__init__.py", "__main__.py"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.ImportFrom) and node.level > 0):
-                continue
-            base = path.parent
-            for _ in range(node.level - 1):
-                base = base.parent
-            target = base.joinpath(*node.module.split(".")) if node.module else base
+        for node, target in _relative_imports(path):
             if (target / "__init__.py").exists():
                 names = [a.name for a in node.names if not _is_module(target, a.name)]
                 if names:
