@@ -19,7 +19,8 @@ CLI `python -m entangle_ext` / `entangle-unlearn` (also under ``torchrun``; ``co
 The exceptions a run raises for the caller to catch, `NonFiniteLossError` (a ValueError) and
 `RunInterrupted` (a KeyboardInterrupt), `OutDirInUseError` (a ValueError: another live run
 holds the out dir), the `OutDirReusedWarning` it may emit, the `MIAUndefinedWarning` of a
-metric without signal (MIA-efficacy NaN), and `available_methods` are importable from here.
+metric without signal (MIA-efficacy NaN), the `SelectionWarning` of a ``select`` that kept no
+state, and `available_methods` are importable from here.
 
 Note: ``entangle_ext.unlearn`` and ``entangle_ext.compare`` are the functions, which hide the
 subpackage/module of the same name as attributes; import from those by name instead, e.g.
@@ -37,8 +38,8 @@ from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 from .lagrangian import AugmentedLagrangian
 from .projection import (project_orthogonal, project_orthogonal_, projection_apply_, projection_gram,
                          projection_solve)
-from .unlearn import (NonFiniteLossError, OutDirInUseError, OutDirReusedWarning, RunInterrupted, Splits,
-                      Stage1Config, Stage2Config,
+from .unlearn import (NonFiniteLossError, OutDirInUseError, OutDirReusedWarning, RunInterrupted, SelectionWarning,
+                      Splits, Stage1Config, Stage2Config,
                       UnlearnConfig, UnlearnResult, evaluate, stage1, stage2, unlearn)
 from . import methods as _methods  # noqa: F401,E402  (importing it registers every method, from above the run)
 from .compare import available_methods, compare
@@ -52,5 +53,5 @@ __all__ = [
     "augmented_lagrangian_term", "AugmentedLagrangian",
     "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
     "stage1", "stage2", "evaluate", "compare", "available_methods", "NonFiniteLossError", "RunInterrupted",
-    "OutDirReusedWarning", "OutDirInUseError", "MIAUndefinedWarning",
+    "OutDirReusedWarning", "OutDirInUseError", "MIAUndefinedWarning", "SelectionWarning",
 ]

@@ -5,6 +5,7 @@ from .config import PRESETS, RECIPES, Stage1Config, Stage2Config, UnlearnConfig
 from .data import Splits
 from .disjoint import OverlappingSplitsWarning
 from .data import BatchLargerThanSplitWarning
+from .curves import SelectionWarning
 from .entry import OutDirReusedWarning, UnlearnResult, unlearn
 from .evaluate import evaluate
 from .lock import OutDirInUseError
@@ -18,4 +19,4 @@ __all__ = ["unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config",
            "NonFiniteLossError", "RunInterrupted", "OutDirReusedWarning", "OutDirInUseError",
            "StageResult", "StageLoop",
            "load_checkpoint", "seed_everything", "PRESETS", "RECIPES", "OverlappingSplitsWarning",
-           "BatchLargerThanSplitWarning"]
+           "BatchLargerThanSplitWarning", "SelectionWarning"]

@@ -87,3 +87,4 @@ def certificate_line(cert: Optional[Dict[str, Any]]) -> str:
     else:
         parts.append("no Stage 2")
     return "certificate (Prop. 4.2): " + " · ".join(parts)
+

@@ -40,10 +40,9 @@ __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "pr
 CHECKPOINT_FORMAT = 5
 #: Environment variables a run may set (restored by `preserved_global_state`).
 ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
-#: Config fields that may differ between a checkpoint and the run resuming it (they change
-#: logging, checkpointing or plots, or add Stage 2 to a Stage-1-only two_stage run; not the
-#: computation (eval_every: the curve probes, and so where a stopping rule is checked); stage2.micro_batch
-#: changes the gradients' float round-off only). run_stage2 and stage2.* are `UnlearnConfig`'s only.
+#: Config fields that may differ between a checkpoint and the run resuming it: logging, checkpoints, plots, the
+#: curve probes (eval_every; hence where a rule or ``select`` checks), Stage 2 added to a Stage-1-only two_stage
+#: run, stage2.micro_batch (the gradients' float round-off only). run_stage2, stage2.*: `UnlearnConfig`'s only.
 RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "eval_every", "run_stage2", "stage2.micro_batch")
 #: Config fields added after checkpoints of this format were first written, with the value that
 #: reproduces the earlier runs: a checkpoint whose config has the field's section (e.g. a
@@ -51,7 +50,8 @@ RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "e
 #: (`check_resume_config`; ``from_dict`` fills it from the dataclass default). Curves and rules: off.
 ADDED_CONFIG_DEFAULTS = {"stage2.basis_every": 1, "eval_every": 0, "curve_samples": 256, "stage1.until": None,
                          "stage1.margin": None, "stage1.margin_fraction": 0.9, "stage1.violation_tol": 0.1,
-                         "stage2.until": None, "stage2.recover_delta": 0.02, "stage2.drift_eps": 0.1}
+                         "stage2.until": None, "stage2.recover_delta": 0.02, "stage2.drift_eps": 0.1, "select": None,
+                         "select_forget_acc": None, "select_delta": 0.02}
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
-from .fields import StrictFields, at_least, check_fields, require
+from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields, require
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "RECIPE_OF_HPARAMS", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -233,6 +233,15 @@ class UnlearnConfig(StrictFields):
             subsample of each train split the probes evaluate (docs/algorithm.md "Curves,
             certificate and stopping rules (ours)"). A stopping rule (``stage1.until``,
             ``stage2.until``) needs eval_every > 0.
+        select: None (default: the run returns its final state) or "first_within" (ours, opt-in;
+            needs eval_every > 0): the run returns the first probed state of any stage whose forget
+            train-subsample accuracy is <= ``select_forget_acc`` and whose adjacent and remote
+            train-subsample accuracies are at most ``select_delta`` below the original model's,
+            evaluated again under the tag "selected" (the report's "final"); none within: the
+            final state, with a `SelectionWarning` (docs/algorithm.md "Curves, certificate and
+            stopping rules (ours)").
+        select_forget_acc: the forget bound, a fraction in [0, 1]; None = 1/C (chance level, C
+            classes). select_delta: δ in [0, 1] (accuracy fraction, default 0.02).
     Raises (construction and `validate`): TypeError for a wrong field type, ValueError for a
         value outside its choices or range (nested stage configs included).
     """
@@ -251,6 +260,9 @@ class UnlearnConfig(StrictFields):
     amp: Optional[Amp] = None
     eval_every: int = 0
     curve_samples: int = 256
+    select: Select = None
+    select_forget_acc: Optional[float] = None
+    select_delta: float = 0.02
 
     def __post_init__(self):
         self.validate()
@@ -260,8 +272,9 @@ class UnlearnConfig(StrictFields):
         check_fields(self)
         self.stage1.validate()
         self.stage2.validate()
-        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins", "curve_samples")
-        at_least(self, 0, "checkpoint_every", "eval_every")
+        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
+        at_least(self, 0, "checkpoint_every")
+        check_curve_fields(self)
         for name, until in (("stage1.until", self.stage1.until), ("stage2.until", self.stage2.until)):
             if until is not None and self.eval_every == 0:
                 raise ValueError(f"UnlearnConfig.{name}={until!r} is a stopping rule checked at the curve "

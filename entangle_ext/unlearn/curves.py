@@ -25,7 +25,8 @@ from .inputs import training_flags_kept
 from .precision import LOW_PRECISION, model_dtype
 
 __all__ = ["curve_indices", "CurveProbe", "StageProbe", "default_margin", "forget_margin_rule",
-           "adjacent_recovered_rule", "CURVE_SPLITS", "curves_figure", "plot_curves"]
+           "adjacent_recovered_rule", "first_within_rule", "SelectionWarning", "CURVE_SPLITS",
+           "curves_figure", "plot_curves"]
 
 CURVE_SPLITS = ("forget", "adjacent", "remote")
 """The train splits a curve probe evaluates (each when present)."""
@@ -124,17 +125,20 @@ class CurveProbe:
 
 class StageProbe:
     """The ``probe`` of one stage's `StageLoop` (``entangle_ext/unlearn/loop.py``): called with the
-    number of steps completed (and ``final``: the budget's last step, where no rule is checked), it appends the curve record {"kind": "curve", "stage", "step",
-    "global_step" (= ``offset`` + step), **``measure()``} to ``records`` and returns True when the
+    number of steps completed (and ``final``: the budget's last step, where no rule is checked),
+    it appends the curve record {"kind": "curve", "stage", "step", "global_step" (= ``offset`` +
+    step), **``measure()``} to ``records``, passes it to ``observe`` (when given; the model is
+    still at that state) and returns True when the
     stopping ``rule`` (a predicate on that record, named ``rule_name``) holds, i.e. the stage
     ends after this step (``stopped_at`` = step). A run object: its records travel in every
     mid-stage checkpoint (`state_dict` / `load_state_dict`), so a resumed stage's curve equals the
     uninterrupted one's."""
 
     def __init__(self, measure: Callable[[], Dict[str, float]], *, stage, offset: int = 0,
-                 rule: Optional[Callable[[Dict[str, Any]], bool]] = None, rule_name: Optional[str] = None):
+                 rule: Optional[Callable[[Dict[str, Any]], bool]] = None, rule_name: Optional[str] = None,
+                 observe: Optional[Callable[[Dict[str, Any]], None]] = None):
         self.measure, self.stage, self.offset = measure, stage, int(offset)
-        self.rule, self.rule_name = rule, rule_name
+        self.rule, self.rule_name, self.observe = rule, rule_name, observe
         self.records: List[Dict[str, Any]] = []
         self.stopped_at: Optional[int] = None
 
@@ -142,6 +146,8 @@ class StageProbe:
         rec = {"kind": "curve", "stage": self.stage, "step": int(step), "global_step": self.offset + int(step),
                **self.measure()}
         self.records.append(rec)
+        if self.observe is not None:   # the run's checkpoint selection sees every probed state
+            self.observe(rec)
         if self.rule is not None and not final and bool(self.rule(rec)):
             self.stopped_at = int(step)
             return True
@@ -170,6 +176,25 @@ def adjacent_recovered_rule(original_acc: float, delta: float, eps: float) -> Ca
     subsample) and the forget profile's W2 distance to θ̄ is <= ``eps`` nats. Train data only."""
     def rule(r: Dict[str, Any]) -> bool:
         return original_acc - r["adjacent_acc"] <= delta and r["w2"] <= eps
+    return rule
+
+
+class SelectionWarning(UserWarning):
+    """``select="first_within"`` found no probed state within its bounds: the run returned its
+    final state (the report's ``selected`` entry says so)."""
+
+
+def first_within_rule(origin: Dict[str, Any], forget_acc_max: float,
+                      delta: float) -> Callable[[Dict[str, Any]], bool]:
+    """The checkpoint-selection rule "first_within": True for a curve record whose forget train
+    subsample accuracy is <= ``forget_acc_max`` (a fraction) and whose adjacent and remote ones
+    (those the run has) are at most ``delta`` (a fraction) below ``origin``'s (the original
+    model's record). Train data only."""
+    kept = [n for n in ("adjacent", "remote") if f"{n}_acc" in origin]
+
+    def rule(r: Dict[str, Any]) -> bool:
+        return r["forget_acc"] <= forget_acc_max and \
+            all(float(origin[f"{n}_acc"]) - r[f"{n}_acc"] <= delta for n in kept)
     return rule
 
 

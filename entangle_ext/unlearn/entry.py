@@ -106,7 +106,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     cuDNN flags, thread count, CUBLAS_WORKSPACE_CONFIG) is restored on return, also on error.
     Returns:
         `UnlearnResult` (model, report, history, table); ``report["method"]``,
-        ``report["evals"]["final"]`` (the last evaluation), ``report["timings_s"]["unlearn"]``
+        ``report["evals"]["final"]`` (the last evaluation; with ``config.select`` and a kept
+        state, the evaluation "selected" of that state, which the returned model holds),
+        ``report["selected"]`` (None without ``select``), ``report["timings_s"]["unlearn"]``
         (seconds of unlearning, evaluation excluded) and ``report["hparams"]`` /
         ``report["setting"]`` (the preset the config came from; None for an explicit or resumed
         config) exist for every method.
@@ -115,6 +117,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             already holds a run and no ``resume`` is given; it names what is overwritten.
             Emitted after the config, splits and model have passed their checks (a call that
             raises for bad input does not also warn), before any training.
+        SelectionWarning (``entangle_ext.SelectionWarning``): ``config.select`` found no probed
+            state within its bounds; the model keeps its final state.
     Raises:
         TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first);
             a ``model_fn`` that is not callable or (Retrain) returns no `torch.nn.Module`.

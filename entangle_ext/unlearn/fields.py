@@ -9,7 +9,9 @@ import numbers
 import typing
 from typing import Literal
 
-__all__ = ["check_fields", "require", "at_least", "StrictFields"]
+__all__ = ["check_fields", "require", "at_least", "StrictFields", "Select", "check_curve_fields"]
+
+Select = typing.Optional[Literal["first_within"]]   # checkpoint selection (None: keep the final state)
 
 
 class StrictFields:
@@ -130,3 +132,18 @@ def require(cfg, ok: bool, name: str, rule: str) -> None:
 def at_least(cfg, lo, *names: str) -> None:
     for n in names:
         require(cfg, getattr(cfg, n) >= lo, n, f">= {lo}")
+
+
+def check_curve_fields(cfg) -> None:
+    """Ranges of the curve and checkpoint-selection fields every run config has (`UnlearnConfig`,
+    `MethodConfig`): eval_every >= 0, curve_samples >= 1, select_forget_acc None or in [0, 1],
+    select_delta in [0, 1], and ``select`` needs eval_every > 0 (it picks among the curve
+    probes). Raises ValueError naming the field."""
+    at_least(cfg, 1, "curve_samples")
+    at_least(cfg, 0, "eval_every")
+    require(cfg, cfg.select_forget_acc is None or 0 <= cfg.select_forget_acc <= 1, "select_forget_acc",
+            "None or in [0, 1]")
+    require(cfg, 0 <= cfg.select_delta <= 1, "select_delta", "in [0, 1]")
+    if cfg.select is not None and cfg.eval_every == 0:
+        raise ValueError(f"{type(cfg).__name__}.select={cfg.select!r} picks among the curve probes: it needs "
+                         "eval_every > 0 (steps between probes), got eval_every=0")

@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 import torch
 
 from .checkpoint import optimizer_entry
-from .fields import StrictFields, at_least, check_fields
+from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields
 from .data import BatchStream, Splits, has_batchnorm
 from .distributed import current
 from .loop import StageLoop
@@ -76,6 +76,8 @@ class MethodConfig(StrictFields):
         histogram_bins: bins (>= 1) of the forget-loss histogram PNG under out_dir (as
             `UnlearnConfig.histogram_bins`; a resume may change it).
         eval_every, curve_samples: the curve probes, as `UnlearnConfig`'s (0 = off, default).
+        select, select_forget_acc, select_delta: checkpoint selection among the probes, as
+            `UnlearnConfig`'s (None = off, default).
         budget_fields (class attribute, not a field): the dotted names of the fields that count
             training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
             them. Empty: no training loop (e.g. SSD).
@@ -89,6 +91,9 @@ class MethodConfig(StrictFields):
     histogram_bins: int = 40
     eval_every: int = 0
     curve_samples: int = 256
+    select: Select = None
+    select_forget_acc: Optional[float] = None
+    select_delta: float = 0.02
 
     def __post_init__(self):
         self.validate()
@@ -96,8 +101,9 @@ class MethodConfig(StrictFields):
     def validate(self):
         """Check every field; returns self."""
         check_fields(self)
-        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins", "curve_samples")
-        at_least(self, 0, "checkpoint_every", "eval_every")
+        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
+        at_least(self, 0, "checkpoint_every")
+        check_curve_fields(self)
         self.check_ranges()
         return self
 

@@ -26,6 +26,7 @@ from .lock import OutDirLock
 from .loop import check_final_losses
 from .method import UnlearningMethod, warm_imports
 from .certificate import NOT_APPLICABLE, certificate_line
+from .selection import StateSelection, selection_line
 from .report import UnlearnResult, build_report, format_table, plot_available, save_report_json, write_report
 
 __all__ = ["run_method", "Run"]
@@ -82,6 +83,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
             run.evaluate("original", check_finite=True)
             run.probe_original()
         extras = cls(num_classes=num_classes, model_fn=model_fn).execute(run)
+        if run.selection is not None and run.selection.restore(run.model):
+            run.evaluate("selected")
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
         return run.finish(extras, resumed=resumed, preset=preset)
 
@@ -130,6 +133,8 @@ class Run:
                                              "done": self.done, "fingerprint": fingerprint_entry(fingerprint)},
                                   dynamic=lambda: {"timings": self._timings_now()})
         self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
+        self.selection = None if getattr(config, "select", None) is None else \
+            StateSelection(config, num_classes, self.done, self.saver.common, self.ckpt)
         stage = self.ckpt.get("stage")
         # how many of ``stages`` the checkpoint has finished (a sub-stage key of a method's own
         # loops, e.g. "ssd/select", belongs to its first unfinished stage)
@@ -235,8 +240,11 @@ class Run:
             return
         kw = dict(probe_kw or {})
         name, pred = rule if rule is not None else (None, None)
+        observe = None if self.selection is None else \
+            (lambda rec: self.selection.observe(rec, self.model, self.curve_origin))
         self._probe = curves.StageProbe(lambda: self.curve_probe.measure(**kw), stage=key,
-                                        offset=len(self.done["history"]), rule=pred, rule_name=name)
+                                        offset=len(self.done["history"]), rule=pred, rule_name=name,
+                                        observe=observe)
 
     def _end_probe(self, steps: int) -> None:
         """The stage's end record when its loop did not write one (a stage without a probed loop),
@@ -309,8 +317,12 @@ class Run:
                       stopped={k: done_stops.get(k, {"rule": "budget", "step": n}) for k, n in report["steps"].items()})
         report.update(method=self.method, fingerprint=self.saver.common["fingerprint"], resume=resumed,
                       world_size=current().world, **preset)
-        if "final" not in report["evals"]:
-            report["evals"]["final"] = copy.deepcopy(report["evals"][list(self.evals)[-1]])
+        report["selected"] = None if self.selection is None else self.selection.entry()
+        if "final" not in report["evals"] or "selected" in self.evals:   # the kept state is the final one
+            report["evals"]["final"] = copy.deepcopy(report["evals"]["selected" if "selected" in self.evals
+                                                                     else list(self.evals)[-1]])
+        if report["selected"] is not None:
+            table += "\n" + selection_line(report["selected"])
         check_final_losses(self.method, report["evals"]["final"], len(history), self.saver.last_path)
         tm = report["timings_s"]
         tm["unlearn"] = sum(tm.get(name, 0.0) for name in dict.fromkeys(self._stage_timings))
@@ -334,6 +346,8 @@ class Run:
             total += n
             at[key if key.startswith("stage") else "final"] = total
         at.setdefault("final", total)
+        if report.get("selected") and report["selected"]["global_step"] is not None:
+            at["selected"] = report["selected"]["global_step"]
         marks: Dict[str, list] = {}
         for tag, e in self.evals.items():
             for name, r in e.items():
