@@ -202,7 +202,8 @@ def curves_figure(records: List[Dict[str, Any]], marks: Optional[Dict[str, Any]]
     """A matplotlib Figure: accuracy (%) of the forget / adjacent / remote train subsamples vs
     the global step (``records``: the curve records, every stage), a dotted line at each stage
     boundary, and ``marks`` = {split: [(global step, accuracy fraction), ...]} (the held-out
-    evaluations at the stage ends) as markers in the split's colour."""
+    evaluations at the stage ends and, with ``select``, at the kept step) as markers in the
+    split's colour."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8.0, 4.0))
@@ -224,7 +225,7 @@ def curves_figure(records: List[Dict[str, Any]], marks: Optional[Dict[str, Any]]
         ax.text(x, 1, f" end of {stage if not isinstance(stage, int) else f'Stage {stage}'}", fontsize="small")
     ax.set_xlabel("global step")
     ax.set_ylabel("accuracy %")
-    ax.set_title("curves (lines: train subsamples; open diamonds: held-out at the stage ends)", fontsize="medium")
+    ax.set_title("curves (lines: train subsamples; open diamonds: held-out evaluations)", fontsize="medium")
     ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
