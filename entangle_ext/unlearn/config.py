@@ -237,8 +237,9 @@ class UnlearnConfig(StrictFields):
             needs eval_every > 0): the run returns the first probed state of any stage whose forget
             train-subsample accuracy is <= ``select_forget_acc`` and whose adjacent and remote
             train-subsample accuracies are at most ``select_delta`` below the original model's,
-            evaluated again under the tag "selected" (the report's "final"); none within: the
-            final state, with a `SelectionWarning` (docs/algorithm.md "Curves, certificate and
+            evaluated again under the tag "selected" (the report's "final"; with an out dir also
+            ``selected_model.pt``); none within: the final state, with a `SelectionWarning`. A
+            resume may not change the three fields (docs/algorithm.md "Curves, certificate and
             stopping rules (ours)").
         select_forget_acc: the forget bound, a fraction in [0, 1]; None = 1/C (chance level, C
             classes). select_delta: δ in [0, 1] (accuracy fraction, default 0.02).

@@ -161,6 +161,11 @@ class StageProbe:
         self.stopped_at = state.get("stopped_at")
 
 
+#: Slack of the accuracy comparisons of the rules (fractions): an accuracy of k/n minus another is
+#: not exact in floating point (1 − 0.98 = 0.020000000000000018), and a gap of exactly δ counts.
+ACC_TOL = 1e-9
+
+
 def forget_margin_rule(fraction: float, tolerance: float) -> Callable[[Dict[str, Any]], bool]:
     """Stage 1's "forget_margin" rule: True when a share >= ``fraction`` (q) of the forget train
     subsample has CE >= m (the record's "forget_margin_share") and |violation| <= ``tolerance``
@@ -173,9 +178,10 @@ def forget_margin_rule(fraction: float, tolerance: float) -> Callable[[Dict[str,
 def adjacent_recovered_rule(original_acc: float, delta: float, eps: float) -> Callable[[Dict[str, Any]], bool]:
     """Stage 2's "adjacent_recovered" rule: True when the adjacent train subsample's accuracy is
     at most ``delta`` (a fraction) below ``original_acc`` (the original model's on the same
-    subsample) and the forget profile's W2 distance to θ̄ is <= ``eps`` nats. Train data only."""
+    subsample; a gap of exactly ``delta`` counts, `ACC_TOL`) and the forget profile's W2 distance
+    to θ̄ is <= ``eps`` nats. Train data only."""
     def rule(r: Dict[str, Any]) -> bool:
-        return original_acc - r["adjacent_acc"] <= delta and r["w2"] <= eps
+        return original_acc - r["adjacent_acc"] <= delta + ACC_TOL and r["w2"] <= eps
     return rule
 
 
@@ -189,12 +195,12 @@ def first_within_rule(origin: Dict[str, Any], forget_acc_max: float,
     """The checkpoint-selection rule "first_within": True for a curve record whose forget train
     subsample accuracy is <= ``forget_acc_max`` (a fraction) and whose adjacent and remote ones
     (those the run has) are at most ``delta`` (a fraction) below ``origin``'s (the original
-    model's record). Train data only."""
+    model's record); a gap of exactly ``delta`` counts (`ACC_TOL`). Train data only."""
     kept = [n for n in ("adjacent", "remote") if f"{n}_acc" in origin]
 
     def rule(r: Dict[str, Any]) -> bool:
-        return r["forget_acc"] <= forget_acc_max and \
-            all(float(origin[f"{n}_acc"]) - r[f"{n}_acc"] <= delta for n in kept)
+        return r["forget_acc"] <= forget_acc_max + ACC_TOL and \
+            all(float(origin[f"{n}_acc"]) - r[f"{n}_acc"] <= delta + ACC_TOL for n in kept)
     return rule
 
 

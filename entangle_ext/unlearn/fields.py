@@ -109,13 +109,25 @@ def _expected(hint, value) -> str:
     return " ".join(parts)
 
 
+def _plain(value):
+    """A numeric scalar of another type (numpy, a bool excepted) as the built-in int or float of
+    its value; anything else unchanged."""
+    if isinstance(value, bool) or type(value) in (int, float) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
 def check_fields(cfg) -> None:
     """TypeError for a field whose value does not fit its annotation; ValueError for a value
-    outside a Literal's choices (a recipe switch)."""
+    outside a Literal's choices (a recipe switch). A numeric field given a numpy scalar holds the
+    built-in int / float of its value afterwards (so the config serialises to JSON)."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value, hint = getattr(cfg, f.name), hints[f.name]
         if _matches(value, hint):
+            plain = _plain(value)
+            if plain is not value:   # e.g. numpy.float32(0.5) -> 0.5: configs go to JSON as they are
+                object.__setattr__(cfg, f.name, plain)
             continue
         where = f"{type(cfg).__name__}.{f.name}"
         choices = _choices(hint)

@@ -26,7 +26,7 @@ from .lock import OutDirLock
 from .loop import check_final_losses
 from .method import UnlearningMethod, warm_imports
 from .certificate import NOT_APPLICABLE, certificate_line
-from .selection import StateSelection, selection_line
+from .selection import StateSelection, check_unchanged, selection_line
 from .report import UnlearnResult, build_report, format_table, plot_available, save_report_json, write_report
 
 __all__ = ["run_method", "Run"]
@@ -78,13 +78,13 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         if ckpt is not None and "rng" in ckpt:
             set_rng_state(ckpt["rng"])
         run = Run(cls.name, model, splits, config, device=device, num_classes=num_classes, out_dir=out_dir,
-                  ckpt=ckpt, progress=progress, fingerprint=fingerprint, stages=cls.stage_keys(), amp=amp)
+                  ckpt=ckpt, progress=progress, fingerprint=fingerprint, stages=cls.stage_keys(), amp=amp,
+                  changes=changes)
         if "original" not in run.evals:
             run.evaluate("original", check_finite=True)
             run.probe_original()
         extras = cls(num_classes=num_classes, model_fn=model_fn).execute(run)
-        if run.selection is not None and run.selection.restore(run.model):
-            run.evaluate("selected")
+        run.restore_selected()
         resumed = None if ckpt is None else {"from": ckpt.get("path"), "config_changes": changes}
         return run.finish(extras, resumed=resumed, preset=preset)
 
@@ -108,7 +108,8 @@ class Run:
 
     def __init__(self, method: str, model: torch.nn.Module, splits: Splits, config, *, device: torch.device,
                  num_classes: int, out_dir, ckpt: Optional[Dict[str, Any]], progress: bool,
-                 fingerprint: Dict[str, Any], stages: Sequence[Any], amp: Optional[str] = None):
+                 fingerprint: Dict[str, Any], stages: Sequence[Any], amp: Optional[str] = None,
+                 changes: Optional[Dict[str, Any]] = None):
         self.method, self.model, self.splits, self.config, self.device = method, model, splits, config, device
         self.num_classes, self.progress, self.amp, self.stages = num_classes, progress, amp, tuple(stages)
         self.out = Path(out_dir) if out_dir is not None else None
@@ -133,8 +134,9 @@ class Run:
                                              "done": self.done, "fingerprint": fingerprint_entry(fingerprint)},
                                   dynamic=lambda: {"timings": self._timings_now()})
         self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
+        check_unchanged(changes)
         self.selection = None if getattr(config, "select", None) is None else \
-            StateSelection(config, num_classes, self.done, self.saver.common, self.ckpt)
+            StateSelection(config, num_classes, self.done, self.saver.common, self.ckpt, model, changes)
         stage = self.ckpt.get("stage")
         # how many of ``stages`` the checkpoint has finished (a sub-stage key of a method's own
         # loops, e.g. "ssd/select", belongs to its first unfinished stage)
@@ -246,6 +248,15 @@ class Run:
                                         offset=len(self.done["history"]), rule=pred, rule_name=name,
                                         observe=observe)
 
+    def restore_selected(self) -> None:
+        """After the method's stages, with ``config.select`` and a kept state: the model takes that
+        state and is evaluated under "selected" (the report's "final"); a baseline's own end
+        evaluation "final" is kept as "end" (its stage's end state, as a stage-end row)."""
+        if self.selection is not None and self.selection.restore(self.model):
+            if "final" in self.evals:
+                self.evals["end"] = self.evals.pop("final")
+            self.evaluate("selected")
+
     def _end_probe(self, steps: int) -> None:
         """The stage's end record when its loop did not write one (a stage without a probed loop),
         then the stage's records join ``done["curves"]``; the rule that ended it into
@@ -327,6 +338,8 @@ class Run:
         tm = report["timings_s"]
         tm["unlearn"] = sum(tm.get(name, 0.0) for name in dict.fromkeys(self._stage_timings))
         if self.out is not None and current().is_main:
+            if self.selection is not None:
+                report["selected"]["model_file"] = self.selection.save(self.out)
             write_report(self.out, report, history + report["curves"], self.evals,
                          bins=self.config.histogram_bins, num_classes=self.num_classes)
             self._write_curves_png(report)
@@ -346,6 +359,7 @@ class Run:
             total += n
             at[key if key.startswith("stage") else "final"] = total
         at.setdefault("final", total)
+        at["end"] = total
         if report.get("selected") and report["selected"]["global_step"] is not None:
             at["selected"] = report["selected"]["global_step"]
         marks: Dict[str, list] = {}

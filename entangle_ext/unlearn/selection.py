@@ -7,13 +7,21 @@ of every stage to `StateSelection.observe`."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from .curves import SelectionWarning, first_within_rule
+from .files import atomic_write
+from .sharded import has_dtensor
 
-__all__ = ["StateSelection", "selection_line"]
+__all__ = ["StateSelection", "check_unchanged", "selection_line", "SELECTION_FIELDS", "MODEL_FILE"]
+
+#: The config fields of the selection; a resume may not change them (`StateSelection`).
+SELECTION_FIELDS = ("select", "select_forget_acc", "select_delta")
+#: The kept state under out_dir: a plain state dict (`torch.save(model.state_dict())`).
+MODEL_FILE = "selected_model.pt"
 
 
 class StateSelection:
@@ -27,12 +35,24 @@ class StateSelection:
         common: the checkpointer's common entries: ``common["selected_model"]`` = the kept state
             dict (CPU tensors), so every checkpoint written after the choice carries it.
         ckpt: the checkpoint resumed from ({} for none); its kept state is carried over.
+        model: the run's model. changes: the config differences a resume accepted (`check_resume`).
+    Raises:
+        ValueError: a resume changes a field of `SELECTION_FIELDS` (`check_unchanged`), or the
+            checkpoint names a kept state but lacks it; NotImplementedError: a sharded (FSDP,
+            DTensor) model.
     """
 
     def __init__(self, config, num_classes: int, done: Dict[str, Any], common: Dict[str, Any],
-                 ckpt: Dict[str, Any]):
+                 ckpt: Dict[str, Any], model: torch.nn.Module, changes: Optional[Dict[str, Any]] = None):
         self.config, self.num_classes, self.done, self.common = config, int(num_classes), done, common
         self._rule: Optional[Callable[[Dict[str, Any]], bool]] = None
+        check_unchanged(changes)
+        if done.get("selected") is not None and "selected_model" not in ckpt:
+            raise ValueError("resume: the checkpoint names a kept state (select) but does not hold it; "
+                             "start a new run")
+        if has_dtensor(dict(model.state_dict())):
+            raise NotImplementedError(f"select={config.select!r} does not support sharded (FSDP) models: its "
+                                      "kept state would be one rank's shards; run without select")
         if "selected_model" in ckpt:
             common["selected_model"] = ckpt["selected_model"]
 
@@ -76,12 +96,37 @@ class StateSelection:
         model.load_state_dict(self.common["selected_model"])
         return True
 
+    def save(self, out_dir: Path) -> Optional[str]:
+        """The kept state as ``out_dir/selected_model.pt`` (a plain state dict, atomically; for
+        ``--original`` or `entangle_ext.train.load_model_file`); its path, None when none is kept.
+        The checkpoints' ``"model"`` entries stay the stages' own end states."""
+        if self.done.get("selected") is None:
+            return None
+        state = self.common["selected_model"]
+        return str(atomic_write(Path(out_dir) / MODEL_FILE, lambda tmp: torch.save(state, tmp), what="selected model"))
+
     def entry(self) -> Dict[str, Any]:
         """The report's ``selected`` entry: {"rule", "forget_acc_max", "delta", "kept" ("selected"
-        or "final"), "stage", "step", "global_step" (None when none was kept)}."""
+        or "final"), "stage", "step", "global_step" (None when none was kept), "model_file" (None
+        until `save` wrote it)}."""
         at = self.done.get("selected") or {"stage": None, "step": None, "global_step": None}
         return {"rule": self.config.select, **self.bounds, "kept": "final" if at["stage"] is None else "selected",
-                **at}
+                **at, "model_file": None}
+
+
+def check_unchanged(changes: Optional[Dict[str, Any]]) -> None:
+    """ValueError when the config differences a resume accepted (`check_resume`: {field: [checkpoint
+    value, new value]}) touch `SELECTION_FIELDS`, whatever ``allow_config_change``: the kept state
+    is the first within the bounds over every probe since the run began, and a resumed process
+    no longer has the states before its checkpoint (turning ``select`` off is refused too, as the
+    checkpoints written after it would name a kept state they no longer hold)."""
+    changed = sorted(k for k in (changes or {}) if k in SELECTION_FIELDS)
+    if changed:
+        raise ValueError(f"resume: {', '.join(changed)} cannot change on resume (checkpoint vs now: "
+                         f"{'; '.join(f'{k} {changes[k][0]!r} vs {changes[k][1]!r}' for k in changed)}), not "
+                         "even with allow_config_change: the kept state is the first within the bounds over "
+                         "every probe since the run began, and the states before the checkpoint are gone. "
+                         "Resume with the checkpoint's values, or start a new run")
 
 
 def selection_line(sel: Dict[str, Any]) -> str:

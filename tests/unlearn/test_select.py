@@ -3,15 +3,19 @@
 within its train-data bounds (the returned model *is* that state), says so in the report and the
 table, warns when none is within, resumes to the same choice, and works for a baseline."""
 import importlib
+import json
 
+import numpy as np
 import pytest
 import torch
 
 import entangle_ext as ee
 from entangle_ext.methods import get_method
+from entangle_ext.train import load_model_file
 from _tiny import mlp, params, tiny_config
 
 curves_mod = importlib.import_module("entangle_ext.unlearn.curves")
+selection_mod = importlib.import_module("entangle_ext.unlearn.selection")
 
 
 def _first_within(records, forget_max, delta):
@@ -69,7 +73,7 @@ def test_first_within_keeps_exactly_the_first_probed_state_within_the_bounds(sma
     label = f"stage{want['stage']}"
     assert r.report["selected"] == {"rule": "first_within", "forget_acc_max": forget_max, "delta": delta,
                                     "kept": "selected", "stage": label, "step": want["step"],
-                                    "global_step": want["global_step"]}
+                                    "global_step": want["global_step"], "model_file": str(tmp_path / "selected_model.pt")}
     # the stages ran their whole budget as without selection: same curves, history and stage ends
     assert r.report["curves"] == free.report["curves"] and r.history == free.history
     assert r.report["evals"]["stage2"] == free.report["evals"]["stage2"]
@@ -82,6 +86,12 @@ def test_first_within_keeps_exactly_the_first_probed_state_within_the_bounds(sma
     assert not torch.equal(params(r.model), params(free.model))
     assert r.report["evals"]["final"] == r.report["evals"]["selected"]
     assert r.report["evals"]["final"] != free.report["evals"]["final"]
+    # the kept state is a model file of its own; the checkpoints keep the stages' end states
+    assert json.loads((tmp_path / "report.json").read_text())["selected"] == r.report["selected"]
+    kept = load_model_file(mlp(seed=5), tmp_path / "selected_model.pt")
+    torch.testing.assert_close(params(kept), params(r.model), rtol=0, atol=0)
+    end = load_model_file(mlp(seed=5), tmp_path / "checkpoints" / "stage2_done.pt")
+    torch.testing.assert_close(params(end), params(free.model), rtol=0, atol=0)
     line = r.table.splitlines()[-1]
     assert line.startswith("selected (first_within: ") and line.endswith(
         f"{label} step {want['step']} (global step {want['global_step']})")
@@ -122,9 +132,47 @@ def test_a_resumed_run_keeps_the_same_state(small, tmp_path):
     for name in ("stage1_step000002.pt", f"stage1_step{2 * (want['step'] // 2 + 1):06d}.pt", "stage1_done.pt",
                  "stage2_done.pt"):
         again = ee.unlearn(mlp(seed=9), small, resume=tmp_path / "checkpoints" / name, progress=False)
-        assert again.report["selected"] == r.report["selected"], name
+        assert again.report["selected"] == {**r.report["selected"], "model_file": None}, name   # no out_dir
         torch.testing.assert_close(params(again.model), params(r.model), rtol=0, atol=0, msg=name)
         assert again.report["evals"]["final"] == r.report["evals"]["final"], name
+
+
+def test_a_resume_may_not_change_the_selection(small, tmp_path):
+    free, forget_max, delta, want = _free_and_bounds(small)
+    kw = dict(eval_every=1, checkpoint_every=2, stage1=FAST)
+    ee.unlearn(mlp(), small, tiny_config(**kw), out_dir=tmp_path / "off", progress=False)
+    ee.unlearn(mlp(), small, tiny_config(**kw, select="first_within", select_forget_acc=forget_max,
+                                         select_delta=delta), out_dir=tmp_path / "on", progress=False)
+    cases = [("off", dict(select="first_within"), "select None vs 'first_within'"),
+             ("on", dict(select=None), "select 'first_within' vs None"),
+             ("on", dict(select="first_within", select_forget_acc=forget_max, select_delta=0.5), "select_delta")]
+    for run, change, names in cases:
+        for ck in ("stage1_step000002.pt", "stage2_done.pt"):
+            cfg = tiny_config(**kw, **change)
+            with pytest.raises(ValueError, match="cannot change on resume") as e:
+                ee.unlearn(mlp(), small, cfg, resume=tmp_path / run / "checkpoints" / ck, allow_config_change=True,
+                           progress=False)
+            assert names in str(e.value) and "not even with allow_config_change" in str(e.value)
+
+
+def test_accuracy_gaps_of_exactly_the_bound_count(monkeypatch):
+    origin = {"forget_acc": 1.0, "adjacent_acc": 1.0, "remote_acc": 1.0}
+    assert 1.0 - 0.98 > 0.02   # float round-off: the rules must not read this as outside δ
+    rule = curves_mod.first_within_rule(origin, 0.65, 0.02)
+    assert rule({"forget_acc": 0.65, "adjacent_acc": 0.98, "remote_acc": 1.0})
+    assert not rule({"forget_acc": 0.65, "adjacent_acc": 0.97, "remote_acc": 1.0})
+    assert not rule({"forget_acc": 0.66, "adjacent_acc": 1.0, "remote_acc": 1.0})
+    assert curves_mod.adjacent_recovered_rule(1.0, 0.02, 0.1)({"adjacent_acc": 0.98, "w2": 0.1})
+    cfg = tiny_config(eval_every=1, select="first_within", select_forget_acc=np.float32(0.5),
+                      select_delta=np.float64(0.02), stage2={"lr": np.float32(0.25)})
+    assert type(cfg.select_forget_acc) is float and type(cfg.select_delta) is float
+    assert type(cfg.stage2.lr) is float and json.dumps(cfg.to_dict())
+
+
+def test_a_sharded_model_is_refused_before_any_step(small, monkeypatch):
+    monkeypatch.setattr(selection_mod, "has_dtensor", lambda x: True)
+    with pytest.raises(NotImplementedError, match="sharded"):
+        ee.unlearn(mlp(), small, tiny_config(eval_every=1, select="first_within"), progress=False)
 
 
 def test_a_baseline_selects_through_the_one_lifecycle(small):
@@ -139,5 +187,9 @@ def test_a_baseline_selects_through_the_one_lifecycle(small):
     r = ee.unlearn(mlp(), small, cfg, method="ft", progress=False)
     assert r.report["selected"]["stage"] == "ft" and r.report["selected"]["step"] == 1
     assert r.report["evals"]["final"] == r.report["evals"]["selected"]
+    # the baseline's own end-of-budget evaluation is kept, as "end"
+    assert r.report["evals"]["end"] == free.report["evals"]["final"]
+    assert [line.split()[0] for line in r.table.splitlines() if line.startswith(("end ", "selected  "))] == \
+        ["end", "selected", "end", "selected"]
     probe = curves_mod.CurveProbe(r.model, small, samples=256, seed=0, device=torch.device("cpu"), batch_size=512)
     assert probe.measure()["forget_acc"] == pytest.approx(want["forget_acc"], abs=1e-12)
