@@ -9,7 +9,7 @@ DEPS_STAMP  := $(VENV)/.deps-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.\n'
 export MAX_JOBS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: all demo compare test build deps bench gpu-check clean
+.PHONY: all demo compare test build build-cpu deps bench gpu-check clean
 
 all: test
 
@@ -28,7 +28,26 @@ BUILD_STAMP := $(VENV)/.build-stamp
 
 $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	@rm -f $(CPU_STAMP)
 	@touch $@
+
+# `make demo` runs on the CPU, so on a checkout without an up-to-date full build it compiles the
+# CPU kernels only (ENTANGLE_CPU_ONLY=1: the CUDA kernels for two architectures are most of a
+# first build's time); `make build` / `make test` (and so CI) compile and link the CUDA kernels
+# too, replacing that CPU-only build, and a later `make demo` reuses theirs.
+CPU_STAMP   := $(VENV)/.build-stamp-cpu
+
+$(CPU_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
+	ENTANGLE_CPU_ONLY=1 $(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	@rm -f $(BUILD_STAMP)
+	@touch $@
+
+build-cpu: $(CPU_STAMP)
+	@ENTANGLE_NO_JIT=1 $(PY) -W ignore -c "import entangle_ext as e, sys; sys.exit(0 if e.available() else 3)" \
+	  || { echo "entangle_ext/_C was built for another torch: rebuilding (CPU kernels) for $(TORCH_SPEC)"; \
+	       ENTANGLE_CPU_ONLY=1 $(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .; }
+	@$(PY) -c "import entangle_ext as e; assert e.available(), e.load_error(); \
+	  print('entangle_ext', e.__version__, '| route:', e.build_route(), '| CUDA kernels built:', e.cuda_built())"
 
 # The in-place entangle_ext/_C*.so is shared by every VENV of this checkout: after a build for
 # another torch (e.g. VENV=.venv-cpu TORCH_SPEC=torch==2.13.0) it is rebuilt for this one.
@@ -42,7 +61,7 @@ build: $(BUILD_STAMP)
 test: build
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
-demo: build
+demo: $(if $(wildcard $(BUILD_STAMP)),build,build-cpu)
 	$(PY) -m entangle_ext.demo
 
 # All methods on digits, 3 seeds (a few minutes on CPU); rerunning resumes from runs/compare_digits/cache.
