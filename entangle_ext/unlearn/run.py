@@ -136,7 +136,7 @@ class Run:
         self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
         check_unchanged(changes)
         self.selection = None if getattr(config, "select", None) is None else \
-            StateSelection(config, num_classes, self.done, self.saver.common, self.ckpt, model, changes)
+            StateSelection(config, num_classes, self.done, self.saver.common, self.ckpt, model)
         stage = self.ckpt.get("stage")
         # how many of ``stages`` the checkpoint has finished (a sub-stage key of a method's own
         # loops, e.g. "ssd/select", belongs to its first unfinished stage)

@@ -35,18 +35,17 @@ class StateSelection:
         common: the checkpointer's common entries: ``common["selected_model"]`` = the kept state
             dict (CPU tensors), so every checkpoint written after the choice carries it.
         ckpt: the checkpoint resumed from ({} for none); its kept state is carried over.
-        model: the run's model. changes: the config differences a resume accepted (`check_resume`).
+        model: the run's model. (A resume that changes `SELECTION_FIELDS` is refused before, by
+            `check_unchanged`, which `Run` calls for every run.)
     Raises:
-        ValueError: a resume changes a field of `SELECTION_FIELDS` (`check_unchanged`), or the
-            checkpoint names a kept state but lacks it; NotImplementedError: a sharded (FSDP,
-            DTensor) model.
+        ValueError: the checkpoint names a kept state but lacks it; NotImplementedError: a
+            sharded (FSDP, DTensor) model.
     """
 
     def __init__(self, config, num_classes: int, done: Dict[str, Any], common: Dict[str, Any],
-                 ckpt: Dict[str, Any], model: torch.nn.Module, changes: Optional[Dict[str, Any]] = None):
+                 ckpt: Dict[str, Any], model: torch.nn.Module):
         self.config, self.num_classes, self.done, self.common = config, int(num_classes), done, common
         self._rule: Optional[Callable[[Dict[str, Any]], bool]] = None
-        check_unchanged(changes)
         if done.get("selected") is not None and "selected_model" not in ckpt:
             raise ValueError("resume: the checkpoint names a kept state (select) but does not hold it; "
                              "start a new run")
