@@ -130,12 +130,7 @@ def _stage2_rule(run):
 
 
 def _origin_for(run, field: str):
-    origin = run.curve_origin
-    if origin is None:
-        raise ValueError(f"{field}={getattr(run.config, field.split('.')[0]).until!r} compares with the original "
-                         "model's curve record, which this run lacks: it resumed a checkpoint written with "
-                         "eval_every=0; restart the run with eval_every > 0")
-    return origin
+    return curves.require_origin(run.curve_origin, f"{field}={getattr(run.config, field.split('.')[0]).until!r}")
 
 
 def _stage2_probe_kw(run, margin: float):

@@ -25,7 +25,7 @@ from .inputs import training_flags_kept
 from .precision import LOW_PRECISION, model_dtype
 
 __all__ = ["curve_indices", "CurveProbe", "StageProbe", "default_margin", "forget_margin_rule",
-           "adjacent_recovered_rule", "first_within_rule", "SelectionWarning", "CURVE_SPLITS",
+           "adjacent_recovered_rule", "first_within_rule", "require_origin", "stage_label", "SelectionWarning", "CURVE_SPLITS",
            "curves_figure", "plot_curves"]
 
 CURVE_SPLITS = ("forget", "adjacent", "remote")
@@ -183,6 +183,22 @@ def adjacent_recovered_rule(original_acc: float, delta: float, eps: float) -> Ca
     def rule(r: Dict[str, Any]) -> bool:
         return original_acc - r["adjacent_acc"] <= delta + ACC_TOL and r["w2"] <= eps
     return rule
+
+
+def stage_label(key) -> str:
+    """The report's name of stage ``key``: "stage1" / "stage2" for the two-stage family's 1 / 2,
+    a baseline's key (its name) as it is."""
+    return f"stage{key}" if isinstance(key, int) else str(key)
+
+
+def require_origin(origin: Optional[Dict[str, Any]], what: str) -> Dict[str, Any]:
+    """``origin`` (the original model's curve record), or ValueError naming ``what`` (e.g.
+    "stage2.until='adjacent_recovered'") that needs it: a run resumed from a checkpoint written
+    with curves off has none."""
+    if origin is None:
+        raise ValueError(f"{what} compares with the original model's curve record, which this run lacks: it "
+                         "resumed a checkpoint written with eval_every=0; restart the run with eval_every > 0")
+    return origin
 
 
 class SelectionWarning(UserWarning):

@@ -231,9 +231,6 @@ class Run:
             rec = {"kind": "curve", "stage": "original", "step": 0, "global_step": 0, **self.curve_probe.measure()}
             self.done["curves"] = [rec]
 
-    def _stage_label(self, key) -> str:
-        return f"stage{key}" if isinstance(key, int) else str(key)
-
     def _start_probe(self, key, probe_kw: Optional[Dict[str, Any]], rule) -> None:
         """The `StageProbe` of stage ``key`` (None with curves off), its global-step offset = the
         steps of the stages before it; ``rule`` = (name, predicate) or None."""
@@ -299,7 +296,7 @@ class Run:
         history, steps = (out, len(out)) if isinstance(out, list) else (out.history, out.steps)
         self._end_probe(steps)
         p, self._probe = self._probe, None
-        self.done.setdefault("stopped", {})[self._stage_label(key)] = {
+        self.done.setdefault("stopped", {})[curves.stage_label(key)] = {
             "rule": p.rule_name if p is not None and p.stopped_at is not None else "budget", "step": steps}
         self.done["history"] = self.done["history"] + history
         if results is not None:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from .curves import SelectionWarning, first_within_rule
+from .curves import SelectionWarning, first_within_rule, require_origin, stage_label
 from .files import atomic_write
 from .sharded import has_dtensor
 
@@ -49,7 +49,7 @@ class StateSelection:
         if done.get("selected") is not None and "selected_model" not in ckpt:
             raise ValueError("resume: the checkpoint names a kept state (select) but does not hold it; "
                              "start a new run")
-        if has_dtensor(dict(model.state_dict())):
+        if has_dtensor(model.state_dict()):
             raise NotImplementedError(f"select={config.select!r} does not support sharded (FSDP) models: its "
                                       "kept state would be one rank's shards; run without select")
         if "selected_model" in ckpt:
@@ -70,15 +70,10 @@ class StateSelection:
         if self.done.get("selected") is not None:
             return
         if self._rule is None:
-            if origin is None:
-                raise ValueError(f"select={self.config.select!r} compares with the original model's curve "
-                                 "record, which this run lacks: it resumed a checkpoint written with "
-                                 "eval_every=0; restart the run with eval_every > 0")
-            self._rule = first_within_rule(origin, **self.bounds)
+            self._rule = first_within_rule(require_origin(origin, f"select={self.config.select!r}"), **self.bounds)
         if self._rule(rec):
-            stage = rec["stage"]
-            self.done["selected"] = {"stage": f"stage{stage}" if isinstance(stage, int) else str(stage),
-                                     "step": rec["step"], "global_step": rec["global_step"]}
+            self.done["selected"] = {"stage": stage_label(rec["stage"]), "step": rec["step"],
+                                     "global_step": rec["global_step"]}
             self.common["selected_model"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     def restore(self, model: torch.nn.Module) -> bool:
