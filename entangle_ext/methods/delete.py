@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..unlearn.data import forward_logits, split_batch
-from ..unlearn.losses import trainable_params
+from ..unlearn.data import split_batch
+from ..unlearn.losses import loss_logits, trainable_params
 from .base import TrainConfig, UnlearningMethod, make_optimizer, make_presets, register_method
 from .scrub import frozen_copy
 
@@ -57,8 +57,8 @@ class DELETE(UnlearningMethod):
             self.set_epoch_lr(opt, config, i, len(stream))
             inputs, y = split_batch(batch)
             with torch.no_grad():
-                t = forward_logits(teacher, inputs)
-            loss = F.kl_div(F.log_softmax(forward_logits(model, inputs), dim=1), delete_targets(t, y),
+                t = loss_logits(teacher, inputs)
+            loss = F.kl_div(F.log_softmax(loss_logits(model, inputs), dim=1), delete_targets(t, y),
                             reduction="batchmean")
             self.descend(opt, params, loss, config)
             return loss, []

@@ -8,8 +8,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..unlearn.data import stream_seed, forward_logits, split_batch
-from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
+from ..unlearn.data import stream_seed, split_batch
+from ..unlearn.losses import grads_of, loss_logits, per_sample_ce, trainable_params
 from .base import TrainConfig, UnlearningMethod, ZipStream, make_optimizer, make_presets, register_method, retain_set
 from .rl import LabelMode, random_labels
 
@@ -93,7 +93,7 @@ class MUNBa(UnlearningMethod):
                 return ce_r, [ce_r, torch.zeros_like(ce_r), one, one]
             inputs, y = split_batch(b["forget"])
             gen = torch.Generator().manual_seed(stream_seed(seed, "munba/labels", i))
-            l_f = F.cross_entropy(forward_logits(model, inputs), random_labels(y, int(self.num_classes),
+            l_f = F.cross_entropy(loss_logits(model, inputs), random_labels(y, int(self.num_classes),
                                                                               config.label_mode, gen))
             g_r, g_f = grads_of(ce_r, params), grads_of(l_f, params)
             a0, a1, _ = bargaining_weights(gram([g_r, g_f]))

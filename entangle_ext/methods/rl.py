@@ -8,9 +8,9 @@ from typing import Callable, Literal, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..unlearn.data import stream_seed, forward_logits, split_batch, union_source
+from ..unlearn.data import stream_seed, split_batch, union_source
 from ..unlearn.distributed import current
-from ..unlearn.losses import trainable_params
+from ..unlearn.losses import loss_logits, trainable_params
 from .base import IndexedStream, TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method
 
 __all__ = ["RandomLabel", "RLConfig", "random_labels", "LabelMode"]
@@ -78,7 +78,7 @@ class RandomLabel(UnlearningMethod):
             forget = (idx < n_forget).to(y.device, non_blocking=True)
             y = torch.where(forget, random_labels(y, C, config.label_mode, gen,
                                                   span=stream.shard_span(i % len(stream))), y)
-            loss = current().means(F.cross_entropy(forward_logits(model, inputs), y, reduction="none"))[0]
+            loss = current().means(F.cross_entropy(loss_logits(model, inputs), y, reduction="none"))[0]
             self.descend(opt, params, loss, config, before_step)
             if after_step is not None:
                 after_step()

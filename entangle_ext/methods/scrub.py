@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from ..unlearn.fields import at_least, require
-from ..unlearn.data import forward_logits, split_batch
+from ..unlearn.data import split_batch
 from ..unlearn.distributed import current
-from ..unlearn.losses import trainable_params
+from ..unlearn.losses import loss_logits, trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method, retain_set
 
 __all__ = ["SCRUB", "SCRUBConfig", "distill_kl", "frozen_copy"]
@@ -123,8 +123,8 @@ class SCRUB(UnlearningMethod):
         def kl(batch):
             inputs, y = split_batch(batch)
             with torch.no_grad():
-                t = forward_logits(teacher, inputs)
-            s = forward_logits(model, inputs)
+                t = loss_logits(teacher, inputs)
+            s = loss_logits(model, inputs)
             return distill_kl(s, t, T), s, y
 
         def step(i, batch):

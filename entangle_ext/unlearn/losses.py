@@ -22,7 +22,7 @@ from .data import batch_size_of, forward_logits, slice_batch, split_batch
 from .distributed import current
 from .precision import LOW_PRECISION
 
-__all__ = ["trainable_params", "per_sample_ce", "mean_ce", "grads_of", "forget_objective",
+__all__ = ["trainable_params", "loss_logits", "per_sample_ce", "mean_ce", "grads_of", "forget_objective",
            "forget_grad", "remote_grad", "auto_micro_batch", "CPU_CHUNK_BYTES"]
 
 Grads = List[torch.Tensor]
@@ -38,14 +38,19 @@ def trainable_params(model: torch.nn.Module) -> List[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def loss_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
+    """(B, C) logits of ``inputs`` (`forward_logits`, so under the run's autocast) in the dtype
+    every loss of the package is computed in: float32 for float16/bfloat16 logits (autocast or a
+    half-precision model; the cast is differentiable), the logits' own dtype otherwise."""
+    logits = forward_logits(model, inputs)
+    return logits.float() if logits.dtype in LOW_PRECISION else logits
+
+
 def per_sample_ce(model: torch.nn.Module, batch) -> torch.Tensor:
     """Per-sample cross-entropy ℓ_i (nats), shape (B,), on the logits' device, in the logits'
-    dtype (float32 for float16/bfloat16 logits, e.g. under autocast)."""
+    dtype (float32 for float16/bfloat16 logits, e.g. under autocast: `loss_logits`)."""
     inputs, y = split_batch(batch)
-    logits = forward_logits(model, inputs)
-    if logits.dtype in LOW_PRECISION:
-        logits = logits.float()
-    return F.cross_entropy(logits, y, reduction="none")
+    return F.cross_entropy(loss_logits(model, inputs), y, reduction="none")
 
 
 def mean_ce(model: torch.nn.Module, batch) -> torch.Tensor:

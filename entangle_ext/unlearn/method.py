@@ -16,7 +16,8 @@ from .fields import Select, StrictFields, at_least, check_curve_fields, check_fi
 from .data import BatchStream, Splits, has_batchnorm
 from .distributed import current
 from .loop import StageLoop
-from .precision import model_dtype
+from .config import Amp
+from .precision import amp_scope, model_dtype
 
 __all__ = ["METHODS", "HPARAMS", "PAPER_SETTINGS", "register_method", "get_method", "available_methods",
            "warm_imports", "MethodConfig", "UnlearningMethod"]
@@ -78,6 +79,11 @@ class MethodConfig(StrictFields):
         eval_every, curve_samples: the curve probes, as `UnlearnConfig`'s (0 = off, default).
         select, select_forget_acc, select_delta: checkpoint selection among the probes, as
             `UnlearnConfig`'s (None = off, default).
+        amp: None (default: the parameters' dtype) or "bf16": every forward pass of the run (the
+            method's steps, its evaluations and probes) under `torch.autocast` with bfloat16, as
+            `UnlearnConfig.amp`; parameters, gradients and optimizer state keep the parameters'
+            dtype and every loss is computed in float32 (`entangle_ext.unlearn.losses.loss_logits`).
+            Retrain passes it to its recipe when the recipe sets no ``amp`` of its own.
         budget_fields (class attribute, not a field): the dotted names of the fields that count
             training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
             them. Empty: no training loop (e.g. SSD).
@@ -94,6 +100,7 @@ class MethodConfig(StrictFields):
     select: Select = None
     select_forget_acc: Optional[float] = None
     select_delta: float = 0.02
+    amp: Optional[Amp] = None
 
     def __post_init__(self):
         self.validate()
@@ -221,8 +228,9 @@ class UnlearningMethod:
         def go(loop_args):
             model.train(bool(getattr(cfg, "train_mode", False)))
             try:
-                return self.run(model, run.splits, cfg, device=run.device, seed=cfg.seed, out_dir=run.out,
-                                progress=run.progress, loop_args=loop_args)
+                with amp_scope(cfg.amp):
+                    return self.run(model, run.splits, cfg, device=run.device, seed=cfg.seed, out_dir=run.out,
+                                    progress=run.progress, loop_args=loop_args)
             finally:
                 model.eval()
         run.stage(self.name, go, timing="unlearn", tag="done")

@@ -1,0 +1,96 @@
+"""Issue 22 item 1: every baseline takes ``amp="bf16"`` (`MethodConfig.amp`): each forward pass of
+the run (its steps, the teacher of SCRUB/DELETE, Retrain's training, SSD's importances, the
+evaluations) runs under bfloat16 autocast, the parameters stay float32 and no loss is computed on
+bfloat16 logits (`entangle_ext.unlearn.losses.loss_logits`)."""
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import entangle_ext as ee
+from entangle_ext.methods import get_method
+from entangle_ext.unlearn.losses import loss_logits
+from entangle_ext.unlearn.precision import amp_scope
+
+from _tiny import mlp
+
+pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
+              pytest.mark.usefixtures("one_thread")]
+
+BASELINES = ["retrain", "ft", "ga", "neggrad_plus", "rl", "l1_sparse", "salun", "scrub", "ssd", "gdr", "munba",
+             "delete"]
+
+
+class Probe(torch.nn.Module):
+    """The tiny MLP, recording (autocast on, logits dtype) of every forward pass."""
+    def __init__(self, seen):
+        super().__init__()
+        self.net, self.seen = mlp(), seen
+
+    def forward(self, x):
+        out = self.net(x)
+        self.seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
+        return out
+
+
+def _short(cfg):
+    """The digits preset cut to a few steps (epochs / Retrain's recipe epochs = 1)."""
+    if hasattr(cfg, "recipe"):
+        return cfg.replace(recipe=cfg.recipe.replace(epochs=1))
+    return cfg.replace(epochs=1) if any(f.name == "epochs" for f in dataclasses.fields(cfg)) else cfg
+
+
+@pytest.fixture
+def loss_dtypes(monkeypatch):
+    """dtypes of the first argument of every loss / softmax call made through ``F``."""
+    seen = []
+    for name in ("cross_entropy", "kl_div", "log_softmax", "softmax", "nll_loss"):
+        orig = getattr(F, name)
+
+        def wrapped(x, *a, _orig=orig, **k):
+            seen.append(x.dtype)
+            return _orig(x, *a, **k)
+        monkeypatch.setattr(F, name, wrapped)
+    return seen
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_baseline_runs_every_forward_under_bf16_autocast(small, name, loss_dtypes):
+    seen = []
+    cfg = _short(get_method(name).config_for("digits", "paper_code", amp="bf16"))
+    r = ee.unlearn(Probe(seen), small, cfg, method=name, progress=False)
+    assert r.report["config"]["amp"] == "bf16"
+    assert seen and all(s == (True, torch.bfloat16) for s in seen), set(seen)
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in r.model.parameters())
+    assert torch.bfloat16 not in loss_dtypes and (loss_dtypes or name == "ssd"), set(loss_dtypes)
+    assert not torch.is_autocast_enabled("cpu")
+    assert 0.0 <= r.report["evals"]["final"]["forget"]["acc"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["ft", "retrain"])
+def test_baseline_without_amp_runs_in_float32(small, name):
+    seen = []
+    cfg = _short(get_method(name).config_for("digits", "paper_code"))
+    assert cfg.amp is None
+    ee.unlearn(Probe(seen), small, cfg, method=name, progress=False)
+    assert seen and all(s == (False, torch.float32) for s in seen)
+
+
+def test_retrain_keeps_its_recipes_own_amp():
+    cfg = get_method("retrain").config_for("digits", "paper_code", amp="bf16")
+    assert cfg.recipe.amp is None            # filled in from cfg.amp at run time only
+    with pytest.raises(ValueError, match="amp"):
+        get_method("ft").Config(amp="fp8")
+
+
+def test_loss_logits_upcasts_low_precision_logits_only():
+    net = mlp()
+    x = torch.randn(4, 64)
+    with amp_scope("bf16"):
+        z = loss_logits(net, x)
+    assert z.dtype == torch.float32 and z.requires_grad
+    z.sum().backward()                       # the cast is differentiable
+    assert net[0].weight.grad is not None
+    assert loss_logits(net.double(), x.double()).dtype == torch.float64
+    assert loss_logits(mlp().to(torch.float16), x.half()).dtype == torch.float32
