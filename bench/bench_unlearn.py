@@ -1,6 +1,9 @@
 """Stage-1 and Stage-2 step time: the driver (entangle_ext.stage1 / stage2) vs the naive
 transcription of the reference recipe (entangle_ext/reference/unlearn.py), same model, data,
-settings and run.
+settings and run; then (CPU, unless --skip-end-to-end) the whole `entangle_ext.unlearn` call on
+the cifar100/cpu setting with its preset against the naive float32 transcription on the same
+splits (bench/_end_to_end.py), whose ratio is the last line printed:
+``end-to-end speedup vs naive: <float>x``.
 
 ResNet-18 (CIFAR stem, 20 classes, 11.2 M parameters) at CIFAR shapes (3×32×32) on random inputs.
 Defaults: paper batch sizes on CUDA (Stage 1 remote 128 / forget 16; Stage 2 adjacent 128, forget
@@ -15,6 +18,7 @@ every round, so a run stopped by --time-budget (or killed) keeps what it measure
 
     python bench/bench_unlearn.py --device cuda --json bench_unlearn.json --time-budget 20
     OMP_WAIT_POLICY=PASSIVE python bench/bench_unlearn.py --device cpu --json bench/results/unlearn_cpu.json
+    python bench/bench_unlearn.py --device cpu --skip-steps --cache-dir runs/bench   # end to end only
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import environment, save_json  # noqa: E402
+import _end_to_end  # noqa: E402
 
 import entangle_ext as ee  # noqa: E402
 from entangle_ext.data.cifar100 import resnet18_cifar  # noqa: E402
@@ -140,7 +145,18 @@ def main(argv=None):
     ap.add_argument("--time-budget", type=float, default=None,
                     help="seconds: start no round after this (each stage gets at least one)")
     ap.add_argument("--json", default=None, help="write the results here, updated after every round")
+    e2e = ap.add_argument_group("end to end (cifar100/cpu; needs cifar100.npz)")
+    e2e.add_argument("--skip-steps", action="store_true", help="only the end-to-end comparison")
+    e2e.add_argument("--skip-end-to-end", action="store_true", help="only the step times (default on cuda)")
+    e2e.add_argument("--seed", type=int, default=0, help="data selection, original model and run seed")
+    e2e.add_argument("--cache-dir", default=None, help="cache of the original model (else it is trained each time)")
+    e2e.add_argument("--data-root", default=None, help="cifar100.npz or its directory (default: the data dirs)")
+    e2e.add_argument("--amp", choices=["preset", "none", "bf16"], default="preset",
+                     help="amp of the unlearn call (default: the preset's)")
+    e2e.add_argument("--caps", type=int, default=None,
+                     help="quick check: at most N train/test images per fine class, 1-epoch original model")
     args = ap.parse_args(argv)
+    args.amp = None if args.amp == "none" else args.amp
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda but no CUDA device is available")
@@ -180,23 +196,33 @@ def main(argv=None):
                       "micro_batch_resolved": resolved, "target": STAGE2_TARGET[dev.type]},
            "ops_native": {n: hasattr(ee, n) for n in ("project_orthogonal_", "dual_update_",
                                                       "augmented_lagrangian_term")}}
-    print(f"# ResNet-18 CIFAR, {res['device_name']}, {res['threads']} threads, torch "
-          f"{torch.__version__}, load average {load}, OMP_WAIT_POLICY={res['omp_wait_policy']}; "
-          f"Stage 2: adjacent "
-          f"{s2.adjacent_batch_size}, forget {s2.forget_batch_size}x{limit}, remote "
-          f"{s2.remote_batch_size}x{limit}, micro_batch {s2.micro_batch!r} -> {resolved}", flush=True)
+    if not args.skip_steps:
+        print(f"# ResNet-18 CIFAR, {res['device_name']}, {res['threads']} threads, torch "
+              f"{torch.__version__}, load average {load}, OMP_WAIT_POLICY={res['omp_wait_policy']}; "
+              f"Stage 2: adjacent {s2.adjacent_batch_size}, forget {s2.forget_batch_size}x{limit}, remote "
+              f"{s2.remote_batch_size}x{limit}, micro_batch {s2.micro_batch!r} -> {resolved}", flush=True)
     save = lambda: save_json(args.json, res, quiet=True)  # noqa: E731
+    if not args.skip_steps:
+        step_times(base, splits, s1, s2, dev, steps, rounds, args.time_budget, res, save)
+    if not (args.skip_end_to_end or dev.type == "cuda"):
+        speedup = _end_to_end.run(args, res, save)
+        if args.json:
+            print(f"saved {args.json}")
+        print(f"end-to-end speedup vs naive: {speedup:.2f}x")
+    elif args.json:
+        print(f"saved {args.json}")
+    return res
+
+
+def step_times(base, splits, s1, s2, dev, steps, rounds, budget, res, save) -> None:
+    """The per-step rows of Stage 1 and Stage 2 (40 % / 100 % of ``budget`` seconds)."""
     start = time.perf_counter()
-    budget = args.time_budget
     d1 = float("inf") if budget is None else start + 0.4 * budget   # Stage 1: 40 % of the budget
     print_row("stage 1", measure("stage1", stage1_runs(base, splits, s1, dev), steps, rounds, d1,
                                  res, save), None)
     d2 = float("inf") if budget is None else start + budget
     print_row("stage 2", measure("stage2", stage2_runs(base, splits, s2, dev), steps, rounds, d2,
                                  res, save), STAGE2_TARGET[dev.type])
-    if args.json:
-        print(f"saved {args.json}")
-    return res
 
 
 if __name__ == "__main__":

@@ -61,6 +61,10 @@ def method_config(name: str, *, setting: Optional[str] = None, variant: Optional
       reference code, "original" → the paper's text, docs/algorithm.md §7); else None;
     * other baselines: None, i.e. the ``hparams`` preset of ``setting`` (docs/algorithm.md §10).
 
+    A variant with an ``amp`` (`entangle_ext.settings.Variant.amp`, e.g. "auto" on the CPU
+    presets) gives it to every method: the two-stage family through `Setting.config`, each
+    baseline as its preset with that ``amp``.
+
     Raises ValueError for an unknown method, setting, variant or hparams.
     """
     M = _methods()
@@ -71,13 +75,16 @@ def method_config(name: str, *, setting: Optional[str] = None, variant: Optional
         return config
     from .settings import SETTINGS
     v = SETTINGS[setting].variant(variant) if setting in SETTINGS else None
+    amp = None if v is None else v.amp   # the variant's autocast (Variant.amp)
     if name == "retrain":
         if retrain_recipe is None and v is not None and hparams == "paper_code":
             retrain_recipe = v.recipe
-        return None if retrain_recipe is None else cls.Config(recipe=retrain_recipe)
+        if retrain_recipe is None:
+            return None if amp is None else cls.config_for(setting, hparams, amp=amp)
+        return cls.Config(recipe=retrain_recipe, amp=amp)
     if issubclass(cls.Config, UnlearnConfig) and v is not None:   # the two-stage family
         return SETTINGS[setting].config(v, recipe=RECIPE_OF_HPARAMS[hparams])
-    return None
+    return None if amp is None else cls.config_for(setting, hparams, amp=amp)
 
 
 def effective_config(name: str, config=None, *, setting: Optional[str] = None, hparams: str = "paper_code"):

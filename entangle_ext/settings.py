@@ -48,6 +48,7 @@ from .train import TrainRecipe, load_model_file, train_original
 from .unlearn.checkpoint import seed_everything
 from .unlearn.config import UnlearnConfig
 from .unlearn.data import Splits
+from .unlearn.precision import resolve_amp
 from .unlearn.files import atomic_write
 from .unlearn.fingerprint import splits_fingerprint
 
@@ -66,6 +67,11 @@ class Variant:
             `Stage2Config` fields.
         requires: options the caller must give (e.g. ``("weights",)`` for pretrained backbones).
         cpu: a reduced run sized for a CPU; never chosen by default.
+        amp: the ``amp`` of the variant's runs (the original model's `TrainRecipe`, the two-stage
+            `UnlearnConfig` and every baseline's config as `prepare`, `Setting.config`, the CLI
+            and `entangle_ext.compare` build them) unless the caller sets one: None (the model's
+            dtype) or "auto" (bfloat16 autocast where the device has bfloat16 matrix units, e.g.
+            AMX / AVX-512-BF16; float32 elsewhere: `entangle_ext.unlearn.precision.resolve_amp`).
     """
     name: str
     summary: str
@@ -76,6 +82,7 @@ class Variant:
     stage2: Mapping[str, Any] = field(default_factory=dict)
     requires: Tuple[str, ...] = ()
     cpu: bool = False
+    amp: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -139,11 +146,12 @@ class Setting:
 
     def config(self, variant=None, *, recipe: str = "reference", stage1: Optional[Mapping[str, Any]] = None,
                stage2: Optional[Mapping[str, Any]] = None, **top) -> UnlearnConfig:
-        """`UnlearnConfig.preset` of this setting with the variant's stage overrides, then ``stage1`` /
-        ``stage2`` (field → value; None values ignored) and top-level fields ``top`` (e.g. seed).
-        ``variant``: a `Variant` or a name (None = the default). Raises ValueError for bad values."""
+        """`UnlearnConfig.preset` of this setting with the variant's stage overrides and ``amp``
+        (`Variant.amp`), then ``stage1`` / ``stage2`` (field → value; None values ignored) and
+        top-level fields ``top`` (e.g. seed, amp). ``variant``: a `Variant` or a name (None = the
+        default). Raises ValueError for bad values."""
         v = variant if isinstance(variant, Variant) else self.variant(variant)
-        cfg = UnlearnConfig.preset(self.preset, recipe=recipe, **top)
+        cfg = UnlearnConfig.preset(self.preset, recipe=recipe, **{"amp": v.amp, **top})
         cfg.stage1 = dataclasses.replace(cfg.stage1, **{**v.stage1, **_given(stage1)})
         cfg.stage2 = dataclasses.replace(cfg.stage2, **{**v.stage2, **_given(stage2)})
         return cfg
@@ -214,7 +222,10 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
             loaded data and the model's parameter shapes), so other data or another recipe never
             reuses a model; the key is also written beside it as ``<file>.json``. None = no cache.
         data, model: options on top of the variant's (`Setting.data_options` / `model_options`);
-            None values are ignored. train: `TrainRecipe` fields to change (e.g. ``{"epochs": 5}``).
+            None values are ignored. train: `TrainRecipe` fields to change (e.g. ``{"epochs": 5}``;
+            ``{"amp": None}`` turns off the variant's `Variant.amp`). The recipe's amp is resolved
+            for ``device`` ("auto" → "bf16" or None) before it enters the cache key and
+            `Prepared.recipe`.
         original: the model to use as θ0 instead of training or the cache: a state-dict file, a
             checkpoint of an `unlearn` run (its model), its ``checkpoints/latest.pt`` or its out dir
             (the latest checkpoint); see `entangle_ext.train.load_model_file`.
@@ -234,6 +245,8 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     v = s.variant(variant, given=set(data) | set(model))
     data_kw, model_kw = {**v.data, **data}, {**v.model, **model}
     recipe = v.recipe.replace(**(train or {}))
+    amp = (train or {}).get("amp", v.amp if recipe.amp is None else recipe.amp)   # train.amp=None: off
+    recipe = dataclasses.replace(recipe, amp=resolve_amp(amp, device))   # "auto" → what runs here
     if original is not None and not Path(original).exists():
         raise FileNotFoundError(f"original model file {original} not found")
     splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
@@ -304,7 +317,8 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
                                "all 20 superclasses at 16x16 px (CPU preset; not the paper's model)",
                         TrainRecipe("sgd", lr=0.1, epochs=15, batch_size=128, momentum=0.9, weight_decay=5e-4,
                                     schedule="cosine", augment=True, crop_padding=2),
-                        data={"image_size": 16}, model={"arch": "small"}, stage2={"lr": 3e-4}, cpu=True)),
+                        data={"image_size": 16}, model={"arch": "small"}, stage2={"lr": 3e-4}, cpu=True,
+                        amp="auto")),
             data_options=_CAPS + ("superclasses", "forget")),
     Setting("tinyimagenet", "Tiny-ImageNet WordNet superclasses: forget dog class(es), adjacent their siblings",
             "tinyimagenet", tinyimagenet.load_setting, vit.setting_model, _vision_variants(

@@ -24,7 +24,7 @@ from .unlearn.checkpoint import seed_everything
 from .unlearn.data import BatchStream, forward_logits, has_batchnorm, split_batch, union_source
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
-from .unlearn.precision import AMP_DTYPES, LOW_PRECISION, amp_scope, model_dtype
+from .unlearn.precision import AMP_CHOICES, LOW_PRECISION, amp_scope, model_dtype, resolve_amp
 
 __all__ = ["TrainRecipe", "train_original", "load_model_file", "cifar_augment"]
 
@@ -54,7 +54,8 @@ class TrainRecipe:
             `torch.autocast(dtype=torch.bfloat16)` (``amp_scope`` of entangle_ext/unlearn/precision.py),
             the loss in float32 from the bfloat16 logits, float32 weights and optimizer state. On
             CPU it pays only where ``cpu_has_bf16_matmul()`` (entangle_ext/unlearn/precision.py)
-            is True.
+            is True. "auto": "bf16" where the training device has bfloat16 matrix units, else None
+            (``resolve_amp``; `entangle_ext.settings.prepare` resolves it before the cache key).
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
             momentum or weight decay, a negative crop_padding.
@@ -85,8 +86,8 @@ class TrainRecipe:
             raise ValueError("TrainRecipe.momentum and weight_decay must be >= 0")
         if int(self.crop_padding) != self.crop_padding or self.crop_padding < 0:
             raise ValueError(f"TrainRecipe.crop_padding must be an integer >= 0, got {self.crop_padding}")
-        if self.amp is not None and self.amp not in AMP_DTYPES:
-            raise ValueError(f"TrainRecipe.amp must be None or one of {sorted(AMP_DTYPES)}, got {self.amp!r}")
+        if self.amp is not None and self.amp not in AMP_CHOICES:
+            raise ValueError(f"TrainRecipe.amp must be None or one of {list(AMP_CHOICES)}, got {self.amp!r}")
 
     def replace(self, **changes) -> "TrainRecipe":
         """A copy with ``changes`` applied (validated); None values are ignored."""
@@ -228,7 +229,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         if recipe.schedule == "cosine" else None
     bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
     model.train()
-    with amp_scope(recipe.amp):
+    with amp_scope(resolve_amp(recipe.amp, device)):
         _train_epochs(model, stream, recipe, opt, sched, gen, bar)
     bar.close()
     model.eval()

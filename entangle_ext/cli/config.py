@@ -197,7 +197,8 @@ def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]],
     cfg = cls.Config(recipe=variant.recipe.replace(**train)) if paper_retrain else None
     cfg = cls.resolve_config(cfg, setting.name, hparams).validate()
     nested = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in sets.items() if s not in ("top", "train") and v}
-    return cfg.replace(**{**run, **sets["top"], **nested}).validate(), hparams
+    amp = cfg.amp if cfg.amp is not None else variant.amp   # the variant's autocast (Variant.amp)
+    return cfg.replace(**{**run, "amp": amp, **sets["top"], **nested}).validate(), hparams
 
 
 def _given(args, sets) -> Dict[Tuple[str, str], str]:

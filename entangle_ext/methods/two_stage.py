@@ -95,7 +95,7 @@ class TwoStage(UnlearningMethod):
         margin = cfg.stage1.margin if cfg.stage1.margin is not None else curves.default_margin(run.num_classes)
 
         def loop_args(la):
-            return dict(la, device=run.device, seed=cfg.seed, amp=cfg.amp, eval_batch_size=cfg.eval_batch_size)
+            return dict(la, device=run.device, seed=cfg.seed, amp=run.amp, eval_batch_size=cfg.eval_batch_size)
         if cfg.run_stage1:
             run.stage(1, lambda la: stage1(run.model, run.splits, cfg.stage1, c0=c0, **loop_args(la)),
                       timing="stage1", tag="stage1_done", keep=lambda r: {"lagrangian": r.lagrangian.state_dict()},

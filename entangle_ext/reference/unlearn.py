@@ -140,15 +140,20 @@ def driver_order_stage1(splits, cfg1, seed, device="cpu"):
 
 
 def driver_order_stage2(splits, cfg2, seed, device="cpu"):
-    """Per-step (adjacent batch, forget batches, remote batches) in the run's order."""
+    """Per-step (adjacent batch, forget batches, remote batches) in the run's order, as a list."""
+    return list(iter_driver_order_stage2(splits, cfg2, seed, device))
+
+
+def iter_driver_order_stage2(splits, cfg2, seed, device="cpu"):
+    """`driver_order_stage2` one step at a time (a generator: each step's batches are fetched when
+    it is reached, so a long run does not hold all of them at once)."""
     adj = _stream(splits.adjacent, cfg2.adjacent_batch_size, seed, "s2/adjacent", device)
     fgt = _stream(splits.forget, cfg2.forget_batch_size, seed, "s2/forget", device)
     rem = _stream(splits.remote, cfg2.remote_batch_size, seed, "s2/remote", device)
-    steps, step = [], 0
+    step = 0
     for e in range(cfg2.epochs):
         for ab in adj.epoch_batches(e):
             fbs = [fgt.fetch(i) for i in fgt.batch_indices(step)[:cfg2.forget_batch_limit]]
             rbs = [rem.fetch(i) for i in rem.batch_indices(step)[:cfg2.remote_batch_limit]]
-            steps.append((ab, fbs, rbs))
+            yield ab, fbs, rbs
             step += 1
-    return steps

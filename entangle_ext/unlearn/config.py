@@ -40,7 +40,7 @@ DualUpdate = Literal["pre", "post"]          # Stage 1: g before / after the Ada
 W2Scope = Literal["minibatch", "forget_set"]  # Stage 2: W2² per forget minibatch / over all of them
 ForgetOrder = Literal["cycle", "reshuffle"]   # Stage 1: replay the first pass / reshuffle each pass
 PenaltyOn = Literal["ce", "clipped"]          # Stage 1: ToxiGen penalty on the unclipped / clipped CE
-Amp = Literal["bf16"]
+Amp = Literal["bf16", "auto"]
 Stage1Until = Optional[Literal["forget_margin"]]       # Stage 1 stopping rule (None: the fixed budget)
 Stage2Until = Optional[Literal["adjacent_recovered"]]  # Stage 2 stopping rule (None: the fixed budget)
 MicroBatch = Union[int, Literal["auto"], None]   # Stage 2: samples per forward pass / auto / one pass
@@ -226,8 +226,12 @@ class UnlearnConfig(StrictFields):
         eval_batch_size: batch size (>= 1) of the evaluation / c0 passes.
         run_stage1, run_stage2: skip a stage (e.g. α-ablations from a saved Stage-1 model).
         histogram_bins: bins (>= 1) of the forget-loss histogram PNG.
-        amp: None, or "bf16": every forward pass under `torch.autocast` with bfloat16 (parameters,
-            gradients, optimizer state, λ/c0/μ and the W2 / projection arithmetic stay float32).
+        amp: None, "bf16" or "auto": "bf16" runs every forward pass under `torch.autocast` with
+            bfloat16 (parameters, gradients, optimizer state, λ/c0/μ and the W2 / projection
+            arithmetic stay float32; losses are computed in float32); "auto" is "bf16" where the
+            run's device has bfloat16 matrix units and None elsewhere (`resolve_amp` of
+            entangle_ext/unlearn/precision.py; the report's "amp" says which ran). The CPU presets
+            of `entangle_ext.settings` use "auto".
         eval_every: steps (>= 0) between curve probes of each stage (0 = off, the default; a
             probe also runs at each stage's end); curve_samples: size (>= 1) of the seeded
             subsample of each train split the probes evaluate (docs/algorithm.md "Curves,

@@ -79,9 +79,9 @@ class MethodConfig(StrictFields):
         eval_every, curve_samples: the curve probes, as `UnlearnConfig`'s (0 = off, default).
         select, select_forget_acc, select_delta: checkpoint selection among the probes, as
             `UnlearnConfig`'s (None = off, default).
-        amp: None (default: the parameters' dtype) or "bf16": every forward pass of the run (the
-            method's steps, its evaluations and probes) under `torch.autocast` with bfloat16, as
-            `UnlearnConfig.amp`; parameters, gradients and optimizer state keep the parameters'
+        amp: None (default: the parameters' dtype), "bf16" or "auto" (bf16 where the device has
+            bfloat16 matrix units), as `UnlearnConfig.amp`: every forward pass of the run (the
+            method's steps, its evaluations and probes) under `torch.autocast` with bfloat16; parameters, gradients and optimizer state keep the parameters'
             dtype and every loss is computed in float32 (`entangle_ext.unlearn.losses.loss_logits`).
             Retrain passes it to its recipe when the recipe sets no ``amp`` of its own.
         budget_fields (class attribute, not a field): the dotted names of the fields that count
@@ -228,7 +228,7 @@ class UnlearningMethod:
         def go(loop_args):
             model.train(bool(getattr(cfg, "train_mode", False)))
             try:
-                with amp_scope(cfg.amp):
+                with amp_scope(run.amp):
                     return self.run(model, run.splits, cfg, device=run.device, seed=cfg.seed, out_dir=run.out,
                                     progress=run.progress, loop_args=loop_args)
             finally:

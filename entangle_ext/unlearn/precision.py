@@ -17,12 +17,14 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-__all__ = ["LOW_PRECISION", "AMP_DTYPES", "state_dtype", "model_dtype", "amp_scope", "autocast_for",
-           "MasterParams", "cpu_has_bf16_matmul"]
+__all__ = ["LOW_PRECISION", "AMP_DTYPES", "AMP_CHOICES", "state_dtype", "model_dtype", "amp_scope",
+           "autocast_for", "MasterParams", "cpu_has_bf16_matmul", "resolve_amp"]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: ``UnlearnConfig.amp`` values and the autocast dtype each one selects.
 AMP_DTYPES = {"bf16": torch.bfloat16}
+#: What a config's ``amp`` field takes: an `AMP_DTYPES` key, or "auto" (`resolve_amp`).
+AMP_CHOICES = tuple(AMP_DTYPES) + ("auto",)
 
 _AMP: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("entangle_amp", default=None)
 
@@ -37,6 +39,23 @@ def cpu_has_bf16_matmul() -> bool:
         return False
     checks = [getattr(torch.cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
     return any(bool(c()) for c in checks if c is not None)
+
+
+def resolve_amp(amp: Optional[str], device) -> Optional[str]:
+    """The autocast a run on ``device`` uses for a config's ``amp``: "auto" becomes "bf16" where
+    the device multiplies bfloat16 matrices in hardware (a CPU with `cpu_has_bf16_matmul`, a CUDA
+    device with ``torch.cuda.is_bf16_supported()``) and None elsewhere (float32 stays faster
+    there); None and "bf16" are returned as they are. Raises ValueError for any other value."""
+    if amp is not None and amp not in AMP_CHOICES:
+        raise ValueError(f"amp must be None or one of {list(AMP_CHOICES)}, got {amp!r}")
+    if amp != "auto":
+        return amp
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return "bf16" if cpu_has_bf16_matmul() else None
+    if dev.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else None
+    return None
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:

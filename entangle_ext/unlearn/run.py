@@ -25,6 +25,7 @@ from .inputs import check_model_and_splits, model_device, preflight, require_tra
 from .lock import OutDirLock
 from .loop import check_final_losses
 from .method import UnlearningMethod, warm_imports
+from .precision import resolve_amp
 from .certificate import NOT_APPLICABLE, certificate_line
 from .selection import StateSelection, check_unchanged, selection_line
 from .report import UnlearnResult, build_report, format_table, plot_available, save_report_json, write_report
@@ -69,7 +70,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         require_trainable(model)
         device = model_device(model, device)
         model.to(device).eval()
-        amp = getattr(config, "amp", None)
+        amp = resolve_amp(getattr(config, "amp", None), device)
         num_classes = preflight(model, splits, device, amp)
         lock.acquire(d)   # one live run per out dir: OutDirInUseError before any training
         if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
@@ -321,7 +322,7 @@ class Run:
         if "steps" in extras:
             report["steps"] = extras["steps"]
         done_stops = self.done.get("stopped", {})
-        report.update(curves=list(self.done.get("curves", [])), certificate=cert, curves_png=None,
+        report.update(amp=self.amp, curves=list(self.done.get("curves", [])), certificate=cert, curves_png=None,
                       stopped={k: done_stops.get(k, {"rule": "budget", "step": n}) for k, n in report["steps"].items()})
         report.update(method=self.method, fingerprint=self.saver.common["fingerprint"], resume=resumed,
                       world_size=current().world, **preset)

@@ -1,0 +1,73 @@
+"""End-to-end part of bench/bench_unlearn.py: the whole ``entangle_ext.unlearn`` call on the
+``cifar100`` / ``cpu`` setting with its preset (the package's defaults for that variant, bf16
+autocast included where the preset turns it on) against the naive float32 transcription of the
+reference recipe (``naive_c0`` + ``naive_stage1`` + ``naive_stage2`` of
+entangle_ext/reference/unlearn.py), from the same original model θ0, on the same splits and batch
+order. The unlearn call is timed whole (its evaluations of θ0, Stage 1 and Stage 2 included);
+the naive one has none. The held-out accuracies of both are measured afterwards, untimed."""
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+import entangle_ext as ee
+from entangle_ext.reference.unlearn import (driver_order_stage1, iter_driver_order_stage2, naive_c0,
+                                            naive_stage1, naive_stage2)
+from entangle_ext.settings import get_setting, prepare
+
+HELD_OUT = ("forget_test", "adjacent_test", "remote_test")
+
+
+def naive_unlearn(model, splits, cfg) -> None:
+    """c0, Stage 1 and Stage 2 of ``cfg`` (an `UnlearnConfig` of the reference recipe) by the naive
+    transcription, in place, in the model's dtype."""
+    s1, s2 = cfg.stage1, cfg.stage2
+    remote, forget = driver_order_stage1(splits, s1, seed=cfg.seed)
+    c0 = naive_c0(model, remote)
+    naive_stage1(model, remote, forget, lr=s1.lr, mu=s1.mu, clip=s1.clip, c0=c0, cycle=s1.forget_order == "cycle")
+    naive_stage2(model, iter_driver_order_stage2(splits, s2, seed=cfg.seed), lr=s2.lr, alpha=s2.alpha,
+                 momentum=s2.momentum)
+
+
+def held_out(model, splits) -> dict:
+    ev = ee.evaluate(model, splits)
+    return {s: round(100 * ev[s]["acc"], 2) for s in HELD_OUT if s in ev}
+
+
+def run(args, res: dict, save) -> float:
+    """Time both on the cifar100/cpu setting (seed ``args.seed``; ``args.caps``: per-class data
+    caps and a 1-epoch original model, for a quick check); returns naive / unlearn wall time."""
+    data = {} if args.caps is None else {"max_train_per_class": args.caps, "max_test_per_class": args.caps}
+    train = None if args.caps is None else {"epochs": 1}
+    prep = prepare("cifar100", "cpu", seed=args.seed, device="cpu", cache_dir=args.cache_dir,
+                   data_root=args.data_root, data=data, train=train, progress=False)
+    cfg = get_setting("cifar100").config(prep.variant, seed=args.seed)
+    if cfg.recipe != "reference":
+        raise SystemExit(f"the naive transcription is of the reference recipe, the preset is {cfg.recipe!r}")
+    cfg.amp = args.amp if args.amp != "preset" else cfg.amp
+    out = res["end_to_end"] = {"setting": "cifar100/cpu", "seed": args.seed, "caps": args.caps,
+                               "amp": cfg.amp, "basis_every": cfg.stage2.basis_every,
+                               "micro_batch": cfg.stage2.micro_batch}
+    print(f"# end to end: cifar100/cpu, seed {args.seed}, unlearn with amp={cfg.amp!r}, basis_every="
+          f"{cfg.stage2.basis_every}, micro_batch={cfg.stage2.micro_batch!r}; naive float32", flush=True)
+    ours = copy.deepcopy(prep.model)
+    t = time.perf_counter()
+    ee.unlearn(ours, prep.splits, cfg, progress=False)
+    out["unlearn_s"] = time.perf_counter() - t
+    save()
+    naive = copy.deepcopy(prep.model).float()
+    t = time.perf_counter()
+    naive_unlearn(naive, prep.splits, cfg)
+    out["naive_s"] = time.perf_counter() - t
+    out["held_out_acc_unlearn"] = held_out(ours, prep.splits)
+    out["held_out_acc_naive"] = held_out(naive, prep.splits)
+    out["held_out_acc_original"] = held_out(prep.model, prep.splits)
+    out["speedup"] = out["naive_s"] / out["unlearn_s"]
+    save()
+    for k in ("original", "naive", "unlearn"):
+        print(f"held-out forget / adjacent / remote %, {k:8s}: "
+              + " / ".join(f"{out['held_out_acc_' + k][s]:.2f}" for s in HELD_OUT), flush=True)
+    print(f"wall: naive {out['naive_s']:.1f} s, unlearn {out['unlearn_s']:.1f} s", flush=True)
+    return out["speedup"]

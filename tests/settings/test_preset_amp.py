@@ -1,0 +1,86 @@
+"""Issue 22 item 1: ``amp="auto"`` (bfloat16 autocast where the device has bfloat16 matrix units,
+float32 elsewhere) and the CPU presets that use it (`Variant.amp`): the two-stage config, every
+baseline's config (CLI and compare) and the original model's recipe, resolved per device."""
+import pytest
+import torch
+
+import entangle_ext as ee
+from entangle_ext.compare_specs import method_config
+from entangle_ext.methods import get_method
+from entangle_ext.settings import SETTINGS, get_setting, prepare
+from entangle_ext.train import TrainRecipe
+from entangle_ext.unlearn import precision
+from entangle_ext.unlearn.precision import resolve_amp
+
+from _tiny import mlp, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU_PRESETS = {("cifar100", "cpu")}   # the one with a 3-seed side-by-side (README)
+
+
+@pytest.mark.parametrize("has", [True, False])
+def test_resolve_amp(monkeypatch, has):
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: has)
+    assert resolve_amp("auto", "cpu") == ("bf16" if has else None)
+    assert resolve_amp("auto", torch.device("cpu")) == ("bf16" if has else None)
+    assert resolve_amp(None, "cpu") is None and resolve_amp("bf16", "cpu") == "bf16"
+    assert resolve_amp("auto", "meta") is None
+    with pytest.raises(ValueError, match="amp must be None or one of"):
+        resolve_amp("fp16", "cpu")
+
+
+def test_auto_is_a_value_of_every_amp_field():
+    assert ee.UnlearnConfig(amp="auto").amp == "auto"
+    assert TrainRecipe(amp="auto").amp == "auto"
+    assert get_method("ft").Config(amp="auto").amp == "auto"
+    with pytest.raises(ValueError):
+        ee.UnlearnConfig(amp="fp16")
+
+
+@pytest.mark.parametrize("has", [True, False])
+def test_auto_runs_bf16_only_where_the_cpu_has_it(small, monkeypatch, has):
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: has)
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            out = self.net(x)
+            seen.append(out.dtype)
+            return out
+    for method, cfg in (("two_stage", tiny_config(amp="auto")),
+                        ("ft", get_method("ft").config_for("digits", amp="auto").replace(epochs=1))):
+        seen.clear()
+        r = ee.unlearn(Probe(), small, cfg, method=method, progress=False)
+        assert r.report["config"]["amp"] == "auto"
+        assert r.report["amp"] == ("bf16" if has else None)
+        assert seen and set(seen) == {torch.bfloat16 if has else torch.float32}, method
+
+
+def test_cpu_presets_use_auto_and_the_others_none():
+    for name, s in SETTINGS.items():
+        for v in s.variants:
+            want = "auto" if (name, v.name) in CPU_PRESETS else None
+            assert v.amp == want, (name, v.name)
+            assert s.config(v).amp == want
+            assert s.config(v, amp=None).amp is None        # the caller's choice wins
+            for m in ("ft", "scrub", "ssd"):
+                cfg = method_config(m, setting=name, variant=v.name)
+                assert (cfg.amp if cfg is not None else None) == want, (name, v.name, m)
+            rt = method_config("retrain", setting=name, variant=v.name)
+            assert rt.amp == want and rt.recipe == v.recipe
+    assert ee.UnlearnConfig.preset("cifar100").amp is None   # the paper / reference presets: float32
+
+
+@pytest.mark.parametrize("has", [True, False])
+def test_prepare_resolves_the_recipes_auto_for_the_device(tmp_path, monkeypatch, has):
+    pytest.importorskip("sklearn")
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: has)
+    p = prepare("digits", "reduced", train={"amp": "auto", "epochs": 1}, cache_dir=tmp_path, progress=False)
+    assert p.recipe.amp == ("bf16" if has else None) and p.key["recipe"]["amp"] == p.recipe.amp
+    off = prepare("digits", "reduced", train={"amp": None, "epochs": 1}, progress=False)
+    assert off.recipe.amp is None
