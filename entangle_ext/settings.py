@@ -67,11 +67,14 @@ class Variant:
             `Stage2Config` fields.
         requires: options the caller must give (e.g. ``("weights",)`` for pretrained backbones).
         cpu: a reduced run sized for a CPU; never chosen by default.
-        amp: the ``amp`` of the variant's runs (the original model's `TrainRecipe`, the two-stage
-            `UnlearnConfig` and every baseline's config as `prepare`, `Setting.config`, the CLI
-            and `entangle_ext.compare` build them) unless the caller sets one: None (the model's
-            dtype) or "auto" (bfloat16 autocast where the device has bfloat16 matrix units, e.g.
-            AMX / AVX-512-BF16; float32 elsewhere: `entangle_ext.unlearn.precision.resolve_amp`).
+        amp: the ``amp`` of the variant's unlearning runs (the two-stage `UnlearnConfig` and every
+            baseline's config as `Setting.config`, the CLI and `entangle_ext.compare` build them)
+            unless the caller sets one: None (the model's dtype) or "auto" (bfloat16 autocast where
+            the device has bfloat16 matrix units, e.g. AMX / AVX-512-BF16; float32 elsewhere:
+            `entangle_ext.unlearn.precision.resolve_amp`). Training from scratch (the original
+            model, Retrain) follows its `TrainRecipe.amp` only (float32 in every variant: the
+            README's side-by-side moved the bf16-trained original's forget accuracy by more than
+            the seed spread).
     """
     name: str
     summary: str
@@ -223,7 +226,8 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
             reuses a model; the key is also written beside it as ``<file>.json``. None = no cache.
         data, model: options on top of the variant's (`Setting.data_options` / `model_options`);
             None values are ignored. train: `TrainRecipe` fields to change (e.g. ``{"epochs": 5}``;
-            ``{"amp": None}`` turns off the variant's `Variant.amp`). The recipe's amp is resolved
+            ``{"amp": "auto"}`` trains under bf16 autocast where the device has bfloat16 matrix
+            units; `Variant.amp` does not apply to this training). The recipe's amp is resolved
             for ``device`` ("auto" → "bf16" or None) before it enters the cache key and
             `Prepared.recipe`.
         original: the model to use as θ0 instead of training or the cache: a state-dict file, a
@@ -245,7 +249,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     v = s.variant(variant, given=set(data) | set(model))
     data_kw, model_kw = {**v.data, **data}, {**v.model, **model}
     recipe = v.recipe.replace(**(train or {}))
-    amp = (train or {}).get("amp", v.amp if recipe.amp is None else recipe.amp)   # train.amp=None: off
+    amp = (train or {}).get("amp", recipe.amp)   # train.amp=None: off
     recipe = dataclasses.replace(recipe, amp=resolve_amp(amp, device))   # "auto" → what runs here
     if original is not None and not Path(original).exists():
         raise FileNotFoundError(f"original model file {original} not found")

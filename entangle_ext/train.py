@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from .unlearn.checkpoint import seed_everything
-from .unlearn.data import BatchStream, forward_logits, has_batchnorm, split_batch, union_source
+from .unlearn.data import BatchStream, has_batchnorm, loss_logits, split_batch, union_source
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
-from .unlearn.precision import AMP_CHOICES, LOW_PRECISION, amp_scope, model_dtype, resolve_amp
+from .unlearn.precision import AMP_CHOICES, amp_scope, model_dtype, resolve_amp
 
 __all__ = ["TrainRecipe", "train_original", "load_model_file", "cifar_augment"]
 
@@ -248,10 +248,7 @@ def _train_epochs(model, stream, recipe: TrainRecipe, opt, sched, gen, bar) -> N
             inputs, y = split_batch(stream.fetch(idx))
             if recipe.augment and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
                 inputs = cifar_augment(inputs, gen, recipe.crop_padding)
-            logits = forward_logits(model, inputs)
-            if logits.dtype in LOW_PRECISION:   # autocast / a half model: the loss in float32
-                logits = logits.float()
-            loss = F.cross_entropy(logits, y)
+            loss = F.cross_entropy(loss_logits(model, inputs), y)   # float32 for bf16/half logits
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -92,8 +92,7 @@ class Retrain(UnlearningMethod):
         elif not isinstance(fresh, torch.nn.Module):
             raise TypeError(f"model_fn must return a fresh torch.nn.Module, it returned {type(fresh).__name__}")
         target = model if fresh is None else fresh
-        recipe = config.recipe if config.recipe.amp is not None else config.recipe.replace(amp=config.amp)
-        train_original(target, [splits.source("adjacent"), splits.source("remote")], recipe, device=device,
+        train_original(target, [splits.source("adjacent"), splits.source("remote")], config.recipe, device=device,
                        seed=seed, progress=progress)
         if fresh is not None:
             try:

@@ -9,10 +9,10 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .precision import autocast_for
+from .precision import LOW_PRECISION, autocast_for
 
 __all__ = ["concat_batches", "slice_batch", "move_batch", "split_batch", "cast_floating", "prepare_batch",
-           "forward_logits", "batch_size_of", "LABEL_DTYPES"]
+           "forward_logits", "loss_logits", "batch_size_of", "LABEL_DTYPES"]
 
 #: Label dtypes accepted (cast to int64 where batches are made).
 LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16,
@@ -125,6 +125,14 @@ def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}")
     return out
+
+
+def loss_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
+    """(B, C) logits of ``inputs`` (`forward_logits`, so under the run's autocast) in the dtype
+    every loss of the package is computed in: float32 for float16/bfloat16 logits (autocast or a
+    half-precision model; the cast is differentiable), the logits' own dtype otherwise."""
+    logits = forward_logits(model, inputs)
+    return logits.float() if logits.dtype in LOW_PRECISION else logits
 
 
 def batch_size_of(batch) -> int:

@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch.utils.data import Subset
 
 from ..wasserstein import wasserstein2_1d
-from .data import BatchStream, Source, Splits, forward_logits, split_batch, stream_seed
+from .data import BatchStream, Source, Splits, loss_logits, split_batch, stream_seed
 from .distributed import current
 from .files import atomic_write
 from .inputs import training_flags_kept
-from .precision import LOW_PRECISION, model_dtype
+from .precision import model_dtype
 
 __all__ = ["curve_indices", "CurveProbe", "StageProbe", "default_margin", "forget_margin_rule",
            "adjacent_recovered_rule", "first_within_rule", "require_origin", "stage_label", "SelectionWarning", "CURVE_SPLITS",
@@ -65,8 +65,7 @@ def _per_sample(model, source: Source, device, batch_size: int):
     ce, ok = [], []
     for b in s.epoch_batches(0):
         inputs, y = split_batch(b)
-        logits = forward_logits(model, inputs)
-        logits = logits.float() if logits.dtype in LOW_PRECISION else logits
+        logits = loss_logits(model, inputs)
         ce.append(F.cross_entropy(logits, y.long(), reduction="none").double())
         ok.append((logits.argmax(1) == y).double())
     sizes = [len(i) for i in s.global_batch_indices(0)]

@@ -26,11 +26,11 @@ from torch.utils.data import ConcatDataset, DataLoader, IterableDataset, TensorD
 from torch.utils.data._utils.collate import default_collate
 
 from .batch import (LABEL_DTYPES, batch_size_of, cast_floating, concat_batches, forward_logits,  # noqa: F401
-                    move_batch, prepare_batch, slice_batch, split_batch)  # (re-exported)
+                    loss_logits, move_batch, prepare_batch, slice_batch, split_batch)  # (re-exported)
 from .disjoint import check_disjoint
 from .distributed import Dist, current
 
-__all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "forward_logits", "move_batch", "batch_size_of",
+__all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "forward_logits", "loss_logits", "move_batch", "batch_size_of",
            "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
            "check_batch_size", "has_batchnorm"]
 

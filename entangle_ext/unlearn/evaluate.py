@@ -12,10 +12,10 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from .data import BatchStream, Splits, check_batch_size, forward_logits, split_batch
+from .data import BatchStream, Splits, check_batch_size, forward_logits, loss_logits, split_batch
 from .distributed import Dist, scope
 from .inputs import check_model_and_splits, model_device, training_flags_kept
-from .precision import LOW_PRECISION, amp_scope, model_dtype
+from .precision import amp_scope, model_dtype
 
 __all__ = ["evaluate", "per_sample", "NonFiniteOutputError"]
 
@@ -43,14 +43,13 @@ def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], kee
     losses, masks = [], []
     for b in stream.epoch_batches(0):
         inputs, y = split_batch(b)
-        logits = forward_logits(model, inputs)
+        logits = loss_logits(model, inputs)   # float32 for float16/bfloat16 logits
         C = logits.shape[1] if C is None else C
         if logits.shape[1] != C:
             raise ValueError(f"model returned {logits.shape[1]} classes, expected {C}")
         bad += ((y < 0) | (y >= C)).sum()
         yc = y.clamp(0, C - 1)
-        ce = torch.nn.functional.cross_entropy(
-            logits.float() if logits.dtype in LOW_PRECISION else logits, yc, reduction="none")
+        ce = torch.nn.functional.cross_entropy(logits, yc, reduction="none")
         correct += (logits.argmax(1) == yc).sum()
         loss += ce.double().sum()
         if check_finite:

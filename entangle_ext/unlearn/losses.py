@@ -18,9 +18,8 @@ from .._ext import available
 from ..reference.wasserstein import wasserstein2_1d as _w2_reference
 from ..wasserstein import wasserstein2_1d
 from .config import MicroBatch, Stage2Config
-from .data import batch_size_of, forward_logits, slice_batch, split_batch
+from .data import batch_size_of, loss_logits, slice_batch, split_batch
 from .distributed import current
-from .precision import LOW_PRECISION
 
 __all__ = ["trainable_params", "loss_logits", "per_sample_ce", "mean_ce", "grads_of", "forget_objective",
            "forget_grad", "remote_grad", "auto_micro_batch", "CPU_CHUNK_BYTES"]
@@ -36,14 +35,6 @@ CPU_CHUNK_BYTES = 16 * 2 ** 20
 def trainable_params(model: torch.nn.Module) -> List[torch.nn.Parameter]:
     """The parameters with ``requires_grad``, in ``model.parameters()`` order."""
     return [p for p in model.parameters() if p.requires_grad]
-
-
-def loss_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
-    """(B, C) logits of ``inputs`` (`forward_logits`, so under the run's autocast) in the dtype
-    every loss of the package is computed in: float32 for float16/bfloat16 logits (autocast or a
-    half-precision model; the cast is differentiable), the logits' own dtype otherwise."""
-    logits = forward_logits(model, inputs)
-    return logits.float() if logits.dtype in LOW_PRECISION else logits
 
 
 def per_sample_ce(model: torch.nn.Module, batch) -> torch.Tensor:

@@ -83,7 +83,7 @@ class MethodConfig(StrictFields):
             bfloat16 matrix units), as `UnlearnConfig.amp`: every forward pass of the run (the
             method's steps, its evaluations and probes) under `torch.autocast` with bfloat16; parameters, gradients and optimizer state keep the parameters'
             dtype and every loss is computed in float32 (`entangle_ext.unlearn.losses.loss_logits`).
-            Retrain passes it to its recipe when the recipe sets no ``amp`` of its own.
+            Retrain's training from scratch follows its recipe's own ``amp`` (`TrainRecipe.amp`).
         budget_fields (class attribute, not a field): the dotted names of the fields that count
             training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
             them. Empty: no training loop (e.g. SSD).

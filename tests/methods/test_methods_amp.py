@@ -1,6 +1,6 @@
 """Issue 22 item 1: every baseline takes ``amp="bf16"`` (`MethodConfig.amp`): each forward pass of
-the run (its steps, the teacher of SCRUB/DELETE, Retrain's training, SSD's importances, the
-evaluations) runs under bfloat16 autocast, the parameters stay float32 and no loss is computed on
+the run (its steps, the teacher of SCRUB/DELETE, SSD's importances, the evaluations) runs under
+bfloat16 autocast (Retrain's training from scratch follows its recipe's own amp), the parameters stay float32 and no loss is computed on
 bfloat16 logits (`entangle_ext.unlearn.losses.loss_logits`)."""
 import dataclasses
 
@@ -34,10 +34,10 @@ class Probe(torch.nn.Module):
         return out
 
 
-def _short(cfg):
+def _short(cfg, recipe_amp=None):
     """The digits preset cut to a few steps (epochs / Retrain's recipe epochs = 1)."""
     if hasattr(cfg, "recipe"):
-        return cfg.replace(recipe=cfg.recipe.replace(epochs=1))
+        return cfg.replace(recipe=cfg.recipe.replace(epochs=1, amp=recipe_amp))
     return cfg.replace(epochs=1) if any(f.name == "epochs" for f in dataclasses.fields(cfg)) else cfg
 
 
@@ -58,9 +58,9 @@ def loss_dtypes(monkeypatch):
 @pytest.mark.parametrize("name", BASELINES)
 def test_baseline_runs_every_forward_under_bf16_autocast(small, name, loss_dtypes):
     seen = []
-    cfg = _short(get_method(name).config_for("digits", "paper_code", amp="bf16"))
+    cfg = _short(get_method(name).config_for("digits", "paper_code", amp="bf16"), recipe_amp="bf16")
     r = ee.unlearn(Probe(seen), small, cfg, method=name, progress=False)
-    assert r.report["config"]["amp"] == "bf16"
+    assert r.report["config"]["amp"] == r.report["amp"] == "bf16"
     assert seen and all(s == (True, torch.bfloat16) for s in seen), set(seen)
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in r.model.parameters())
     assert torch.bfloat16 not in loss_dtypes and (loss_dtypes or name == "ssd"), set(loss_dtypes)
@@ -77,9 +77,16 @@ def test_baseline_without_amp_runs_in_float32(small, name):
     assert seen and all(s == (False, torch.float32) for s in seen)
 
 
-def test_retrain_keeps_its_recipes_own_amp():
-    cfg = get_method("retrain").config_for("digits", "paper_code", amp="bf16")
-    assert cfg.recipe.amp is None            # filled in from cfg.amp at run time only
+def test_retrain_trains_with_its_recipes_amp_and_evaluates_with_the_configs(small):
+    seen = []
+    cfg = _short(get_method("retrain").config_for("digits", "paper_code", amp="bf16"))
+    assert cfg.recipe.amp is None
+    net = Probe(seen)
+    net.register_forward_hook(lambda m, i, o: seen.append(("train" if m.training else "eval",)))
+    ee.unlearn(net, small, cfg, method="retrain", progress=False)
+    modes = [seen[i + 1][0] for i in range(0, len(seen), 2)]
+    pairs = set(zip(modes, seen[0::2]))
+    assert pairs == {("train", (False, torch.float32)), ("eval", (True, torch.bfloat16))}, pairs
     with pytest.raises(ValueError, match="amp"):
         get_method("ft").Config(amp="fp8")
 
