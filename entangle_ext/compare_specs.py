@@ -61,9 +61,10 @@ def method_config(name: str, *, setting: Optional[str] = None, variant: Optional
       reference code, "original" → the paper's text, docs/algorithm.md §7); else None;
     * other baselines: None, i.e. the ``hparams`` preset of ``setting`` (docs/algorithm.md §10).
 
-    A variant with an ``amp`` (`entangle_ext.settings.Variant.amp`, e.g. "auto" on the CPU
-    presets) gives it to every method: the two-stage family through `Setting.config`, each
-    baseline as its preset with that ``amp``.
+    A variant with an ``amp`` (`entangle_ext.settings.Variant.amp`, e.g. "auto" on
+    ``cifar100`` / ``cpu``) gives it to every method: the two-stage family through
+    `Setting.config`, each baseline (Retrain included) as its config above with that ``amp``
+    instead of None.
 
     Raises ValueError for an unknown method, setting, variant or hparams.
     """

@@ -71,7 +71,7 @@ class Variant:
             baseline's config as `Setting.config`, the CLI and `entangle_ext.compare` build them)
             unless the caller sets one: None (the model's dtype) or "auto" (bfloat16 autocast where
             the device has bfloat16 matrix units, e.g. AMX / AVX-512-BF16; float32 elsewhere:
-            `entangle_ext.unlearn.precision.resolve_amp`). Training from scratch (the original
+            ``resolve_amp`` of entangle_ext/unlearn/precision.py). Training from scratch (the original
             model, Retrain) follows its `TrainRecipe.amp` only (float32 in every variant: the
             README's side-by-side moved the bf16-trained original's forget accuracy by more than
             the seed spread).

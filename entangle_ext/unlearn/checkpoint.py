@@ -361,9 +361,9 @@ def check_resume_config(ckpt: Dict[str, Any], config: Dict[str, Any], *,
     if diff and not allow_config_change:
         lines = "; ".join(f"{k}: {a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items())
         raise ValueError(f"resume: the config differs from the checkpoint's: {lines}. To continue the "
-                         "checkpoint's run, resume with config=None (command line: the flags of the run "
-                         "that wrote it); to change it deliberately (recorded in the report), pass "
-                         "allow_config_change=True (command line: --allow-config-change)")
+                         "checkpoint's run, resume with config=None (command line: the flags of the run that wrote "
+                         "it, plus --set KEY=VALUE for a preset default changed since, e.g. amp=none); to change it "
+                         "deliberately (recorded), pass allow_config_change=True (command line: --allow-config-change)")
     return diff
 
 

@@ -230,8 +230,9 @@ class UnlearnConfig(StrictFields):
             bfloat16 (parameters, gradients, optimizer state, λ/c0/μ and the W2 / projection
             arithmetic stay float32; losses are computed in float32); "auto" is "bf16" where the
             run's device has bfloat16 matrix units and None elsewhere (`resolve_amp` of
-            entangle_ext/unlearn/precision.py; the report's "amp" says which ran). The CPU presets
-            of `entangle_ext.settings` use "auto".
+            entangle_ext/unlearn/precision.py; only a float32 model is autocast; the report's "amp"
+            and its config say which ran). The ``cifar100`` / ``cpu`` variant of
+            `entangle_ext.settings` uses "auto".
         eval_every: steps (>= 0) between curve probes of each stage (0 = off, the default; a
             probe also runs at each stage's end); curve_samples: size (>= 1) of the seeded
             subsample of each train split the probes evaluate (docs/algorithm.md "Curves,

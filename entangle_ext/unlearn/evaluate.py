@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from .data import BatchStream, Splits, check_batch_size, forward_logits, loss_logits, split_batch
 from .distributed import Dist, scope
 from .inputs import check_model_and_splits, model_device, training_flags_kept
-from .precision import amp_scope, model_dtype
+from .precision import amp_scope, model_dtype, resolve_amp_for
 
 __all__ = ["evaluate", "per_sample", "NonFiniteOutputError"]
 
@@ -89,7 +89,8 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
         keep_forget_losses: also return the per-sample CE of the forget train split.
         check_finite: raise when a per-sample CE is NaN/Inf (the run's check of the data
             before unlearning).
-        amp: None or "bf16": forward passes under `torch.autocast`.
+        amp: None, "bf16" or "auto" (bf16 where the device has bfloat16 matrix units, for a float32
+            model): forward passes under `torch.autocast`.
     Returns:
         {split name: {"acc": fraction in [0,1], "loss": mean CE in nats, "n": int}}; the forget
         entry also has "retained" (fraction of forget samples still classified correctly, = acc)
@@ -111,7 +112,7 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
     out, C = {}, num_classes
     with training_flags_kept(model):
         model.eval()
-        with scope(model) as (d, model), amp_scope(amp):
+        with scope(model) as (d, model), amp_scope(resolve_amp_for(amp, model, device)):
             for name in splits.named():
                 stream = BatchStream(splits.source(name), batch_size, shuffle=False, seed=0,
                                      name=f"eval/{name}", device=device, input_dtype=model_dtype(model))

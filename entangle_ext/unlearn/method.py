@@ -82,7 +82,7 @@ class MethodConfig(StrictFields):
         amp: None (default: the parameters' dtype), "bf16" or "auto" (bf16 where the device has
             bfloat16 matrix units), as `UnlearnConfig.amp`: every forward pass of the run (the
             method's steps, its evaluations and probes) under `torch.autocast` with bfloat16; parameters, gradients and optimizer state keep the parameters'
-            dtype and every loss is computed in float32 (`entangle_ext.unlearn.losses.loss_logits`).
+            dtype and every loss is computed in float32 (``loss_logits`` of entangle_ext/unlearn/batch.py).
             Retrain's training from scratch follows its recipe's own ``amp`` (`TrainRecipe.amp`).
         budget_fields (class attribute, not a field): the dotted names of the fields that count
             training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales

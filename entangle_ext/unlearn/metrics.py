@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
 from .._optional import optional_import
-from .data import BatchStream, Source, Splits, as_source, check_batch_size, forward_logits, split_batch
+from .data import BatchStream, Source, Splits, as_source, check_batch_size, loss_logits, split_batch
 from .evaluate import NonFiniteOutputError, evaluate, per_sample
 from .mia import MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features
 from .inputs import model_device
@@ -210,7 +210,7 @@ def relearn_time(model: torch.nn.Module, forget, *, threshold: float, subset: Un
             inputs, y = split_batch(stream.next())
             for group in opt.param_groups:
                 group["lr"] = lr * lr_growth ** steps
-            loss = F.cross_entropy(forward_logits(m, inputs), y)
+            loss = F.cross_entropy(loss_logits(m, inputs), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -18,10 +18,10 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 
 __all__ = ["LOW_PRECISION", "AMP_DTYPES", "AMP_CHOICES", "state_dtype", "model_dtype", "amp_scope",
-           "autocast_for", "MasterParams", "cpu_has_bf16_matmul", "resolve_amp"]
+           "autocast_for", "MasterParams", "cpu_has_bf16_matmul", "resolve_amp", "resolve_amp_for"]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-#: ``UnlearnConfig.amp`` values and the autocast dtype each one selects.
+#: The autocast dtype each resolved ``amp`` value selects (``amp_scope`` takes these keys).
 AMP_DTYPES = {"bf16": torch.bfloat16}
 #: What a config's ``amp`` field takes: an `AMP_DTYPES` key, or "auto" (`resolve_amp`).
 AMP_CHOICES = tuple(AMP_DTYPES) + ("auto",)
@@ -41,21 +41,32 @@ def cpu_has_bf16_matmul() -> bool:
     return any(bool(c()) for c in checks if c is not None)
 
 
-def resolve_amp(amp: Optional[str], device) -> Optional[str]:
-    """The autocast a run on ``device`` uses for a config's ``amp``: "auto" becomes "bf16" where
-    the device multiplies bfloat16 matrices in hardware (a CPU with `cpu_has_bf16_matmul`, a CUDA
-    device with ``torch.cuda.is_bf16_supported()``) and None elsewhere (float32 stays faster
-    there); None and "bf16" are returned as they are. Raises ValueError for any other value."""
+def resolve_amp(amp: Optional[str], device, dtype: Optional[torch.dtype] = torch.float32) -> Optional[str]:
+    """The autocast a run on ``device`` of a model of ``dtype`` uses for a config's ``amp``: "auto"
+    becomes "bf16" for a float32 model where the device multiplies bfloat16 matrices in hardware
+    (a CPU with `cpu_has_bf16_matmul`, a CUDA device with ``torch.cuda.is_bf16_supported()``) and
+    None elsewhere (float32 stays faster there; autocast does not lower float64 or half models);
+    None and "bf16" are returned as they are. Raises ValueError for any other value."""
     if amp is not None and amp not in AMP_CHOICES:
         raise ValueError(f"amp must be None or one of {list(AMP_CHOICES)}, got {amp!r}")
     if amp != "auto":
         return amp
+    if dtype != torch.float32:
+        return None
     dev = torch.device(device)
     if dev.type == "cpu":
         return "bf16" if cpu_has_bf16_matmul() else None
     if dev.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else None
     return None
+
+
+def resolve_amp_for(amp: Optional[str], model: torch.nn.Module, device=None) -> Optional[str]:
+    """`resolve_amp` for ``model`` run on ``device`` (None: where its first parameter or buffer
+    is, else the CPU), with the model's dtype."""
+    if device is None:
+        device = next((t.device for t in list(model.parameters()) + list(model.buffers())), torch.device("cpu"))
+    return resolve_amp(amp, device, model_dtype(model))
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -25,7 +25,7 @@ from .inputs import check_model_and_splits, model_device, preflight, require_tra
 from .lock import OutDirLock
 from .loop import check_final_losses
 from .method import UnlearningMethod, warm_imports
-from .precision import resolve_amp
+from .precision import amp_scope, model_dtype, resolve_amp
 from .certificate import NOT_APPLICABLE, certificate_line
 from .selection import StateSelection, check_unchanged, selection_line
 from .report import UnlearnResult, build_report, format_table, plot_available, save_report_json, write_report
@@ -65,12 +65,14 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         config = (config if seed is None else dataclasses.replace(config, seed=seed)).validate()
         splits.check(cls.splits_needed(config), by=f"method {cls.name!r}")
         fingerprint = splits_fingerprint(splits)
-        changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
-                                                         allow_config_change=allow_config_change)
         require_trainable(model)
         device = model_device(model, device)
+        if getattr(config, "amp", None) == "auto":   # kept as what runs here: report, checkpoints, resume
+            config = dataclasses.replace(config, amp=resolve_amp("auto", device, model_dtype(model)))
+        changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
+                                                         allow_config_change=allow_config_change)
         model.to(device).eval()
-        amp = resolve_amp(getattr(config, "amp", None), device)
+        amp = config.amp if hasattr(config, "amp") else None
         num_classes = preflight(model, splits, device, amp)
         lock.acquire(d)   # one live run per out dir: OutDirInUseError before any training
         if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
@@ -229,7 +231,8 @@ class Run:
         """With curves on: the original model's curve record (stage "original", step 0), kept in
         ``done["curves"]`` (hence in every checkpoint)."""
         if self.curves_on:
-            rec = {"kind": "curve", "stage": "original", "step": 0, "global_step": 0, **self.curve_probe.measure()}
+            with amp_scope(self.amp):   # as every later probe (inside the stages' autocast)
+                rec = {"kind": "curve", "stage": "original", "step": 0, "global_step": 0, **self.curve_probe.measure()}
             self.done["curves"] = [rec]
 
     def _start_probe(self, key, probe_kw: Optional[Dict[str, Any]], rule) -> None:

@@ -16,7 +16,7 @@ from .distributed import Dist, current, scope
 from .inputs import model_device, require_trainable
 from .loop import StageLoop, StageResult, updating
 from .losses import mean_ce, per_sample_ce
-from .precision import MasterParams, amp_scope, state_dtype
+from .precision import MasterParams, amp_scope, resolve_amp_for, state_dtype
 from .stage_common import CheckpointFn, remote_loss_c0, train_stream
 
 __all__ = ["stage1"]
@@ -112,7 +112,7 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
         checkpoint_every, checkpoint_fn: every that many steps call ``checkpoint_fn(step, state)``.
         resume_state: a state dict previously passed to checkpoint_fn (continues from it, with
             its c0 and its λ, μ from its ``lagrangian`` entry).
-        amp: None or "bf16": forward passes under `torch.autocast` (see
+        amp: None, "bf16" or "auto" (`resolve_amp`): forward passes under `torch.autocast` (see
             ``entangle_ext/unlearn/precision.py``).
         probe, probe_every: the curve probe of `StageLoop` (``entangle_ext/unlearn/loop.py``):
             called every ``probe_every`` steps and at the end; True ends the stage (a stopping
@@ -135,7 +135,7 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
                                                lam=f"{last['lambda']:.3f}"),
                      log_every=log_every, checkpoint_every=checkpoint_every,
                      checkpoint_fn=checkpoint_fn, progress=progress, probe=probe, probe_every=probe_every)
-    with scope(model) as (d, model), amp_scope(amp):
+    with scope(model) as (d, model), amp_scope(resolve_amp_for(amp, model, device)):
         return _run_stage1(d, model, splits, config, loop, device=device, seed=seed, c0=c0,
                            eval_batch_size=eval_batch_size, resume_state=resume_state)
 

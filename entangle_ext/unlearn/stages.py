@@ -26,7 +26,7 @@ from .distributed import Dist, scope
 from .inputs import model_device, require_trainable
 from .loop import NonFiniteLossError, StageLoop, StageResult, updating
 from .losses import auto_micro_batch, forget_grad, grads_of, mean_ce, per_sample_ce, remote_grad, trainable_params
-from .precision import MasterParams, amp_scope, state_dtype
+from .precision import MasterParams, amp_scope, resolve_amp_for, state_dtype
 from .stage1_al import stage1
 from .stage_common import CheckpointFn, reference_losses, remote_loss_c0, train_stream
 
@@ -223,7 +223,7 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
                                                f_ce=f"{last['forget_ce']:.2f}"),
                      log_every=log_every, checkpoint_every=checkpoint_every,
                      checkpoint_fn=checkpoint_fn, progress=progress, probe=probe, probe_every=probe_every)
-    with scope(model) as (d, model), amp_scope(amp):
+    with scope(model) as (d, model), amp_scope(resolve_amp_for(amp, model, device)):
         return _run_stage2(d, model, splits, config, loop, device=device, seed=seed,
                            eval_batch_size=eval_batch_size, resume_state=resume_state)
 

@@ -56,8 +56,7 @@ def test_auto_runs_bf16_only_where_the_cpu_has_it(small, monkeypatch, has):
                         ("ft", get_method("ft").config_for("digits", amp="auto").replace(epochs=1))):
         seen.clear()
         r = ee.unlearn(Probe(), small, cfg, method=method, progress=False)
-        assert r.report["config"]["amp"] == "auto"
-        assert r.report["amp"] == ("bf16" if has else None)
+        assert r.report["config"]["amp"] == r.report["amp"] == ("bf16" if has else None)   # what ran
         assert seen and set(seen) == {torch.bfloat16 if has else torch.float32}, method
 
 
@@ -84,3 +83,30 @@ def test_prepare_resolves_the_recipes_auto_for_the_device(tmp_path, monkeypatch,
     assert p.recipe.amp == ("bf16" if has else None) and p.key["recipe"]["amp"] == p.recipe.amp
     off = prepare("digits", "reduced", train={"amp": None, "epochs": 1}, progress=False)
     assert off.recipe.amp is None
+
+
+def test_auto_leaves_a_float64_model_alone_and_works_in_the_public_functions(small, monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: True)
+    r = ee.unlearn(mlp().double(), small, tiny_config(amp="auto"), progress=False)
+    assert r.report["amp"] is None                      # autocast does not lower float64
+    assert resolve_amp("auto", "cpu", torch.float16) is None
+    cfg = tiny_config()
+    ee.stage2(mlp(), small, cfg.stage2, amp="auto", progress=False)
+    ee.stage1(mlp(), small, cfg.stage1, amp="auto", progress=False)
+    ev = ee.evaluate(mlp(), small, amp="auto")
+    assert 0.0 <= ev["forget"]["acc"] <= 1.0
+
+
+def test_auto_is_checkpointed_as_what_ran_and_every_probe_autocasts(small, monkeypatch, tmp_path):
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: True)
+    seen = []
+    net = mlp()
+    net[0].register_forward_hook(lambda m, i, o: seen.append(torch.is_autocast_enabled("cpu")))
+    cfg = tiny_config(amp="auto", eval_every=2, checkpoint_every=2)
+    ee.unlearn(net, small, cfg, out_dir=tmp_path, progress=False)
+    assert seen and all(seen)                         # the original's curve record included
+    from entangle_ext.unlearn.checkpoint import load_checkpoint
+    assert load_checkpoint(tmp_path / "checkpoints" / "latest.pt")["config"]["amp"] == "bf16"
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: False)   # "another machine"
+    with pytest.raises(ValueError, match="amp: 'bf16' in the checkpoint vs None now.*amp=none"):
+        ee.unlearn(mlp(), small, cfg, resume=tmp_path / "checkpoints" / "stage1_step000002.pt", progress=False)
