@@ -10,12 +10,11 @@ from __future__ import annotations
 import copy
 import time
 
-import torch
-
 import entangle_ext as ee
 from entangle_ext.reference.unlearn import (driver_order_stage1, iter_driver_order_stage2, naive_c0,
                                             naive_stage1, naive_stage2)
 from entangle_ext.settings import get_setting, prepare
+from entangle_ext.unlearn.precision import resolve_amp_for
 
 HELD_OUT = ("forget_test", "adjacent_test", "remote_test")
 
@@ -48,9 +47,11 @@ def run(args, res: dict, save) -> float:
         raise SystemExit(f"the naive transcription is of the reference recipe, the preset is {cfg.recipe!r}")
     cfg.amp = args.amp if args.amp != "preset" else cfg.amp
     out = res["end_to_end"] = {"setting": "cifar100/cpu", "seed": args.seed, "caps": args.caps,
-                               "amp": cfg.amp, "basis_every": cfg.stage2.basis_every,
+                               "amp": cfg.amp, "amp_resolved": resolve_amp_for(cfg.amp, prep.model),
+                               "basis_every": cfg.stage2.basis_every,
                                "micro_batch": cfg.stage2.micro_batch}
-    print(f"# end to end: cifar100/cpu, seed {args.seed}, unlearn with amp={cfg.amp!r}, basis_every="
+    print(f"# end to end: cifar100/cpu, seed {args.seed}, unlearn with amp={cfg.amp!r} "
+          f"(-> {out['amp_resolved']!r}), basis_every="
           f"{cfg.stage2.basis_every}, micro_batch={cfg.stage2.micro_batch!r}; naive float32", flush=True)
     ours = copy.deepcopy(prep.model)
     t = time.perf_counter()
