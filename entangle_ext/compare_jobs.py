@@ -243,4 +243,6 @@ def worker_command(args, variant: str, methods: Sequence[str], threads: int, que
             cmd += [flag, str(value)]
     if args.no_relearn:
         cmd.append("--no-relearn")
+    if getattr(args, "amp", "preset") != "preset":
+        cmd += ["--amp", args.amp]
     return cmd

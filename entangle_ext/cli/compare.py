@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -71,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bold-band", type=float, default=BOLD_BAND, help="bold only among the methods whose "
                     "adjacent and remote held-out accuracy stay within ± this many points of the original's "
                     f"(default {BOLD_BAND:g}); stated under the table")
+    ap.add_argument("--amp", choices=["preset", "none", "bf16", "auto"], default="preset",
+                    help="autocast of every method's unlearning runs: preset = the variant's (cifar100/cpu: auto, "
+                         "bf16 where the CPU has bfloat16 matrix units; else none), none = the model's dtype")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # internal: a --jobs worker's queue dir
     return ap
@@ -134,6 +138,22 @@ def _plan(args, out: str):
     return device, setting, variant, data, model, methods, threads
 
 
+def amp_configs(names, args, variant: str):
+    """{method: its `method_config` (else its ``--hparams`` preset) with ``amp`` = ``--amp``} for
+    ``names``; None when ``--amp preset`` (each method's own)."""
+    if args.amp == "preset":
+        return None
+    from ..compare_specs import method_config
+    from ..unlearn.method import get_method
+    amp = None if args.amp == "none" else args.amp
+    out = {}
+    for m in names:
+        cfg = method_config(m, setting=args.setting, variant=variant, hparams=args.hparams)
+        cfg = get_method(m).config_for(args.setting, args.hparams) if cfg is None else cfg
+        out[m] = dataclasses.replace(cfg, amp=amp)
+    return out
+
+
 def _compare(args, out: str, device, variant, data, model, methods, threads):
     """The comparison itself (this process, or ``--jobs`` workers and then this process's table);
     None for a ``--worker`` process."""
@@ -156,8 +176,11 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
                   budget=args.budget)
         if args.worker is not None:   # one (method, seed) at a time from the parent's queue
             ref = ["retrain"] if "retrain" in methods else []   # the same cache keys as one process
-            work(Path(args.worker), lambda m, s: compare(run.model, run.splits, ref + [m] if m not in ref else ref,
-                                                         [s], write_tables=False, progress=False, **kw))
+            def one(m, s):
+                names = ref + [m] if m not in ref else ref
+                return compare(run.model, run.splits, names, [s], write_tables=False, progress=False,
+                               configs=amp_configs(names, args, variant.name), **kw)
+            work(Path(args.worker), one)
             return None
         tasks = plan_tasks(methods, seeds)
         jobs = min(args.jobs, len(tasks))
@@ -169,7 +192,7 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
                     for _ in range(jobs)]
             run_workers(cmds, tasks, queue, progress=not args.no_progress)
         return compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, band=args.bold_band,
-                       **kw)
+                       configs=amp_configs(methods, args, variant.name), **kw)
 
 
 def main(argv=None) -> int:

@@ -110,3 +110,28 @@ def test_auto_is_checkpointed_as_what_ran_and_every_probe_autocasts(small, monke
     monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: False)   # "another machine"
     with pytest.raises(ValueError, match="amp: 'bf16' in the checkpoint vs None now.*amp=none"):
         ee.unlearn(mlp(), small, cfg, resume=tmp_path / "checkpoints" / "stage1_step000002.pt", progress=False)
+
+
+def test_compare_cli_amp_flag_sets_every_methods_amp(tmp_path):
+    from entangle_ext.cli import compare as cli_compare
+    from entangle_ext.compare_jobs import worker_command
+    names = ["retrain", "ft", "ssd", "two_stage", "no_w2"]
+    args = cli_compare.build_parser().parse_args(["--setting", "cifar100", "--variant", "cpu", "--amp", "none"])
+    cfgs = cli_compare.amp_configs(names, args, "cpu")
+    assert set(cfgs) == set(names) and all(c.amp is None for c in cfgs.values())
+    assert isinstance(cfgs["two_stage"], ee.UnlearnConfig) and cfgs["retrain"].recipe == get_setting(
+        "cifar100").variant("cpu").recipe
+    args.out_dir = str(tmp_path)
+    cmd = worker_command(args, "cpu", names, 1, tmp_path)
+    assert cmd[cmd.index("--amp") + 1] == "none"
+    preset = cli_compare.build_parser().parse_args(["--setting", "cifar100", "--variant", "cpu"])
+    assert cli_compare.amp_configs(names, preset, "cpu") is None
+    assert "--amp" not in worker_command(_with_out(preset, tmp_path), "cpu", names, 1, tmp_path)
+    with pytest.raises(SystemExit):
+        cli_compare.build_parser().parse_args(["--setting", "cifar100", "--amp", "fp16"])
+
+
+def _with_out(args, out):
+    """``args`` with the out_dir a worker command reads."""
+    args.out_dir = str(out)
+    return args
