@@ -15,6 +15,18 @@ def mlp(seed=0):
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
 
 
+class AutocastProbe(torch.nn.Module):
+    """`mlp` that appends (CPU autocast on, logits dtype) to ``seen`` at every forward pass."""
+    def __init__(self, seen):
+        super().__init__()
+        self.net, self.seen = mlp(), seen
+
+    def forward(self, x):
+        out = self.net(x)
+        self.seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
+        return out
+
+
 def tiny_config(*, stage1=None, stage2=None, log_every=2, **top):
     """The digits preset cut to a few steps on ``small`` (Stage 1: 7 steps, Stage 2: 3 steps), with
     ``stage1`` / ``stage2`` field overrides on top and top-level UnlearnConfig fields ``top``."""

@@ -13,25 +13,13 @@ from entangle_ext.methods import get_method
 from entangle_ext.unlearn.losses import loss_logits
 from entangle_ext.unlearn.precision import amp_scope
 
-from _tiny import mlp
+from _tiny import AutocastProbe, mlp
 
 pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
               pytest.mark.usefixtures("one_thread")]
 
 BASELINES = ["retrain", "ft", "ga", "neggrad_plus", "rl", "l1_sparse", "salun", "scrub", "ssd", "gdr", "munba",
              "delete"]
-
-
-class Probe(torch.nn.Module):
-    """The tiny MLP, recording (autocast on, logits dtype) of every forward pass."""
-    def __init__(self, seen):
-        super().__init__()
-        self.net, self.seen = mlp(), seen
-
-    def forward(self, x):
-        out = self.net(x)
-        self.seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
-        return out
 
 
 def _short(cfg, recipe_amp=None):
@@ -59,7 +47,7 @@ def loss_dtypes(monkeypatch):
 def test_baseline_runs_every_forward_under_bf16_autocast(small, name, loss_dtypes):
     seen = []
     cfg = _short(get_method(name).config_for("digits", "paper_code", amp="bf16"), recipe_amp="bf16")
-    r = ee.unlearn(Probe(seen), small, cfg, method=name, progress=False)
+    r = ee.unlearn(AutocastProbe(seen), small, cfg, method=name, progress=False)
     assert r.report["config"]["amp"] == r.report["amp"] == "bf16"
     assert seen and all(s == (True, torch.bfloat16) for s in seen), set(seen)
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in r.model.parameters())
@@ -73,7 +61,7 @@ def test_baseline_without_amp_runs_in_float32(small, name):
     seen = []
     cfg = _short(get_method(name).config_for("digits", "paper_code"))
     assert cfg.amp is None
-    ee.unlearn(Probe(seen), small, cfg, method=name, progress=False)
+    ee.unlearn(AutocastProbe(seen), small, cfg, method=name, progress=False)
     assert seen and all(s == (False, torch.float32) for s in seen)
 
 
@@ -81,7 +69,7 @@ def test_retrain_trains_with_its_recipes_amp_and_evaluates_with_the_configs(smal
     seen = []
     cfg = _short(get_method("retrain").config_for("digits", "paper_code", amp="bf16"))
     assert cfg.recipe.amp is None
-    net = Probe(seen)
+    net = AutocastProbe(seen)
     net.register_forward_hook(lambda m, i, o: seen.append(("train" if m.training else "eval",)))
     ee.unlearn(net, small, cfg, method="retrain", progress=False)
     modes = [seen[i + 1][0] for i in range(0, len(seen), 2)]

@@ -12,7 +12,7 @@ from entangle_ext.train import TrainRecipe
 from entangle_ext.unlearn import precision
 from entangle_ext.unlearn.precision import resolve_amp
 
-from _tiny import mlp, tiny_config
+from _tiny import AutocastProbe, mlp, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,22 +42,12 @@ def test_auto_is_a_value_of_every_amp_field():
 def test_auto_runs_bf16_only_where_the_cpu_has_it(small, monkeypatch, has):
     monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: has)
     seen = []
-
-    class Probe(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = mlp()
-
-        def forward(self, x):
-            out = self.net(x)
-            seen.append(out.dtype)
-            return out
     for method, cfg in (("two_stage", tiny_config(amp="auto")),
                         ("ft", get_method("ft").config_for("digits", amp="auto").replace(epochs=1))):
         seen.clear()
-        r = ee.unlearn(Probe(), small, cfg, method=method, progress=False)
+        r = ee.unlearn(AutocastProbe(seen), small, cfg, method=method, progress=False)
         assert r.report["config"]["amp"] == r.report["amp"] == ("bf16" if has else None)   # what ran
-        assert seen and set(seen) == {torch.bfloat16 if has else torch.float32}, method
+        assert seen and {d for _, d in seen} == {torch.bfloat16 if has else torch.float32}, method
 
 
 def test_cpu_presets_use_auto_and_the_others_none():

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import entangle_ext as ee
 from entangle_ext.unlearn import load_checkpoint
 
-from _tiny import BagOfTokens, DictDS, Tokens, mlp, pad_collate, params, tiny_config
+from _tiny import AutocastProbe, BagOfTokens, DictDS, Tokens, mlp, pad_collate, params, tiny_config
 
 pytestmark = [pytest.mark.skipif(not ee.available(), reason=f"extension not loaded: {ee.load_error()}"),
               pytest.mark.usefixtures("one_thread")]
@@ -135,17 +135,7 @@ def test_low_precision_models_keep_float32_state(small, dtype, tmp_path):
 
 def test_amp_runs_every_forward_under_autocast(small):
     seen = []
-
-    class Probe(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = mlp()
-
-        def forward(self, x):
-            out = self.net(x)
-            seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
-            return out
-    r = ee.unlearn(Probe(), small, tiny_config(amp="bf16"), progress=False)
+    r = ee.unlearn(AutocastProbe(seen), small, tiny_config(amp="bf16"), progress=False)
     assert seen and all(s == (True, torch.bfloat16) for s in seen)
     assert all(p.dtype == torch.float32 for p in r.model.parameters())
     assert not torch.is_autocast_enabled("cpu")
