@@ -40,12 +40,14 @@ from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fingerprint import fingerprint
 from .unlearn.inputs import model_device
+from .unlearn.precision import model_dtype
 from .unlearn.lock import out_dir_lock
 from .compare_report import BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize
 from .unlearn.files import atomic_write
 from .compare_specs import (MethodSpec, available_methods, build_specs, check_budget, check_method_names,
                             effective_config, method_config, method_spec, scale_budget)
-from .compare_cache import CACHE_FORMAT, ResultCache, cache_key, cached_note, json_nan_free, jsonable
+from .compare_cache import (CACHE_FORMAT, ResultCache, cache_key, cached_note, json_nan_free, jsonable,
+                            resolved_amp_fields)
 from .unlearn.report import plot_available
 from .unlearn.evaluate import NonFiniteOutputError
 from .unlearn.metrics import (METRICS, RELEARN_LR, RELEARN_LR_GROWTH, RELEARN_MAX_STEPS, check_relearn_args,
@@ -255,6 +257,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         rl = _relearn_settings(relearn, model, splits, device, batch_size)
         metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
         fp, cache = fingerprint(model, splits), ResultCache(out_dir, device)
+        dtype = model_dtype(model)   # with the device, what an amp of "auto" runs as (its cache key)
         runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
         retrained: Dict[int, dict] = {}
         failures: Dict[str, Dict[int, str]] = {}
@@ -263,7 +266,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         for spec in specs:
             for seed in seeds:
                 ref = retrained.get(seed)
-                key = cache_key(CACHE_FORMAT, spec.name, seed, spec.hparams, fp, metric_kw, ref and ref["key"])
+                key = cache_key(CACHE_FORMAT, spec.name, seed, resolved_amp_fields(spec.hparams, device, dtype), fp,
+                                metric_kw, ref and ref["key"])
                 bar.set_postfix_str(f"{spec.name} seed {seed}")
                 rec = cache.load(spec.name, seed, key)
                 if rec is not None:

@@ -1,6 +1,7 @@
 """The per-run cache of `entangle_ext.compare`: ``out_dir/cache/<method>/seed<k>.json``, one
 record per finished (method, seed) run, keyed (`cache_key`) on `CACHE_FORMAT`, the method, the
-seed, its effective hyperparameters, the fingerprint of the original model and the splits
+seed, its effective hyperparameters (an ``amp`` of "auto" as what it runs as on the comparison's
+device, `resolved_amp_fields`), the fingerprint of the original model and the splits
 (``entangle_ext/unlearn/fingerprint.py``), the metric settings and the Retrain reference's key.
 A record made with another torch version or device type is reused with a `UserWarning`; a record
 of an older cache format is recomputed, with a one-line notice per cache directory."""
@@ -20,7 +21,8 @@ import torch
 
 from .unlearn.files import atomic_write
 
-__all__ = ["CACHE_FORMAT", "ResultCache", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free"]
+__all__ = ["CACHE_FORMAT", "ResultCache", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free",
+           "resolved_amp_fields"]
 
 CACHE_FORMAT = 4
 """Part of every cache key and written into every record: 2 since an MIA attack without signal
@@ -124,6 +126,22 @@ def cached_note(reused: Mapping[str, Sequence[int]], root: Optional[Path]) -> st
 def cache_env(device) -> Dict[str, str]:
     """What a cached record notes about where it was computed (not part of its key)."""
     return {"torch": torch.__version__, "device": "cpu" if device is None else torch.device(device).type}
+
+
+def resolved_amp_fields(obj, device, dtype: Optional[torch.dtype] = torch.float32) -> Any:
+    """``obj`` (a method's JSON-ready hyperparameters, e.g. a `MethodSpec`'s ``hparams``) with
+    every ``"amp": "auto"`` entry, at any depth, replaced by what ``"auto"`` runs as on ``device``
+    for a model of ``dtype`` (`entangle_ext.unlearn.precision.resolve_amp`: "bf16" or None).
+    The cache key holds this, not "auto": a record made under bfloat16 autocast on a CPU with
+    bfloat16 matrix units is never reused on a machine where "auto" runs float32, and the other
+    way round. Other values are returned as they are (no copy is made where nothing changes)."""
+    from .unlearn.precision import resolve_amp
+    if isinstance(obj, Mapping):
+        return {k: (resolve_amp(v, device, dtype) if k == "amp" and v == "auto" else
+                    resolved_amp_fields(v, device, dtype)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [resolved_amp_fields(v, device, dtype) for v in obj]
+    return obj
 
 
 def cache_key(*parts) -> str:

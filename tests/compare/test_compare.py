@@ -247,6 +247,45 @@ def test_method_registry(setup, monkeypatch, tmp_path):
     assert seen[0]["config"].recipe == get_setting("digits").variant("reduced").recipe and seen[0]["seed"] == 0
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_cache_key_holds_what_amp_auto_runs_as(setup, monkeypatch, tmp_path, first):
+    """A config's amp="auto" enters the cache key as what it runs as on the comparison's device
+    ("bf16" where the CPU has bfloat16 matrix units, None elsewhere): a record made under bf16
+    autocast is not reused on a machine where "auto" runs float32, nor the other way round; on the
+    same kind of machine it is, and it is the record of an explicit amp="bf16" / None run."""
+    from entangle_ext.compare_cache import resolved_amp_fields
+    from entangle_ext.unlearn import precision
+    s, net = setup
+    seen = []
+
+    def fake_unlearn(model, splits, config=None, **kw):
+        seen.append(config.amp)
+        return ee.UnlearnResult(model=model, report={"timings_s": {"unlearn": 1.0}})
+
+    monkeypatch.setattr(importlib.import_module("entangle_ext.compare_specs"), "unlearn", fake_unlearn)
+    ft = get_method("ft").config_for("digits").replace(epochs=1)
+    kw = dict(seeds=[0], setting="digits", relearn=False, progress=False, out_dir=tmp_path)
+
+    def run(has, amp):
+        monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: has)
+        seen.clear()
+        ee.compare(net, s, ["ft"], configs={"ft": ft.replace(amp=amp)}, **kw)
+        return list(seen)
+
+    assert run(first, "auto") == ["auto"]                       # computed
+    assert run(first, "auto") == []                             # same machine kind: from the cache
+    assert run(not first, "auto") == ["auto"]                   # the other kind: recomputed
+    assert run(first, "bf16" if first else None) == ["bf16" if first else None]   # its own record...
+    assert run(first, "auto") == []                             # ...is the one "auto" runs as here
+    # the helper, at any depth; nothing else changes
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: True)
+    hp = {"config": {"amp": "auto", "stage1": {"amp": "auto"}, "l": [{"amp": "auto"}], "lr": 0.1}, "amp": None}
+    assert resolved_amp_fields(hp, "cpu") == {"config": {"amp": "bf16", "stage1": {"amp": "bf16"},
+                                                         "l": [{"amp": "bf16"}], "lr": 0.1}, "amp": None}
+    assert resolved_amp_fields(hp, "cpu", torch.float64)["config"]["amp"] is None   # autocast leaves float64
+    assert hp["config"]["amp"] == "auto"                        # the input is not modified
+
+
 def test_cli_compare(tmp_path, capsys, monkeypatch):
     out = tmp_path / "cmp"
     argv = ["compare", "--setting", "digits", "--variant", "reduced", "--methods", "retrain,two_stage", "--seeds",
