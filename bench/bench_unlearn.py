@@ -3,7 +3,9 @@ transcription of the reference recipe (entangle_ext/reference/unlearn.py), same 
 settings and run; then (CPU, unless --skip-end-to-end) the whole `entangle_ext.unlearn` call on
 the cifar100/cpu setting with its preset against the naive float32 transcription on the same
 splits (bench/_end_to_end.py), whose ratio is the last line printed:
-``end-to-end speedup vs naive: <float>x``.
+``end-to-end speedup vs naive: <float>x``. ``--basis-every R [R ...]`` also times the unlearn
+call with ``stage2.basis_every = R`` (ours: it changes the algorithm) against the same naive run,
+each printed as its own row before that line.
 
 ResNet-18 (CIFAR stem, 20 classes, 11.2 M parameters) at CIFAR shapes (3×32×32) on random inputs.
 Defaults: paper batch sizes on CUDA (Stage 1 remote 128 / forget 16; Stage 2 adjacent 128, forget
@@ -19,6 +21,7 @@ every round, so a run stopped by --time-budget (or killed) keeps what it measure
     python bench/bench_unlearn.py --device cuda --json bench_unlearn.json --time-budget 20
     OMP_WAIT_POLICY=PASSIVE python bench/bench_unlearn.py --device cpu --json bench/results/unlearn_cpu.json
     python bench/bench_unlearn.py --device cpu --skip-steps --cache-dir runs/bench   # end to end only
+    python bench/bench_unlearn.py --device cpu --skip-steps --cache-dir runs/bench --basis-every 2
 """
 from __future__ import annotations
 
@@ -60,6 +63,13 @@ def _timed(fn, dev) -> float:
 
 def _take(ds: TensorDataset, n: int) -> TensorDataset:
     return TensorDataset(*[t[:n] for t in ds.tensors])
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return n
 
 
 def _micro_batch(text: str):
@@ -153,6 +163,9 @@ def main(argv=None):
     e2e.add_argument("--data-root", default=None, help="cifar100.npz or its directory (default: the data dirs)")
     e2e.add_argument("--amp", choices=["preset", "none", "bf16"], default="preset",
                      help="amp of the unlearn call (default: the preset's)")
+    e2e.add_argument("--basis-every", type=_positive_int, nargs="+", default=None, metavar="R",
+                     help="also time unlearn with stage2.basis_every=R (ours: another algorithm), each as "
+                          "its own row against the same naive run; the last line stays the preset's")
     e2e.add_argument("--caps", type=int, default=None,
                      help="quick check: at most N train/test images per fine class, 1-epoch original model")
     args = ap.parse_args(argv)
