@@ -131,7 +131,7 @@ def cache_env(device) -> Dict[str, str]:
 def resolved_amp_fields(obj, device, dtype: Optional[torch.dtype] = torch.float32) -> Any:
     """``obj`` (a method's JSON-ready hyperparameters, e.g. a `MethodSpec`'s ``hparams``) with
     every ``"amp": "auto"`` entry, at any depth, replaced by what ``"auto"`` runs as on ``device``
-    for a model of ``dtype`` (`entangle_ext.unlearn.precision.resolve_amp`: "bf16" or None).
+    for a model of ``dtype`` (`resolve_amp` of entangle_ext/unlearn/precision.py: "bf16" or None).
     The cache key holds this, not "auto": a record made under bfloat16 autocast on a CPU with
     bfloat16 matrix units is never reused on a machine where "auto" runs float32, and the other
     way round. Other values are returned as they are (no copy is made where nothing changes)."""
