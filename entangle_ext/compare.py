@@ -264,10 +264,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         reused: Dict[str, List[int]] = {}   # the (method, seed) results taken from the cache
         bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
         for spec in specs:
+            hp = resolved_amp_fields(spec.hparams, device, dtype)
             for seed in seeds:
                 ref = retrained.get(seed)
-                key = cache_key(CACHE_FORMAT, spec.name, seed, resolved_amp_fields(spec.hparams, device, dtype), fp,
-                                metric_kw, ref and ref["key"])
+                key = cache_key(CACHE_FORMAT, spec.name, seed, hp, fp, metric_kw, ref and ref["key"])
                 bar.set_postfix_str(f"{spec.name} seed {seed}")
                 rec = cache.load(spec.name, seed, key)
                 if rec is not None:

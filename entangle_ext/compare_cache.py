@@ -20,6 +20,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import torch
 
 from .unlearn.files import atomic_write
+from .unlearn.precision import resolve_amp
 
 __all__ = ["CACHE_FORMAT", "ResultCache", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free",
            "resolved_amp_fields"]
@@ -134,8 +135,7 @@ def resolved_amp_fields(obj, device, dtype: Optional[torch.dtype] = torch.float3
     for a model of ``dtype`` (`resolve_amp` of entangle_ext/unlearn/precision.py: "bf16" or None).
     The cache key holds this, not "auto": a record made under bfloat16 autocast on a CPU with
     bfloat16 matrix units is never reused on a machine where "auto" runs float32, and the other
-    way round. Other values are returned as they are (no copy is made where nothing changes)."""
-    from .unlearn.precision import resolve_amp
+    way round. Other values are kept; ``obj`` itself is not modified."""
     if isinstance(obj, Mapping):
         return {k: (resolve_amp(v, device, dtype) if k == "amp" and v == "auto" else
                     resolved_amp_fields(v, device, dtype)) for k, v in obj.items()}
