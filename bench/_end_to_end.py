@@ -3,7 +3,8 @@
 autocast included where the preset turns it on) against the naive float32 transcription of the
 reference recipe (``naive_c0`` + ``naive_stage1`` + ``naive_stage2`` of
 entangle_ext/reference/unlearn.py), from the same original model θ0, on the same splits and batch
-order. The unlearn call is timed whole (its evaluations of θ0, Stage 1 and Stage 2 included);
+order. The naive run passes contiguous (NCHW) image batches; the unlearn call what its
+``channels_last`` field resolves to (``unlearn_channels_last`` in the JSON). The unlearn call is timed whole (its evaluations of θ0, Stage 1 and Stage 2 included);
 the naive one has none; the JSON's ``unlearn_timings_s`` splits the call's time into its evaluations
 and stages (the run report's ``timings_s``). The held-out accuracies of both are measured afterwards, untimed."""
 from __future__ import annotations
@@ -61,17 +62,30 @@ def run(args, res: dict, save) -> float:
     # where the unlearn call's time went (report["timings_s"]: eval_original, stage1, eval_stage1,
     # stage2, eval_stage2; "unlearn" = the two stages)
     out["unlearn_timings_s"] = {k: round(float(v), 3) for k, v in (result.report.get("timings_s") or {}).items()}
+    out["unlearn_channels_last"] = result.report.get("channels_last")
     save()
-    variants = {}   # basis_every = r != the preset's: ours, another algorithm, timed as its own row
-    for r in dict.fromkeys(args.basis_every or []):
-        if r == cfg.stage2.basis_every:
-            continue
+    # rows of their own against the same naive run: basis_every = r != the preset's (ours, another
+    # algorithm), and with --contiguous-row the preset with channels_last=False
+    alts = {f"basis_every={r}": ("basis_every_rows", str(r), {"basis_every": r})
+            for r in dict.fromkeys(args.basis_every or []) if r != cfg.stage2.basis_every}
+    if getattr(args, "contiguous_row", False):
+        alts["channels_last=False"] = ("contiguous_row", None, {"channels_last": False})
+    variants = {}
+    for label, (key, sub, change) in alts.items():
         alt = copy.deepcopy(cfg)
-        alt.stage2.basis_every = r
-        variants[r] = copy.deepcopy(prep.model)
+        if "basis_every" in change:
+            alt.stage2.basis_every = change["basis_every"]
+        else:
+            alt.channels_last = change["channels_last"]
+        variants[label] = copy.deepcopy(prep.model)
         t = time.perf_counter()
-        ee.unlearn(variants[r], prep.splits, alt, progress=False)
-        out.setdefault("basis_every_rows", {})[str(r)] = {"unlearn_s": time.perf_counter() - t}
+        rep = ee.unlearn(variants[label], prep.splits, alt, progress=False).report
+        row = {"unlearn_s": time.perf_counter() - t,
+               "unlearn_timings_s": {k: round(float(v), 3) for k, v in (rep.get("timings_s") or {}).items()}}
+        if sub is None:
+            out[key] = row
+        else:
+            out.setdefault(key, {})[sub] = row
         save()
     naive = copy.deepcopy(prep.model).float()
     t = time.perf_counter()
@@ -81,19 +95,24 @@ def run(args, res: dict, save) -> float:
     out["held_out_acc_naive"] = held_out(naive, prep.splits)
     out["held_out_acc_original"] = held_out(prep.model, prep.splits)
     out["speedup"] = out["naive_s"] / out["unlearn_s"]
-    for r, m in variants.items():
-        row = out["basis_every_rows"][str(r)]
+    rows = {}
+    for label, m in variants.items():
+        key, sub, _ = alts[label]
+        rows[label] = row = out[key] if sub is None else out[key][sub]
         row["held_out_acc"] = held_out(m, prep.splits)
         row["speedup"] = out["naive_s"] / row["unlearn_s"]
     save()
     for k in ("original", "naive", "unlearn"):
         print(f"held-out forget / adjacent / remote %, {k:8s}: "
               + " / ".join(f"{out['held_out_acc_' + k][s]:.2f}" for s in HELD_OUT), flush=True)
-    print(f"wall: naive {out['naive_s']:.1f} s, unlearn {out['unlearn_s']:.1f} s ("
+    print(f"wall: naive {out['naive_s']:.1f} s, unlearn {out['unlearn_s']:.1f} s (channels_last "
+          f"{out['unlearn_channels_last']}; "
           + ", ".join(f"{k} {v:.1f} s" for k, v in out["unlearn_timings_s"].items()) + ")", flush=True)
-    for r in variants:
-        row = out["basis_every_rows"][str(r)]
-        print(f"basis_every={r} (ours, changes the algorithm; not the preset): unlearn {row['unlearn_s']:.1f} s, "
-              f"held-out " + " / ".join(f"{row['held_out_acc'][s]:.2f}" for s in HELD_OUT)
+    for label, row in rows.items():
+        what = "ours, changes the algorithm; not the preset" if label.startswith("basis") else \
+            "contiguous image batches; not the preset"
+        print(f"{label} ({what}): unlearn {row['unlearn_s']:.1f} s ("
+              + ", ".join(f"{k} {v:.1f} s" for k, v in row["unlearn_timings_s"].items()) + "), held-out "
+              + " / ".join(f"{row['held_out_acc'][s]:.2f}" for s in HELD_OUT)
               + f", {row['speedup']:.2f}x the naive", flush=True)
     return out["speedup"]

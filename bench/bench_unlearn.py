@@ -166,6 +166,9 @@ def main(argv=None):
     e2e.add_argument("--basis-every", type=_positive_int, nargs="+", default=None, metavar="R",
                      help="also time unlearn with stage2.basis_every=R (ours: another algorithm), each as "
                           "its own row against the same naive run; the last line stays the preset's")
+    e2e.add_argument("--contiguous-row", action="store_true",
+                     help="also time unlearn with channels_last=False (the preset otherwise; contiguous "
+                          "image batches as before that field), its own row against the same naive run")
     e2e.add_argument("--caps", type=int, default=None,
                      help="quick check: at most N train/test images per fine class, 1-epoch original model")
     args = ap.parse_args(argv)

@@ -35,6 +35,7 @@ import torch
 
 from .unlearn.data import Splits
 from .unlearn.evaluate import evaluate
+from .unlearn.memory_format import channels_last_scope
 from .unlearn.loop import NonFiniteLossError
 from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
@@ -135,7 +136,8 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, m
     wall = time.perf_counter() - t
     report = dict(getattr(res, "report", None) or {})
     seconds = None if spec.name == "original" else _unlearn_seconds(report, wall)
-    with preserved_rng():
+    # the metrics' forward passes in the memory format the run used (report["channels_last"])
+    with preserved_rng(), channels_last_scope(bool(report.get("channels_last", False))):
         try:
             metrics = unlearning_metrics(res.model, splits, retrained=retrained, evals=_final_evals(report),
                                          seconds=seconds, device=device, seed=seed,

@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from .memory_format import to_channels_last
 from .precision import LOW_PRECISION, autocast_for
 
 __all__ = ["concat_batches", "slice_batch", "move_batch", "split_batch", "cast_floating", "prepare_batch",
@@ -108,11 +109,14 @@ def _device_type(model: torch.nn.Module, inputs) -> str:
 
 def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
     """Call the model (``model(x)`` or ``model(**inputs)``; under autocast inside an
-    `amp_scope` of ``entangle_ext/unlearn/precision.py``) and return (B, C) logits.
+    `amp_scope` of ``entangle_ext/unlearn/precision.py``; 4-D floating inputs in channels-last
+    memory format inside a `channels_last_scope` of ``entangle_ext/unlearn/memory_format.py``)
+    and return (B, C) logits.
 
     Accepts plain tensors, tuples (first element), dicts with a ``"logits"`` key and objects with
     ``.logits`` (Hugging Face). Raises ValueError when the output is not a 2-D tensor of logits.
     """
+    inputs = to_channels_last(inputs)
     with autocast_for(_device_type(model, inputs)):
         out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
     if isinstance(out, dict) and "logits" in out:

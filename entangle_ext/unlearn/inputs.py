@@ -11,9 +11,11 @@ import torch
 
 from .data import BatchStream, Splits, forward_logits, split_batch
 from .losses import trainable_params
+from .memory_format import resolve_channels_last
 from .precision import amp_scope, model_dtype
 
-__all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "require_trainable", "training_flags_kept"]
+__all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "probe_channels_last",
+           "require_trainable", "training_flags_kept"]
 
 
 def check_model_and_splits(model, splits, where: str) -> None:
@@ -98,6 +100,23 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
                                  f"{model_dtype(model)}): {str(e).splitlines()[0]}") from e
             C = logits.shape[1] if C is None else C
     return C
+
+
+@torch.no_grad()
+def probe_channels_last(setting, model, splits: Splits, device, amp=None) -> bool:
+    """What a run config's ``channels_last`` runs as (`resolve_channels_last` of
+    entangle_ext/unlearn/memory_format.py) for ``model`` on ``device``, probed on two samples of
+    the first split under the run's ``amp`` (after `preflight`; the model in eval mode). Raises
+    ValueError as `resolve_channels_last` (``channels_last=True`` on a model that fails on
+    channels-last inputs)."""
+    if setting is False:
+        return False
+    name = next(iter(splits.named()))
+    with amp_scope(amp):
+        probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
+                            device=device, input_dtype=model_dtype(model))
+        inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
+        return resolve_channels_last(setting, model, inputs, device)
 
 
 def _describe_inputs(inputs) -> str:

@@ -16,7 +16,7 @@ from .fields import Select, StrictFields, at_least, check_curve_fields, check_fi
 from .data import BatchStream, Splits, has_batchnorm
 from .distributed import current
 from .loop import StageLoop
-from .config import Amp
+from .config import Amp, ChannelsLast
 from .precision import amp_scope, model_dtype
 
 __all__ = ["METHODS", "HPARAMS", "PAPER_SETTINGS", "register_method", "get_method", "available_methods",
@@ -84,6 +84,9 @@ class MethodConfig(StrictFields):
             method's steps, its evaluations and probes) under `torch.autocast` with bfloat16; parameters, gradients and optimizer state keep the parameters'
             dtype and every loss is computed in float32 (``loss_logits`` of entangle_ext/unlearn/batch.py).
             Retrain's training from scratch follows its recipe's own ``amp`` (`TrainRecipe.amp`).
+        channels_last: "auto" (default), True or False, as `UnlearnConfig.channels_last`: the
+            memory format of 4-D floating inputs in every forward pass of the run (Retrain's
+            training included).
         budget_fields (class attribute, not a field): the dotted names of the fields that count
             training passes (e.g. ``("epochs",)``); `entangle_ext.compare`'s ``budget`` scales
             them. Empty: no training loop (e.g. SSD).
@@ -101,6 +104,7 @@ class MethodConfig(StrictFields):
     select_forget_acc: Optional[float] = None
     select_delta: float = 0.02
     amp: Optional[Amp] = None
+    channels_last: ChannelsLast = "auto"
 
     def __post_init__(self):
         self.validate()

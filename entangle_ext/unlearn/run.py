@@ -6,6 +6,7 @@ stages with `Run.stage` and evaluates with `Run.evaluate_after`: the two-stage f
 (Stage 1, Stage 2), a baseline one."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -21,8 +22,9 @@ from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_res
 from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
-from .inputs import check_model_and_splits, model_device, preflight, require_trainable
+from .inputs import check_model_and_splits, model_device, preflight, probe_channels_last, require_trainable
 from .lock import OutDirLock
+from .memory_format import channels_last_scope
 from .loop import check_final_losses
 from .method import UnlearningMethod, warm_imports
 from .precision import amp_scope, model_dtype, resolve_amp
@@ -46,7 +48,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     Order (every method): load the checkpoint of ``resume`` → resolve and validate the config
     (``cls.resolve_config``; ``seed`` replaces ``config.seed``) → the splits the method needs
     (``cls.splits_needed``) → the splits fingerprint and, on a resume, `check_resume` →
-    trainable parameters → device → `preflight` (one batch per split) → lock ``out_dir`` and
+    trainable parameters → device → `preflight` (one batch per split) → what the config's
+    ``channels_last`` runs as (`probe_channels_last`; its scope holds for the rest) → lock ``out_dir`` and
     ``on_checked()`` → seed (and deterministic algorithms when the config asks) → evaluate θ0
     (non-finite per-sample losses raise) → ``cls(...).execute(run)`` → `Run.finish`.
 
@@ -57,7 +60,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     check_model_and_splits(model, splits, "unlearn")
     cls.check_arguments(setting, hparams, model_fn)
     lock = OutDirLock(out_dir)   # taken once the checks passed (re-entrant under `entangle_ext.unlearn`)
-    with lock, preserved_global_state(), scope(model) as (d, model):
+    with lock, preserved_global_state(), scope(model) as (d, model), contextlib.ExitStack() as stack:
         ckpt = load_resume(resume, cls.name)
         preset = {"hparams": hparams, "setting": setting} if config is None and ckpt is None else \
             {"hparams": None, "setting": None}
@@ -74,6 +77,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         model.to(device).eval()
         amp = config.amp if hasattr(config, "amp") else None
         num_classes = preflight(model, splits, device, amp)
+        channels_last = probe_channels_last(getattr(config, "channels_last", False), model, splits, device, amp)
+        stack.enter_context(channels_last_scope(channels_last))   # every forward pass from here on
         lock.acquire(d)   # one live run per out dir: OutDirInUseError before any training
         if on_checked is not None:   # `entangle_ext.unlearn`'s reused-out-dir warning
             on_checked()
@@ -83,6 +88,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         run = Run(cls.name, model, splits, config, device=device, num_classes=num_classes, out_dir=out_dir,
                   ckpt=ckpt, progress=progress, fingerprint=fingerprint, stages=cls.stage_keys(), amp=amp,
                   changes=changes)
+        run.channels_last = channels_last
         if "original" not in run.evals:
             run.evaluate("original", check_finite=True)
             run.probe_original()
@@ -115,6 +121,7 @@ class Run:
                  changes: Optional[Dict[str, Any]] = None):
         self.method, self.model, self.splits, self.config, self.device = method, model, splits, config, device
         self.num_classes, self.progress, self.amp, self.stages = num_classes, progress, amp, tuple(stages)
+        self.channels_last = False   # what the config's channels_last runs as (set by run_method)
         self.out = Path(out_dir) if out_dir is not None else None
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -325,7 +332,8 @@ class Run:
         if "steps" in extras:
             report["steps"] = extras["steps"]
         done_stops = self.done.get("stopped", {})
-        report.update(amp=self.amp, curves=list(self.done.get("curves", [])), certificate=cert, curves_png=None,
+        report.update(amp=self.amp, channels_last=self.channels_last, curves=list(self.done.get("curves", [])),
+                      certificate=cert, curves_png=None,
                       stopped={k: done_stops.get(k, {"rule": "budget", "step": n}) for k, n in report["steps"].items()})
         report.update(method=self.method, fingerprint=self.saver.common["fingerprint"], resume=resumed,
                       world_size=current().world, **preset)
