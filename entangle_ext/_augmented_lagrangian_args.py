@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Tuple, Union
+from collections.abc import Mapping
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
@@ -30,8 +31,9 @@ def as_real(op: str, name: str, x) -> float:
 def check_dual_args(op: str, kind: str, lam_min, lam_max, damping
                     ) -> Tuple[Optional[float], Optional[float], float]:
     """The host-side arguments of the dual step (also checked by `AugmentedLagrangian` at
-    construction): damping in [0, 1], lam_min <= lam_max (neither NaN), lam_max >= 0 for
-    inequality constraints. Returns them as floats; TypeError / ValueError otherwise."""
+    construction): damping in [0, 1], lam_min <= lam_max (neither NaN, lam_min not +inf, lam_max
+    not -inf: such a bound leaves no value and would set every multiplier to +-inf), lam_max >= 0
+    for inequality constraints. Returns them as floats; TypeError / ValueError otherwise."""
     check_kind(op, kind)
     damping = as_real(op, "damping", damping)
     lo = None if lam_min is None else as_real(op, "lam_min", lam_min)
@@ -41,6 +43,12 @@ def check_dual_args(op: str, kind: str, lam_min, lam_max, damping
     for name, v in (("lam_min", lo), ("lam_max", hi)):
         if v is not None and v != v:   # NaN; not math.isnan, a graph break on a symbolic float
             raise ValueError(f"{op}: {name} is NaN")
+    if lo is not None and lo == math.inf:
+        raise ValueError(f"{op}: lam_min is +inf: no multiplier can reach it (a finite bound, or "
+                         "None for none)")
+    if hi is not None and hi == -math.inf:
+        raise ValueError(f"{op}: lam_max is -inf: no multiplier can reach it (a finite bound, or "
+                         "None for none)")
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"{op}: lam_min ({lo:g}) > lam_max ({hi:g})")
     if kind == "inequality" and hi is not None and hi < 0:
@@ -100,6 +108,18 @@ def check_tensors(op: str, **named) -> None:
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def check_shapes(op: str, lam: torch.Tensor, g: torch.Tensor, mu: torch.Tensor) -> None:
+    """lam ``(m,)``, g ``(m,)`` and mu ``()`` or ``(m,)`` (a ``(1,)`` mu for m > 1 is refused, not
+    broadcast), checked in the wrapper so that the message names the public function."""
+    if lam.dim() != 1:
+        raise ValueError(f"{op}: lam must have 1 dimension (m,), got shape {tuple(lam.shape)}")
+    m = lam.shape[0]
+    if g.dim() != 1 or g.shape[0] != m:
+        raise ValueError(f"{op}: g must have shape (m,) = ({m},) like lam, got {tuple(g.shape)}")
+    if not (mu.dim() == 0 or (mu.dim() == 1 and mu.shape[0] == m)):
+        raise ValueError(f"{op}: mu must have shape () or (m,) = ({m},), got {tuple(mu.shape)}")
+
+
 def check_same_device(op: str, lam: torch.Tensor, **named) -> None:
     for name, t in named.items():
         if t.device != lam.device:
@@ -133,16 +153,25 @@ def schedule_args(mu_growth, shrink_ratio, mu_max, schedule_every):
     """The penalty schedule's settings as (float, float, float, int), or TypeError/ValueError."""
     growth, shrink, top = (as_real(CLASS, n, x) for n, x in (
         ("mu_growth", mu_growth), ("shrink_ratio", shrink_ratio), ("mu_max", mu_max)))
-    if not growth >= 1.0:
-        raise ValueError(f"{CLASS}: mu_growth must be >= 1, got {mu_growth}")
+    if not 1.0 <= growth < math.inf:   # inf: the schedule would drive mu to inf mid-run
+        raise ValueError(f"{CLASS}: mu_growth must be finite and >= 1, got {mu_growth}")
     if not 0.0 < shrink <= 1.0:
         raise ValueError(f"{CLASS}: shrink_ratio must be in (0, 1], got {shrink_ratio}")
-    if not top > 0.0:
-        raise ValueError(f"{CLASS}: mu_max must be > 0, got {mu_max}")
+    if not 0.0 < top < math.inf:
+        raise ValueError(f"{CLASS}: mu_max must be finite and > 0, got {mu_max}")
     every = as_real(CLASS, "schedule_every", schedule_every)
     if not (math.isfinite(every) and every >= 1 and every == int(every)):
         raise ValueError(f"{CLASS}: schedule_every must be an integer >= 1, got {schedule_every!r}")
     return growth, shrink, top, int(every)
+
+
+def check_mu_max(op: str, mu_max: float, dtype: torch.dtype) -> None:
+    """mu_max must stay finite in the state dtype (float32: <= ~3.4e38), or the schedule's clamp
+    would let mu reach inf."""
+    top = torch.finfo(dtype).max
+    if mu_max > top:
+        raise ValueError(f"{op}: mu_max must be finite in the state dtype {dtype} (<= {top:.4g}), "
+                         f"got {mu_max:g}")
 
 
 def state_dtype(c0, dtype: Optional[torch.dtype]) -> torch.dtype:
@@ -155,44 +184,106 @@ def state_dtype(c0, dtype: Optional[torch.dtype]) -> torch.dtype:
     return d if d in (torch.float32, torch.float64) else torch.float32
 
 
-def as_c0(c0, device, dtype: torch.dtype) -> torch.Tensor:
-    """c0 as a new ``(m,)`` tensor, m >= 1, finite (a CUDA tensor: checked with one host sync,
-    except during CUDA-graph capture)."""
+def as_c0(c0, device, dtype: torch.dtype, op: str = CLASS) -> torch.Tensor:
+    """c0 as a new ``(m,)`` tensor, m >= 1, finite in ``dtype`` (a CUDA tensor: checked with one
+    host sync, except during CUDA-graph capture)."""
     if isinstance(c0, torch.Tensor):
         if not c0.is_floating_point():
-            raise TypeError(f"{CLASS}: c0 must be a floating tensor, got {c0.dtype}")
+            raise TypeError(f"{op}: c0 must be a floating tensor, got {c0.dtype}")
         if c0.dim() > 1:
-            raise ValueError(f"{CLASS}: c0 must be a () or (m,) tensor, got shape "
+            raise ValueError(f"{op}: c0 must be a () or (m,) tensor, got shape "
                              f"{tuple(c0.shape)} (flatten it yourself if that is meant)")
         c0_t = c0.detach().to(device=c0.device if device is None else device,
                               dtype=dtype).reshape(-1).clone()
         bad = c0_t.numel() > 0 and not capturing(c0_t) and not bool(torch.isfinite(c0_t).all())
     else:   # a host float: checked on the host, filled on the device (no copy, no sync)
         if isinstance(c0, bool) or not isinstance(c0, numbers.Real):
-            raise TypeError(f"{CLASS}: c0 must be a float or a floating tensor, got "
+            raise TypeError(f"{op}: c0 must be a float or a floating tensor, got "
                             f"{type(c0).__name__}")
-        c0_t = torch.full((1,), float(c0), dtype=dtype, device=device)
-        bad = not math.isfinite(float(c0))
+        if not abs(float(c0)) <= torch.finfo(dtype).max:   # NaN, Inf, or beyond float32
+            raise ValueError(f"{op}: the pinned values c0 must be finite (in the state dtype "
+                             f"{dtype}), got {float(c0)}")
+        c0_t, bad = torch.full((1,), float(c0), dtype=dtype, device=device), False
     if c0_t.numel() == 0:
-        raise ValueError(f"{CLASS}: c0 is empty (need at least one constraint)")
+        raise ValueError(f"{op}: c0 is empty (need at least one constraint)")
     if bad:
-        raise ValueError(f"{CLASS}: the pinned values c0 must be finite, got {c0_t.tolist()}")
+        raise ValueError(f"{op}: the pinned values c0 must be finite, got {c0_t.tolist()}")
     return c0_t
 
 
-def as_state_mu(mu, like: torch.Tensor) -> torch.Tensor:
+def as_state_mu(mu, like: torch.Tensor, op: str = CLASS) -> torch.Tensor:
     """mu as a ``()`` or ``(m,)`` tensor with the dtype/device of ``like`` (m = like.numel()),
-    finite and > 0 (checked unless a CUDA graph is being captured)."""
+    finite (in that dtype) and > 0 (checked unless a CUDA graph is being captured)."""
     m = like.numel()
     if isinstance(mu, torch.Tensor):
         if not mu.is_floating_point():
-            raise TypeError(f"{CLASS}: mu must be a floating tensor, got {mu.dtype}")
+            raise TypeError(f"{op}: mu must be a floating tensor, got {mu.dtype}")
         if not (mu.dim() == 0 or (mu.dim() == 1 and mu.numel() == m)):
-            raise ValueError(f"{CLASS}: mu must have shape () or ({m},), got {tuple(mu.shape)}")
+            raise ValueError(f"{op}: mu must have shape () or ({m},), got {tuple(mu.shape)}")
         mu_t = mu.detach().to(device=like.device, dtype=like.dtype).clone()
         if not capturing(mu_t) and not bool(((mu_t > 0) & torch.isfinite(mu_t)).all()):
-            raise ValueError(f"{CLASS}: mu must be finite and > 0, got {mu_t.tolist()}")
+            raise ValueError(f"{op}: mu must be finite and > 0, got {mu_t.tolist()}")
         return mu_t
-    if not (math.isfinite(as_real(CLASS, "mu", mu)) and float(mu) > 0):
-        raise ValueError(f"{CLASS}: mu must be a finite float > 0, got {mu}")
+    if not (0 < as_real(op, "mu", mu) <= torch.finfo(like.dtype).max):
+        raise ValueError(f"{op}: mu must be a finite float > 0 (in the state dtype {like.dtype}), "
+                         f"got {mu}")
     return torch.full((), float(mu), dtype=like.dtype, device=like.device)
+
+
+_STATE_TENSORS = ("lam", "mu", "c0", "last_violation", "window_sum", "prev_window", "steps")
+
+
+def _state_keys(op: str, state, kind: str, version: int) -> None:
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{op}: state must be a dict from state_dict(), got {type(state).__name__}")
+    missing = [k for k in ("version", "kind") + _STATE_TENSORS if k not in state]
+    if missing:
+        raise ValueError(f"{op}: missing keys {missing}")
+    v = state["version"]
+    if isinstance(v, bool) or not isinstance(v, int) or v != version:
+        raise ValueError(f"{op}: state version {v!r} is not supported (this entangle_ext reads "
+                         f"version {version})")
+    if state["kind"] != kind:
+        raise ValueError(f"{op}: state is for kind {state['kind']!r}, this instance is {kind!r}")
+    for k in _STATE_TENSORS:
+        if not isinstance(state[k], torch.Tensor):
+            raise TypeError(f"{op}: {k} must be a tensor, got {type(state[k]).__name__}")
+
+
+def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int) -> Dict[str, torch.Tensor]:
+    """The tensors of an `AugmentedLagrangian` state, checked as the constructor and the ``mu``
+    setter check theirs (same messages) and converted to the dtype/device of ``c0``, before
+    anything of the instance is touched: the version, the kind, the shapes for m = c0.numel()
+    constraints, finite lam (>= 0 for inequality constraints), mu finite and > 0, c0 finite,
+    window sums >= 0, steps a 0-d integer >= 0 (values not checked during CUDA-graph capture)."""
+    _state_keys(op, state, kind, version)
+    m = c0.numel()
+    for key in ("lam", "c0", "last_violation", "window_sum"):
+        if tuple(state[key].shape) != (m,):
+            raise ValueError(f"{op}: state has {key} of shape {tuple(state[key].shape)}, but this "
+                             f"instance has {m} constraints (multipliers): build it with a c0 of "
+                             "the same size")
+    mu = state["mu"]
+    if not (mu.dim() == 0 or tuple(mu.shape) == (m,)) or mu.shape != state["prev_window"].shape:
+        raise ValueError(f"{op}: state mu has shape {tuple(mu.shape)}, expected () or ({m},) "
+                         f"(and prev_window of the same shape)")
+    steps = state["steps"]
+    if steps.dim() != 0 or steps.is_floating_point() or steps.is_complex() or \
+            steps.dtype == torch.bool or int(steps) < 0:
+        raise ValueError(f"{op}: steps must be a 0-d integer tensor >= 0, got {steps!r}")
+    if not state["lam"].is_floating_point():
+        raise TypeError(f"{op}: lam must be a floating tensor, got {state['lam'].dtype}")
+    out = {k: state[k].detach().to(device=c0.device, dtype=c0.dtype)
+           for k in ("lam", "last_violation", "window_sum", "prev_window")}
+    out.update(mu=as_state_mu(mu, c0, op), c0=as_c0(state["c0"], c0.device, c0.dtype, op),
+               steps=steps.detach().to(device=c0.device, dtype=torch.int64))
+    lam = out["lam"]
+    if not capturing(lam):
+        if not bool(torch.isfinite(lam).all()):
+            raise ValueError(f"{op}: lam must be finite, got {lam.tolist()}")
+        if kind == "inequality" and bool((lam < 0).any()):
+            raise ValueError(f"{op}: an inequality multiplier is >= 0, got lam = {lam.tolist()}")
+        for k in ("window_sum", "prev_window"):
+            if not bool((out[k] >= 0).all()):
+                raise ValueError(f"{op}: {k} must be >= 0 (sums of |g|), got {out[k].tolist()}")
+    return out

@@ -40,19 +40,16 @@ def _flatten(xs) -> Iterable[torch.Tensor]:
             yield from _flatten(x)
 
 
-def message(op: str) -> str:
-    return (f"forward-mode AD (jvp/jacfwd/dual tensors) is not supported by entangle_ext.{op}; use "
-            "reverse mode (torch.autograd.grad / torch.func.grad / vjp)")
-
-
-def refuse(op: str, *tensors, why: str = "") -> None:
-    """Raise NotImplementedError when a tensor argument of `op` carries a forward-mode tangent."""
+def refuse(op: str, *tensors, hint: str = "") -> None:
+    """Raise NotImplementedError when a tensor argument of ``op`` (an operator with no autograd, in
+    either mode) carries a forward-mode tangent: its result would carry none, which reads as a zero
+    derivative. ``hint``: appended to the message (e.g. the differentiable alternative)."""
     if has_tangent(*tensors):
-        raise NotImplementedError(message(op) + (f" ({why})" if why else ""))
-
-
-NOT_DIFFERENTIABLE = ("it is not differentiable: its result would carry no tangent, which reads as "
-                      "a zero derivative; pass tensors without tangents, e.g. fwAD.unpack_dual(x).primal")
+        raise NotImplementedError(
+            f"forward-mode AD (jvp/jacfwd/dual tensors) is not supported by entangle_ext.{op}: it is "
+            "not differentiable in reverse mode either (no autograd), so its result would carry no "
+            "tangent, which reads as a zero derivative; pass tensors without tangents (e.g. "
+            "fwAD.unpack_dual(x).primal)" + hint)
 
 
 def _segment_sum(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _ext
+from . import _ext, _fwad
 from ._overlap import check_disjoint
 
 
@@ -23,6 +23,13 @@ def _limits() -> Tuple[int, float]:
 #: Largest number of basis vectors k of the projection operators.
 #: Default relative eigenvalue cutoff of the row-normalised Gram (``rcond=None`` means this value).
 MAX_BASIS, DEFAULT_RCOND = _limits()
+
+
+def refuse_tangent(op: str, *tensors) -> None:
+    """`_fwad.refuse` for the non-differentiable projection operators, pointing to
+    `entangle_ext.project_orthogonal`, the differentiable projection."""
+    _fwad.refuse(op, *tensors, hint=", or use entangle_ext.project_orthogonal, which is differentiable in g "
+                                    "in both modes")
 
 
 def check_tensor(op: str, name: str, t) -> None:

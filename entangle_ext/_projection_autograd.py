@@ -1,7 +1,9 @@
 """Registrations of the projection operators (`entangle_ext.projection`): their fake (meta)
-kernels for torch.compile / FakeTensor, the autograd rule of the fused flat operator, and
-`ProjectOrthogonalFunction`, the same rule as a ``torch.autograd.Function`` for the torch.func
-transforms. Imported by ``projection.py``; importing it registers them once per process."""
+kernels for torch.compile / FakeTensor (they also run when any argument is a meta tensor, so they
+check, as the C++ kernels do, that every tensor is on one device), the autograd rule of the fused
+flat operator, and `ProjectOrthogonalFunction`, the same rule as a ``torch.autograd.Function`` for
+the torch.func transforms. Imported by ``projection.py``; importing it registers them once per
+process."""
 from __future__ import annotations
 
 import torch
@@ -14,26 +16,52 @@ __all__ = ["ProjectOrthogonalFunction"]
 # ---------------------------------------------------------------------------------------------
 # torch.library registrations: fake (meta) kernels and autograd.
 # ---------------------------------------------------------------------------------------------
+def _same_device_lists(op, grads, basis, **vectors):
+    """The device checks of the C++ kernels (csrc/projection.h), with their messages: the fake
+    kernel is what runs when one argument is a meta tensor, so without them a meta tensor among
+    CPU tensors would be a silent no-op. None vectors (optional scale) are skipped."""
+    T = len(grads)
+    if T == 0:
+        return
+    dev = grads[0].device
+    for t, x in enumerate(grads):
+        if x.device != dev:
+            raise ValueError(f"{op}: grads[{t}] is on {x.device} but grads[0] is on {dev}")
+    for r, v in enumerate(basis):
+        if v.device != dev:
+            raise ValueError(f"{op}: basis[{r // T}][{r % T}] is on {v.device} but grads are on {dev}")
+    for name, x in vectors.items():
+        if x is not None and x.device != dev:
+            raise ValueError(f"{op}: {name} is on {x.device} but the tensors are on {dev}")
+
+
 def _fake_flat(g, basis, rcond=None, ridge=0.0):
+    if basis.device != g.device:   # as the C++ kernel (a meta basis would reach this kernel)
+        raise ValueError(f"project_orthogonal: g is on {g.device} but basis is on {basis.device}")
     return torch.empty_like(g), g.new_empty((basis.shape[0],), dtype=torch.float64)
 
 
 def _fake_inplace(grads, basis, rcond=None, ridge=0.0):
+    _same_device_lists("project_orthogonal_", grads, basis)
     k = len(basis) // max(len(grads), 1)
     return grads[0].new_empty((k,), dtype=torch.float64)
 
 
 def _fake_gram(grads, basis, scale=None):
+    _same_device_lists("projection_gram", grads, basis, scale=scale)
     k = len(basis) // max(len(grads), 1)
     return (grads[0].new_empty((k, k), dtype=torch.float64),
             grads[0].new_empty((k,), dtype=torch.float64))
 
 
 def _fake_apply(grads, basis, coeffs, scale=None):
+    _same_device_lists("projection_apply_", grads, basis, coeffs=coeffs, scale=scale)
     return None
 
 
 def _fake_solve(gram, vg, rcond=None, shift=0.0):
+    if vg.device != gram.device:
+        raise ValueError(f"projection_solve: vg is on {vg.device} but the tensors are on {gram.device}")
     return vg.new_empty((gram.shape[0],), dtype=torch.float64)
 
 

@@ -49,6 +49,19 @@ def _local_absmax(gs: List[torch.Tensor], flat: List[torch.Tensor], k: int,
     return out
 
 
+def check_group(op: str, group) -> None:
+    """TypeError unless ``group`` is a ``torch.distributed.ProcessGroup`` (e.g. ``dist.group.WORLD``,
+    ``dist.new_group(...)``, a DDP model's ``process_group``, a device mesh's ``get_group()``)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise RuntimeError(f"{op}: process_group needs torch.distributed, which this torch build "
+                           "does not have")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{op}: process_group must be a torch.distributed ProcessGroup or None, got "
+                        f"{type(group).__name__}")
+
+
 def project_sharded_(gs: List[torch.Tensor], flat: List[torch.Tensor], k: int,
                      probe: Optional[torch.Tensor], *, rcond: Optional[float], ridge: float,
                      group) -> torch.Tensor:

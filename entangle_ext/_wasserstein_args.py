@@ -10,6 +10,7 @@ Two input forms are accepted (the `cu_seqlens` convention of variable-length att
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -59,19 +60,48 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
     return off
 
 
+_OFFSETS_WANTED = "a 1-D int32 or int64 tensor or a sequence of ints (cu_seqlens)"
+
+
 def _as_offsets(op: str, off: OffsetsLike, name: str, device: torch.device) -> torch.Tensor:
     if not isinstance(off, torch.Tensor):
+        what = type(off).__name__
         try:
-            off = torch.as_tensor(list(off))   # keep the inferred dtype: 2.5 must not become 2
+            vals = list(off)
+        except TypeError as exc:
+            raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got {what}") from exc
+        if not vals:   # as_tensor([]) is float32: say what is wrong, not "got torch.float32"
+            raise ValueError(f"{op}: {name} must be {_OFFSETS_WANTED} with S+1 >= 1 entries, "
+                             f"got an empty {what}")
+        try:
+            off = torch.as_tensor(vals)   # keep the inferred dtype: 2.5 must not become 2
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"{op}: {name} must be a 1-D integer tensor or sequence of ints") from exc
+            raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got a {what} with "
+                            "non-integer entries") from exc
+        if off.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got a {what} with "
+                            f"non-integer entries ({off.dtype})")
     if off.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: {name} must be int32 or int64 (cu_seqlens), got {off.dtype}")
     if off.dim() != 1 or off.numel() < 1:
         raise ValueError(f"{op}: {name} must be 1-D with S+1 entries, got shape {tuple(off.shape)}")
+    if off.device.type == "meta" and device.type != "meta":   # no data to copy to the values
+        raise ValueError(f"{op}: {name} is on meta but u is on {device}")
     if off.dtype != torch.int64 or off.device != device:
         off = off.to(device=device, dtype=torch.int64)
     return off if off.is_contiguous() else off.contiguous()
+
+
+def check_max_seqlen(op: str, max_seqlen) -> None:
+    """None or an int >= 0 (TypeError for anything else, bool and float included: int() would
+    truncate 4.7 or read '4'); a SymInt while torch.compile traces."""
+    if max_seqlen is None:
+        return
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{op}: max_seqlen must be an int or None, got {type(max_seqlen).__name__} "
+                        f"{max_seqlen!r}")
+    if max_seqlen < 0:
+        raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
 
 
 def _host_longest(*offsets) -> Optional[int]:
@@ -88,7 +118,10 @@ def _host_longest(*offsets) -> Optional[int]:
             if off.numel() > 1:
                 longest = max(longest, int((off[1:] - off[:-1]).max()))
         else:
-            vals = list(off)
+            try:
+                vals = list(off)
+            except TypeError:   # not a sequence: _as_offsets names the problem
+                return None
             if not all(isinstance(x, int) for x in vals):
                 return None
             longest = max([longest] + [b - a for a, b in zip(vals[:-1], vals[1:])])
@@ -100,9 +133,10 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
     """Check and convert the caller's arguments; see the module docstring for the forms.
 
     Raises:
-        TypeError: non-tensor inputs, non-floating or mismatched dtypes, non-integer offsets.
-        ValueError: mismatched devices or shapes, empty dense distributions, only one of the two
-            offsets given, or a max_seqlen below 0.
+        TypeError: non-tensor inputs, non-floating or mismatched dtypes, non-integer offsets, a
+            max_seqlen that is not an int (a float, str or bool).
+        ValueError: mismatched devices or shapes (meta offsets with real values), empty dense
+            distributions or offsets, only one of the two offsets given, or a max_seqlen below 0.
     """
     for name, t in (("u", u), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -116,8 +150,7 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
         raise ValueError(f"{op}: u is on {u.device} but v is on {v.device}")
     if (u_offsets is None) != (v_offsets is None):
         raise ValueError(f"{op}: give both u_offsets and v_offsets (ragged form) or neither")
-    if max_seqlen is not None and int(max_seqlen) < 0:
-        raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
+    check_max_seqlen(op, max_seqlen)
     compute = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
     device = u.device
 

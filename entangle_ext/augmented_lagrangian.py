@@ -24,7 +24,7 @@ import torch
 
 from . import _ext, _fwad
 from ._augmented_lagrangian_args import (Scalar, as_g, as_mu, check_dual_args, check_kind, check_same_device,
-                       check_state_dtype, check_tensors)
+                       check_shapes, check_state_dtype, check_tensors)
 from ._overlap import check_disjoint
 
 __all__ = ["dual_update_", "augmented_lagrangian_term"]
@@ -55,15 +55,17 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
             (upcast to the dtype of lam); a 0-d tensor is accepted when m = 1. Units of the
             constraint (for Stage 1: nats, a cross-entropy difference). Detached; never
             differentiated through.
-        mu: penalty, ``()`` or ``(m,)`` tensor, same dtype/device as ``lam``, units 1/[g]
-            (lam has the units of mu * g); a Python float or a CPU tensor must be > 0 (checked on
-            the host; NaN/Inf are left to ``check_finite``). A Python float is converted to a
-            device tensor with ``torch.full``; inside a captured CUDA graph that value is then
-            frozen, so a schedule that changes mu between replays must pass a tensor and update
-            it in place.
+        mu: penalty, ``()`` or ``(m,)`` tensor (a ``(1,)`` mu for m > 1 is a ValueError, not
+            broadcast), same dtype/device as ``lam``, units 1/[g] (lam has the units of mu * g);
+            a Python float or a CPU tensor must be > 0 (checked on the host in eager calls, not
+            while torch.compile traces; NaN/Inf are left to ``check_finite``). A Python float is
+            converted to a device tensor with ``torch.full``; inside a captured CUDA graph that
+            value is then frozen, so a schedule that changes mu between replays must pass a
+            tensor and update it in place.
         kind: ``"equality"`` or ``"inequality"``.
-        lam_min, lam_max: optional clipping bounds (floats), lam_min <= lam_max; for inequality
-            constraints lam_max >= 0.
+        lam_min, lam_max: optional clipping bounds (floats), lam_min <= lam_max; lam_min = +inf
+            and lam_max = -inf are refused (no value satisfies them), lam_min = -inf and
+            lam_max = +inf are no bound; for inequality constraints lam_max >= 0.
         damping: leak in [0, 1] (see above).
         check_finite: raise ValueError (lam left unchanged) when g or mu contains NaN/Inf. On CPU
             the check is free. On CUDA it reads one flag back to the host (a synchronisation) and
@@ -71,24 +73,31 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
             kernel then keeps lam_i unchanged for every entry whose g_i or mu_i is non-finite
             (device-side select), so a bad minibatch can never poison the multipliers.
 
+    Overflow: only g and mu are checked, not the result, so a step t_i beyond the range of the
+    dtype of lam (|t_i| > ~1.8e308 in float64, ~3.4e38 in float32) from finite g and mu sets
+    lam_i to +-inf without an error; the penalty term is then inf/NaN, which a NaN check of the
+    loss sees. A finite lam_min / lam_max clips it to the bound instead.
+
     Returns:
         ``lam`` (the same tensor, updated).
 
     Raises:
         TypeError: non-tensor lam/g, non-float32/64 lam, dtype mismatch between lam, g (other
             than a float16/bfloat16 g) and mu, non-float bounds or damping.
-        ValueError: shape mismatch (g not (m,), mu not () or (m,)), non-contiguous lam, device
-            mismatch, lam sharing memory with g or mu, unknown kind, damping outside [0, 1],
-            lam_min > lam_max, a NaN bound, lam_max < 0 for inequality, mu <= 0 (Python float or
-            CPU tensor), non-finite g or mu (with check_finite; lam unchanged).
+        ValueError: shape mismatch (lam not (m,), g not (m,), mu not () or (m,)), non-contiguous
+            lam, device mismatch (a meta tensor among real ones too), lam sharing memory with g or
+            mu (eager calls; not checked while torch.compile traces), unknown kind, damping
+            outside [0, 1], lam_min > lam_max, a NaN bound, lam_min = +inf, lam_max = -inf,
+            lam_max < 0 for inequality, mu <= 0 (Python float or CPU tensor, eager calls),
+            non-finite g or mu (with check_finite; lam unchanged).
         RuntimeError: extension not loaded / CUDA tensor with a CPU-only build / lam requires grad
             / check_finite=True during CUDA-graph capture.
         NotImplementedError: lam, g or mu carries a forward-mode tangent (``torch.func.jvp``,
-            ``jacfwd``, dual tensors): the step is not differentiable.
+            ``jacfwd``, dual tensors): the step is not differentiable, in either mode.
     """
     op = "dual_update_"
     check_tensors(op, lam=lam, g=g)
-    _fwad.refuse(op, lam, g, mu, why=_fwad.NOT_DIFFERENTIABLE)
+    _fwad.refuse(op, lam, g, mu)   # an in-place state update: no autograd in either mode
     check_state_dtype(op, "lam", lam.dtype)
     lam_min, lam_max, damping = check_dual_args(op, kind, lam_min, lam_max, damping)
     if lam.requires_grad:
@@ -96,6 +105,7 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
                            "created without requires_grad, or lam.detach())")
     mu_t = as_mu(op, mu, lam, finite=False)
     g = as_g(op, g.detach(), lam)
+    check_shapes(op, lam, g, mu_t)
     check_same_device(op, lam, g=g, mu=mu_t)
     check_disjoint(op, [lam], [g, mu_t], lambda i: "lam", ("g", "mu").__getitem__)
     _ext.require(op, lam, g, mu_t)
@@ -117,7 +127,10 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     kernel): equality lam + mu g; inequality max(0, lam + mu g). lam and mu are constants: no
     gradient flows to them (they are detached). Double backward is not implemented. Forward mode
     (``torch.func.jvp``, ``jacfwd``, dual tensors) works: the tangent is sum_i s_i t_i with s the
-    gradient above (no tangent flows from lam or mu).
+    gradient above (no tangent flows from lam or mu). The torch.func reverse-mode transforms
+    (``grad``, ``vjp``, ``jacrev``, ``functional_call`` + ``grad``) are not supported: they raise
+    RuntimeError (the registered autograd cannot run under functorch); use
+    ``torch.autograd.grad``.
 
     Args:
         g: ``(m,)`` constraint values (CPU or CUDA), usually requiring grad, in the dtype of
@@ -128,10 +141,13 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
             ``g.sum()``.
         lam: ``(m,)`` float32/float64 multipliers, on the device of g (float32 even for a
             half-precision model: a half lam is a TypeError).
-        mu: ``()`` or ``(m,)`` tensor, same dtype/device as lam, or a Python float (converted;
-            see `dual_update_` for the CUDA-graph caveat). A Python float or a CPU tensor must be
-            finite and > 0 (ValueError); a CUDA tensor is not checked (that would need a device
-            sync): NaN/Inf there give a NaN/Inf term.
+        mu: ``()`` or ``(m,)`` tensor (a ``(1,)`` mu for m > 1 is a ValueError, not broadcast),
+            same dtype/device as lam, or a Python float (converted; see `dual_update_` for the
+            CUDA-graph caveat). A Python float or a CPU tensor must be finite and > 0
+            (ValueError) in eager calls; a CUDA tensor is not checked (that would need a device
+            sync), nor is any mu while torch.compile traces (the check would break the graph or
+            specialise it on the value): there a zero, negative or non-finite mu gives a wrong or
+            NaN/Inf term without an error (`AugmentedLagrangian` checks its mu when it is set).
         kind: ``"equality"`` or ``"inequality"``.
 
     Returns:
@@ -141,8 +157,9 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     Raises:
         TypeError: non-tensor inputs, a lam that is not float32/float64, a g of another dtype
             than lam other than float16/bfloat16, a mu of another dtype than lam.
-        ValueError: shape or device mismatch, unknown kind, a non-finite or non-positive mu
-            (Python float or CPU tensor).
+        ValueError: shape or device mismatch (lam not (m,), g not (m,), mu not () or (m,); a
+            meta tensor among real ones), unknown kind, a non-finite or non-positive mu (Python
+            float or CPU tensor, eager calls).
         RuntimeError: extension not loaded, or a CUDA tensor with a CPU-only build.
     """
     op = "augmented_lagrangian_term"
@@ -152,6 +169,7 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     mu_t = as_mu(op, mu, lam, finite=True)
     g = as_g(op, g, lam)
     lam_c = lam.detach().contiguous()
+    check_shapes(op, lam_c, g, mu_t)
     check_same_device(op, lam_c, g=g, mu=mu_t)
     _ext.require(op, g, lam_c, mu_t)
     if _fwad.has_tangent(g):  # forward mode (jvp/jacfwd/dual): register_autograd is reverse only
@@ -162,15 +180,20 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
 # ---------------------------------------------------------------------------------------------
 # torch.library registrations: fake (meta) kernels and autograd.
 # ---------------------------------------------------------------------------------------------
+# The fake kernels also run when any argument is a meta tensor: they check, as the C++ kernels
+# do and with their messages, that every tensor is on the device of lam.
 def _fake_dual_update(lam, g, mu, kind, lam_min, lam_max, damping, check_finite):
+    check_same_device("dual_update_", lam, g=g, mu=mu)
     return None
 
 
 def _fake_al(g, lam, mu, kind):
+    check_same_device("augmented_lagrangian", lam, g=g, mu=mu)
     return g.new_empty(())
 
 
 def _fake_al_backward(grad, g, lam, mu, kind):
+    check_same_device("augmented_lagrangian_backward", lam, g=g, mu=mu, grad=grad)
     return torch.empty_like(g)
 
 

@@ -12,8 +12,8 @@ from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
-from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_state_dtype,
-                       schedule_args, state_dtype)
+from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_mu_max,
+                       check_state_dtype, checked_state, schedule_args, state_dtype)
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 
 __all__ = ["AugmentedLagrangian"]
@@ -70,7 +70,9 @@ class AugmentedLagrangian:
         kind: ``"equality"`` or ``"inequality"``.
         update_with: ``"pre"`` or ``"post"`` (see above).
         lam_min, lam_max, damping: passed to `dual_update_` (checked here, with its messages).
-        mu_growth, shrink_ratio, mu_max, schedule_every: the penalty schedule (see above).
+        mu_growth, shrink_ratio, mu_max, schedule_every: the penalty schedule (see above);
+            mu_growth finite and >= 1 (default 1: no schedule), mu_max finite and > 0 (default
+            1e6).
         check_finite: passed to `dual_update_`. ``None`` (default): True eagerly, False while a
             CUDA graph is being captured (non-finite entries then leave lam unchanged on the
             device instead of raising).
@@ -89,8 +91,11 @@ class AugmentedLagrangian:
         ValueError: an unknown kind/update_with; an empty, non-finite or >1-D c0; mu not finite and
             > 0 (float or tensor; a CUDA tensor is checked too, one host sync, except during
             CUDA-graph capture) or of a shape other than () and (m,); damping outside [0, 1];
-            lam_min > lam_max; a NaN bound; lam_max < 0 with kind="inequality"; mu_growth < 1;
-            shrink_ratio outside (0, 1]; mu_max <= 0; schedule_every not an integer >= 1.
+            lam_min > lam_max; a NaN bound, lam_min = +inf or lam_max = -inf; lam_max < 0 with
+            kind="inequality"; mu_growth not finite or < 1; shrink_ratio outside (0, 1]; mu_max
+            not finite or <= 0 (an infinite one would let the schedule drive mu to inf mid-run);
+            schedule_every not an integer >= 1. "Finite" is in the state dtype: with float32
+            state, c0, mu and mu_max above ~3.4e38 are refused too.
         TypeError: c0 neither a float nor a floating tensor (e.g. a string), a non-floating mu
             tensor, a non-number mu/bound/damping/schedule setting, dtype not float32/float64.
 
@@ -114,6 +119,7 @@ class AugmentedLagrangian:
         self.mu_growth, self.shrink_ratio, self.mu_max, self.schedule_every = schedule_args(
             mu_growth, shrink_ratio, mu_max, schedule_every)
         self.c0 = c0_t = as_c0(c0, device, state_dtype(c0, dtype))
+        check_mu_max(_OP, self.mu_max, c0_t.dtype)
         m = c0_t.numel()
         self._mu = mu_t = as_state_mu(mu, c0_t)
         self.kind = kind
@@ -196,7 +202,9 @@ class AugmentedLagrangian:
         lam^2). Differentiable in g (gradient lam + mu g, resp. max(0, lam + mu g)); g is cast to
         the state dtype first (a half-precision g gets its gradient back through the cast); the
         result has the state dtype. Records g.detach() as the pre-step value that ``update()``
-        uses in ``update_with="pre"`` mode.
+        uses in ``update_with="pre"`` mode. Forward mode (``torch.func.jvp``) works; the
+        torch.func reverse-mode transforms (``grad``, ``vjp``, ``jacrev``) raise RuntimeError, as
+        for `entangle_ext.augmented_lagrangian_term` (use ``torch.autograd.grad``).
         """
         g = self._as_g(g)
         self._last_g = g.detach()
@@ -290,47 +298,45 @@ class AugmentedLagrangian:
         mu is restored with its value and shape (a scalar-mu instance takes a per-constraint mu
         and vice versa; when the shape changes, mu and the schedule's window are new tensors:
         recapture any CUDA graph). The settings (bounds, damping, schedule, update_with) stay
-        those of this instance. Raises ValueError when a key is missing, kind differs, or the
-        state is for another number of constraints (lam / c0 shape: build this instance with a
-        c0 of the same size).
+        those of this instance.
+
+        The state is checked before anything is copied (a failed load leaves the instance as it
+        was), with the constructor's and the ``mu`` setter's messages; state tensors on a GPU
+        cost one host sync (not checked during CUDA-graph capture).
+
+        Raises:
+            ValueError: a missing key, a ``version`` other than this release's (1), another
+                kind, another number of constraints (lam / c0 / last_violation / window_sum
+                shape: build this instance with a c0 of the same size), a mu of shape other than
+                () or (m,) (prev_window alike), non-finite lam (or a negative one with
+                kind="inequality"), mu not finite and > 0, non-finite c0, negative or NaN window
+                sums, steps not a 0-d integer >= 0.
+            TypeError: state not a dict, a state entry that is not a tensor, a non-floating
+                lam / c0 / mu.
         """
-        op = f"{_OP}.load_state_dict"
-        missing = [k for k in ("kind", "lam", "mu", "c0", "last_violation", "window_sum",
-                               "prev_window", "steps") if k not in state]
-        if missing:
-            raise ValueError(f"{op}: missing keys {missing}")
-        if state["kind"] != self.kind:
-            raise ValueError(f"{op}: state is for kind {state['kind']!r}, this instance is "
-                             f"{self.kind!r}")
-        m = self.num_constraints
-        for key in ("lam", "c0"):
-            if tuple(state[key].shape) != (m,):
-                raise ValueError(f"{op}: state has {key} of shape {tuple(state[key].shape)}, but "
-                                 f"this instance has {m} constraints (multipliers): build it with "
-                                 "a c0 of the same size")
-        mu = state["mu"]
-        if not (mu.dim() == 0 or tuple(mu.shape) == (m,)) or mu.shape != state["prev_window"].shape:
-            raise ValueError(f"{op}: state mu has shape {tuple(mu.shape)}, expected () or ({m},) "
-                             f"(and prev_window of the same shape)")
+        new = checked_state(f"{_OP}.load_state_dict", state, self.c0, self.kind, _STATE_VERSION)
+        mu = new["mu"]
         with torch.no_grad():
             if mu.shape != self._mu.shape:
                 self._mu = torch.empty(mu.shape, dtype=self.dtype, device=self.device)
                 self._prev_window = torch.empty_like(self._mu)
-            self.lam.copy_(state["lam"])
+            self.lam.copy_(new["lam"])
             self._mu.copy_(mu)
-            self.c0.copy_(state["c0"].reshape(self.c0.shape))
-            self._last_violation.copy_(state["last_violation"])
-            self._window_sum.copy_(state["window_sum"])
-            self._prev_window.copy_(state["prev_window"])
-            self._steps.copy_(state["steps"])
+            self.c0.copy_(new["c0"])
+            self._last_violation.copy_(new["last_violation"])
+            self._window_sum.copy_(new["window_sum"])
+            self._prev_window.copy_(new["prev_window"])
+            self._steps.copy_(new["steps"])
         self._last_g = None
 
     def to(self, device: Union[str, torch.device, None] = None,
            dtype: Optional[torch.dtype] = None) -> "AugmentedLagrangian":
         """Move (and optionally cast) every state tensor; returns self. New tensors: recapture
-        any CUDA graph that used the old ones."""
+        any CUDA graph that used the old ones. TypeError for a dtype other than float32/float64,
+        ValueError (nothing moved) when mu_max is beyond the range of the new dtype."""
         fdt = self.dtype if dtype is None else dtype
         check_state_dtype(f"{_OP}.to", "dtype", fdt)
+        check_mu_max(f"{_OP}.to", self.mu_max, fdt)
         for name in ("c0", "lam", "_mu", "_last_violation", "_window_sum", "_prev_window"):
             setattr(self, name, getattr(self, name).to(device=device, dtype=fdt))
         self._steps = self._steps.to(device=device)

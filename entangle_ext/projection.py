@@ -39,10 +39,10 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _ext, _fwad
+from . import _ext
 from ._projection_autograd import ProjectOrthogonalFunction
 from ._projection_args import (MAX_BASIS, DEFAULT_RCOND, check_k, check_rcond, check_ridge, check_tensor,
-                                gather_lists)
+                                gather_lists, refuse_tangent)
 
 __all__ = ["project_orthogonal", "project_orthogonal_", "projection_gram", "projection_apply_",
            "projection_solve", "MAX_BASIS", "DEFAULT_RCOND"]
@@ -88,8 +88,9 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
     non-finite entry in ``g`` or ``basis`` makes every coefficient and every entry of ``out``
-    non-finite (typically NaN); if no basis row is left (each non-finite, or zero with ridge 0)
-    the coefficients are 0 and ``out`` is NaN where the basis is (module docstring).
+    non-finite (typically NaN), also when the cutoff leaves no basis row (e.g. the only row holds
+    an Inf): the result is then NaN everywhere, never ``g`` unchanged (module docstring). A
+    finite basis whose rows are all zero (ridge 0) removes nothing: coefficients 0, ``out`` = g.
 
     Raises:
         TypeError: non-tensor arguments, an unsupported dtype, ``basis`` with another dtype than
@@ -183,7 +184,8 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
             (docs/algorithm.md §7). With ``process_group``, T is the mean over the ranks of the
             tensors each passes (FSDP passes a shard of every parameter on every rank: T is the
             parameter count). 0 (default): the exact projection.
-        process_group: a ``torch.distributed`` process group, or None (one process).
+        process_group: a ``torch.distributed.ProcessGroup`` (e.g. ``dist.group.WORLD``), or None
+            (one process).
 
     Returns:
         coeffs = c, ``(k,)`` float64 on the device of ``grads`` (not synchronised to the host;
@@ -191,27 +193,37 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
     non-finite entry in ``grads`` or ``basis`` makes every coefficient and every gradient entry
-    non-finite (typically NaN); if no basis row is left (each non-finite, or zero with ridge 0)
-    the coefficients are 0 and the gradients NaN where the basis is (module docstring). The
-    sharded path (``process_group``) gives NaN everywhere, through `projection_solve`.
+    non-finite (typically NaN), also when the cutoff leaves no basis row (e.g. the only row holds
+    an Inf): the result is then NaN everywhere, never the gradients unchanged, on the sharded
+    path (``process_group``, through `projection_solve`) too (module docstring). A finite basis
+    whose rows are all zero (ridge 0) removes nothing: coefficients 0, gradients unchanged.
+
+    The memory-overlap check (ValueError below) reads the tensors' data pointers on the host, so
+    it runs in eager calls only: while torch.compile traces (and for meta / fake tensors) it is
+    skipped, and overlapping ``grads`` / basis tensors then give an unspecified result instead
+    of an error; check such inputs eagerly once.
 
     Raises:
-        TypeError: non-tensor entries, unsupported or mixed dtypes, a non-float ``rcond``/``ridge``.
+        TypeError: non-tensor entries, unsupported or mixed dtypes, a non-float ``rcond``/``ridge``,
+            a ``process_group`` that is not a ``torch.distributed`` ProcessGroup (nor None).
         ValueError: empty ``grads``, k outside [1, 8], a basis list of the wrong length, a ``None``
             basis entry for a gradient, mismatched shapes/devices/memory layouts, expanded or
             strided views, two ``grads`` entries that overlap in memory or a basis tensor that
             shares memory with a ``grads`` entry (checked on the host from the tensors' data
-            pointers and sizes, no device sync; the message names both entries), ``grads``
-            requiring grad in grad mode, ``rcond`` outside [1e-15, 1), a negative ridge.
+            pointers and sizes, no device sync, eager calls only; the message names both
+            entries), ``grads`` requiring grad in grad mode, ``rcond`` outside [1e-15, 1), a
+            negative ridge.
         RuntimeError: the native extension is not built/loaded, or a CUDA tensor with a CPU-only
             build.
     """
     op = "project_orthogonal_"
-    _fwad.refuse(op, grads, basis, why=_fwad.NOT_DIFFERENTIABLE)
+    refuse_tangent(op, grads, basis)
     rcond, ridge = check_rcond(op, rcond), check_ridge(op, "ridge", ridge)
+    if process_group is not None:
+        from ._projection_dist import check_group, project_sharded_
+        check_group(op, process_group)
     gs, flat, k, probe = gather_lists(op, grads, basis, inplace=True)
     if process_group is not None:
-        from ._projection_dist import project_sharded_
         return project_sharded_(gs, flat, k, probe, rcond=rcond, ridge=ridge, group=process_group)
     if not gs:
         return torch.zeros(k, dtype=torch.float64, device=probe.device if probe is not None else "cpu")
@@ -244,7 +256,7 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
             written, so ``grads`` may share memory with each other and with the basis).
     """
     op = "projection_gram"
-    _fwad.refuse(op, grads, basis, why=_fwad.NOT_DIFFERENTIABLE)
+    refuse_tangent(op, grads, basis)
     gs, flat, k, probe = gather_lists(op, grads, basis, inplace=False)
     if not gs:
         dev = probe.device if probe is not None else "cpu"
@@ -271,11 +283,11 @@ def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis,
 
     Raises:
         TypeError, ValueError, RuntimeError: as `project_orthogonal_` (overlapping ``grads``, a
-            basis tensor or ``coeffs`` sharing memory with ``grads``: ValueError); ``coeffs``
-            not a ``(k,)`` float64 tensor on the device of ``grads``.
+            basis tensor or ``coeffs`` sharing memory with ``grads``: ValueError, in eager calls
+            only); ``coeffs`` not a ``(k,)`` float64 tensor on the device of ``grads``.
     """
     op = "projection_apply_"
-    _fwad.refuse(op, grads, basis, coeffs, why=_fwad.NOT_DIFFERENTIABLE)
+    refuse_tangent(op, grads, basis, coeffs)
     check_tensor(op, "coeffs", coeffs)
     gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True, also_read=[("coeffs", coeffs)])
     if not gs:
@@ -311,7 +323,7 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
         RuntimeError: the native extension is not built/loaded.
     """
     op = "projection_solve"
-    _fwad.refuse(op, gram, vg, why=_fwad.NOT_DIFFERENTIABLE)
+    refuse_tangent(op, gram, vg)
     check_tensor(op, "gram", gram)
     check_tensor(op, "vg", vg)
     rcond, shift = check_rcond(op, rcond), check_ridge(op, "shift", shift)

@@ -44,9 +44,10 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
             inputs are copied to contiguous memory.
         u_offsets, v_offsets: ragged form only: ``(S+1,)`` int32/int64 prefix sums (``cu_seqlens``),
             first 0, last N_u (resp. N_v). Segment s of u and of v may have different lengths.
-            CPU offsets with CUDA values are copied to the device.
+            CPU offsets with CUDA values are copied to the device (meta offsets with real values
+            are a ValueError).
         reduction: ``"none"`` (per segment), ``"mean"`` or ``"sum"`` over segments.
-        max_seqlen: optional upper bound on every segment length (ragged form), as in
+        max_seqlen: optional upper bound (an int >= 0) on every segment length, as in
             variable-length attention APIs; on CUDA it selects the shared-memory kernel without a
             host read of the offsets. Known automatically in the dense form, from offsets given
             as a list or CPU tensor, and when validating; while torch.compile traces, only the
@@ -78,9 +79,11 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         tangent of segment s is the sum over s of the local gradients times the input tangents.
 
     Raises:
-        TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets.
-        ValueError: mismatched devices/shapes, empty distributions, malformed offsets, NaN/Inf
-            values (when ``validate``), unknown reduction.
+        TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets, a
+            max_seqlen that is not an int (a float, str or bool is not truncated).
+        ValueError: mismatched devices/shapes, empty distributions, empty or malformed offsets,
+            a max_seqlen below 0 or below the longest segment, NaN/Inf values (when
+            ``validate``), unknown reduction.
         RuntimeError: the native extension is not built/loaded, a CUDA tensor with a CPU-only
             build, or ``validate=True`` during CUDA-graph capture.
     """
@@ -108,13 +111,24 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
 # in C++ (csrc/wasserstein_autograd.h): it raises grad_u/grad_v for inputs that require grad, and
 # the double backward raises NotImplementedError.
 # ---------------------------------------------------------------------------------------------
+def _same_device(op, first, name, **others):
+    """The device checks of the C++ kernels (csrc/wasserstein.h), with their messages: the fake
+    kernels also run when any argument is a meta tensor."""
+    for other, t in others.items():
+        if t.device != first.device:
+            raise ValueError(f"{op}: {name} is on {first.device} but {other} is on {t.device}")
+
+
 def _fake_forward(u, v, u_offsets, v_offsets, max_seqlen, grad_u=False, grad_v=False, validate=False):
+    _same_device(_OP, u, "u", v=v, u_offsets=u_offsets, v_offsets=v_offsets)
     S = u_offsets.shape[0] - 1
     return (u.new_empty((S,)), u.new_empty((u.shape[0] if grad_u else 0,)),
             v.new_empty((v.shape[0] if grad_v else 0,)))
 
 
 def _fake_backward(grad, du, dv, u_offsets, v_offsets):
+    for t in (du, dv, u_offsets, v_offsets):
+        _same_device(f"{_OP}_backward", grad, "grad", **{"a saved tensor": t})
     return torch.empty_like(du), torch.empty_like(dv)
 
 

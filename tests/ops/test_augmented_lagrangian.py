@@ -341,6 +341,73 @@ def test_host_arguments_are_checked_before_the_kernel():
 
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bounds,match", [
+    (dict(lam_min=float("inf")), r"lam_min is \+inf"),
+    (dict(lam_max=-float("inf")), r"lam_max is -inf"),
+    (dict(lam_min=float("inf"), lam_max=float("inf")), r"lam_min is \+inf"),
+    (dict(lam_min=2.0, lam_max=1.0), r"lam_min \(2\) > lam_max \(1\)"),
+])
+def test_bounds_that_leave_no_multiplier_value_are_refused(kind, bounds, match):
+    """lam_min = +inf or lam_max = -inf would set every multiplier to +-inf without an error."""
+    lam = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=f"^dual_update_: {match}"):
+        ee.dual_update_(lam, torch.ones(2, dtype=torch.float64), 2.0, kind=kind, **bounds)
+    assert torch.equal(lam, torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=f"^AugmentedLagrangian: {match}"):
+        ee.AugmentedLagrangian(1.0, kind=kind, **bounds)
+
+
+def test_infinite_bounds_that_are_no_bounds_still_work():
+    lam = torch.zeros(2, dtype=torch.float64)
+    ee.dual_update_(lam, torch.tensor([1.0, -1.0], dtype=torch.float64), 2.0, lam_min=-float("inf"),
+                    lam_max=float("inf"))
+    assert lam.tolist() == [2.0, -2.0]
+
+
+@pytest.mark.parametrize("dtype,big", [(torch.float64, 1e300), (torch.float32, 1e30)])
+def test_lam_overflow_is_inf_unless_bounded(dtype, big):
+    """Finite g and mu whose product overflows the dtype of lam give lam = +-inf (documented: only
+    g and mu are checked); lam_min / lam_max keep it finite."""
+    g = torch.tensor([big, -big], dtype=dtype)
+    lam = torch.zeros(2, dtype=dtype)
+    ee.dual_update_(lam, g, big)
+    assert lam.tolist() == [float("inf"), -float("inf")]
+    lam = torch.zeros(2, dtype=dtype)
+    ee.dual_update_(lam, g, big, lam_min=-5.0, lam_max=5.0)
+    assert lam.tolist() == [5.0, -5.0]
+
+
+def test_mu_of_shape_one_is_not_broadcast_to_m_constraints():
+    """mu is () or (m,), as the messages say: a (1,) mu for m = 4 is refused, not broadcast."""
+    lam, g = torch.zeros(4), torch.ones(4)
+    with pytest.raises(ValueError, match=r"^dual_update_: mu must have shape \(\) or \(m,\) = \(4,\), got \(1,\)"):
+        ee.dual_update_(lam, g, torch.ones(1))
+    with pytest.raises(ValueError, match=r"^augmented_lagrangian_term: mu must have shape \(\) or \(m,\) = \(4,\), "
+                                         r"got \(1,\)"):
+        ee.augmented_lagrangian_term(g, lam, torch.ones(1))
+    assert torch.equal(lam, torch.zeros(4))
+    one = torch.zeros(1)
+    ee.dual_update_(one, torch.ones(1), torch.full((1,), 2.0))   # m = 1: (1,) is (m,)
+    assert one.item() == 2.0 and ee.augmented_lagrangian_term(torch.ones(1), one, torch.ones(1)).item() == 2.5
+
+
+def test_shape_errors_name_the_public_function():
+    """Not the internal operator ("augmented_lagrangian: ...")."""
+    lam, term = torch.zeros(4), ee.augmented_lagrangian_term
+    for call, match in (
+            (lambda: term(torch.ones(3), lam, 1.0),
+             r"augmented_lagrangian_term: g must have shape \(m,\) = \(4,\) like lam, got \(3,\)"),
+            (lambda: term(torch.ones(4), lam, torch.ones(2)),
+             r"augmented_lagrangian_term: mu must have shape \(\) or \(m,\) = \(4,\), got \(2,\)"),
+            (lambda: term(torch.ones(4, 1), torch.zeros(4, 1), 1.0),
+             r"augmented_lagrangian_term: lam must have 1 dimension \(m,\), got shape \(4, 1\)"),
+            (lambda: ee.dual_update_(lam, torch.ones(3), 1.0),
+             r"dual_update_: g must have shape \(m,\) = \(4,\) like lam, got \(3,\)")):
+        with pytest.raises(ValueError, match=f"^{match}"):
+            call()
+
+
 # ------------------------------------------------------------------------------ CUDA
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

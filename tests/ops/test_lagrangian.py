@@ -189,7 +189,14 @@ def test_c0_of_more_than_one_dimension_is_refused_not_flattened():
     (dict(mu=torch.tensor(0.0)), ValueError, "mu must be finite and > 0"),
     (dict(mu=torch.tensor(float("nan"))), ValueError, "mu must be finite and > 0"),
     (dict(mu="10"), TypeError, "mu must be a float"),
-    (dict(mu_max=0.0), ValueError, "mu_max must be > 0"),
+    (dict(mu_max=0.0), ValueError, "mu_max must be finite and > 0"),
+    (dict(mu_max=float("inf")), ValueError, r"mu_max must be finite and > 0, got inf"),
+    (dict(mu_max=float("nan")), ValueError, "mu_max must be finite and > 0"),
+    (dict(mu_growth=float("inf")), ValueError, r"mu_growth must be finite and >= 1, got inf"),
+    (dict(mu_growth=0.5), ValueError, "mu_growth must be finite and >= 1"),
+    (dict(mu_max=1e300, dtype=torch.float32), ValueError,
+     r"mu_max must be finite in the state dtype torch.float32 \(<= 3.4\d*e\+38\), got 1e\+300"),
+    (dict(mu=1e300, dtype=torch.float32), ValueError, "mu must be a finite float > 0"),
     (dict(schedule_every=1.5), ValueError, "schedule_every must be an integer"),
     (dict(dtype=torch.float16), TypeError, r"dtype must be float32 or float64 \(got torch.float16\)"),
 ])
@@ -198,6 +205,72 @@ def test_constructor_checks_what_update_would_refuse(kw, exc, match):
     the model, with the messages the operators use."""
     with pytest.raises(exc, match=f"^AugmentedLagrangian: {match}"):
         ee.AugmentedLagrangian(1.0, **kw)
+
+
+def test_infinite_mu_max_is_refused_up_front_not_after_39_steps():
+    """The issue's run: mu_max = inf let the schedule drive mu to inf, and update() raised at the
+    39th step ("dual_update_: mu is non-finite"), after that many optimizer steps. Now the
+    constructor refuses it; the default schedule settings stay valid and finite mu_max caps mu."""
+    with pytest.raises(ValueError, match="^AugmentedLagrangian: mu_max must be finite"):
+        ee.AugmentedLagrangian(1.0, mu=10.0, mu_growth=10.0, mu_max=float("inf"))
+    for dtype in (torch.float32, torch.float64):
+        al = ee.AugmentedLagrangian(1.0, mu=10.0, mu_growth=10.0, dtype=dtype)   # mu_max 1e6
+        assert (al.mu_growth, al.mu_max) == (10.0, 1e6)
+        for _ in range(60):
+            al.update(torch.tensor([1e-3], dtype=dtype))
+        assert al.mu.item() == 1e6
+    ee.AugmentedLagrangian(1.0)   # the defaults (mu 10, no schedule) are valid
+    al = ee.AugmentedLagrangian(1.0, mu_max=1e300, dtype=torch.float64)
+    with pytest.raises(ValueError, match="mu_max must be finite in the state dtype torch.float32"):
+        al.to(dtype=torch.float32)
+    assert al.dtype == torch.float64
+
+
+def test_c0_float_beyond_the_state_dtype_is_refused():
+    with pytest.raises(ValueError, match="c0 must be finite"):
+        ee.AugmentedLagrangian(1e300, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("key,value,exc,match", [
+    ("lam", torch.tensor([float("nan"), 1.0]), ValueError, r"lam must be finite, got \[nan, 1.0\]"),
+    ("lam", torch.tensor([float("inf"), 1.0]), ValueError, "lam must be finite"),
+    ("mu", torch.tensor(-5.0), ValueError, r"mu must be finite and > 0, got "),
+    ("mu", torch.tensor(float("nan")), ValueError, r"mu must be finite and > 0, got "),
+    ("c0", torch.tensor([float("inf"), 0.0]), ValueError, "the pinned values c0 must be finite"),
+    ("version", 99, ValueError, r"state version 99 .*version 1"),
+    ("version", None, ValueError, r"missing keys \['version'\]"),
+    ("steps", torch.tensor(-1), ValueError, "steps must be a 0-d integer tensor >= 0"),
+    ("steps", torch.tensor(1.5), ValueError, "steps must be a 0-d integer tensor >= 0"),
+    ("window_sum", torch.zeros(1), ValueError, r"window_sum of shape \(1,\)"),
+    ("last_violation", torch.zeros(3), ValueError, r"last_violation of shape \(3,\)"),
+    ("lam", [0.0, 1.0], TypeError, "lam must be a tensor, got list"),
+])
+def test_load_state_dict_checks_like_the_constructor(key, value, exc, match):
+    """A state is checked before anything is copied, with the constructor's / mu setter's messages:
+    a NaN multiplier, a non-positive mu, an unknown or missing version are refused, and the
+    instance is left as it was."""
+    al = ee.AugmentedLagrangian(torch.tensor([1.0, 2.0]), mu=3.0, mu_growth=2.0)
+    al.update(torch.tensor([0.5, -0.5]))
+    state = al.state_dict()
+    bad = dict(state)
+    if value is None:
+        del bad[key]
+    else:
+        bad[key] = value
+    fresh = ee.AugmentedLagrangian(torch.tensor([0.0, 0.0]), mu=1.0, mu_growth=2.0)
+    before = fresh.state_dict()
+    with pytest.raises(exc, match=f"^AugmentedLagrangian.load_state_dict: .*{match}"):
+        fresh.load_state_dict(bad)
+    for k, v in fresh.state_dict().items():
+        assert (torch.equal(v, before[k]) if isinstance(v, torch.Tensor) else v == before[k]), k
+    fresh.load_state_dict(state)   # the good state loads
+    assert torch.equal(fresh.lam, al.lam)
+
+
+def test_load_state_dict_refuses_a_negative_inequality_multiplier():
+    al = ee.AugmentedLagrangian(torch.zeros(2), kind="inequality")
+    with pytest.raises(ValueError, match="an inequality multiplier is >= 0"):
+        al.load_state_dict(dict(al.state_dict(), lam=torch.tensor([1.0, -1.0])))
 
 
 @pytest.mark.parametrize("c0", ["a", None, [1.0, 2.0], True])

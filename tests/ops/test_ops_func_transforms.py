@@ -1,6 +1,7 @@
 """torch.func transforms on the operators: project_orthogonal supports grad / jacrev / vjp /
 functional_call + grad / vmap (checked against the float64 reference); wasserstein2_1d's C++
-autograd does not, and says so (the documented workaround, torch.autograd.grad per sample, works)."""
+autograd and the registered autograd of augmented_lagrangian_term (AugmentedLagrangian.penalty) do
+not, and raise (the documented workaround, torch.autograd.grad per sample, works)."""
 import pytest
 import torch
 
@@ -68,3 +69,22 @@ def test_wasserstein_func_grad_is_refused_and_autograd_grad_works():
     (gu,) = torch.autograd.grad(ee.wasserstein2_1d(x, v), x)
     (gr,) = torch.autograd.grad(ref.wasserstein2_1d(x, v), x)
     torch.testing.assert_close(gu, gr, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jacrev"])
+def test_al_term_func_reverse_transforms_are_refused_and_autograd_grad_works(transform):
+    """As documented (augmented_lagrangian_term, README Operators): RuntimeError, never a wrong
+    gradient; forward mode (jvp/jacfwd) works, tests/ops/test_fwad.py."""
+    lam = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    g = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    al = ee.AugmentedLagrangian(torch.zeros(2, dtype=torch.float64), mu=3.0)
+    al.lam.copy_(lam)
+    for fn in (lambda x: ee.augmented_lagrangian_term(x, lam, 3.0), al.penalty):
+        with pytest.raises(RuntimeError, match="functorch transforms"):
+            if transform == "vjp":
+                torch.func.vjp(fn, g)[1](torch.ones((), dtype=torch.float64))
+            else:
+                getattr(torch.func, transform)(fn)(g)
+        x = g.clone().requires_grad_(True)
+        (got,) = torch.autograd.grad(fn(x), x)
+        torch.testing.assert_close(got, lam + 3.0 * g)

@@ -83,6 +83,31 @@ def test_size_one_dims_may_have_any_stride():
     torch.testing.assert_close(g, want)
 
 
+# ------------------------------------------------------------------------------ devices
+def test_a_meta_tensor_among_cpu_tensors_is_a_device_error_not_a_no_op():
+    """A meta tensor makes the dispatcher run the fake kernel: it checks the devices as the C++
+    kernels do, so the list operators raise the documented ValueError (they used to return zeros
+    or garbage and leave the gradients unchanged)."""
+    meta = torch.ones(3, device="meta")
+    msg = "basis\\[0\\]\\[0\\] is on meta but grads are on cpu"
+    g = torch.ones(3)
+    with pytest.raises(ValueError, match="^project_orthogonal_: " + msg):
+        ee.project_orthogonal_([g], [[meta]])
+    with pytest.raises(ValueError, match="^projection_gram: " + msg):
+        ee.projection_gram([torch.ones(3)], [[meta]])
+    with pytest.raises(ValueError, match="^projection_apply_: " + msg):
+        ee.projection_apply_([g], [[meta]], torch.ones(1, dtype=D))
+    with pytest.raises(ValueError, match="^projection_apply_: coeffs is on meta but the tensors are on cpu"):
+        ee.projection_apply_([g], [[torch.ones(3)]], torch.ones(1, dtype=D, device="meta"))
+    with pytest.raises(ValueError, match="^projection_solve: vg is on meta but the tensors are on cpu"):
+        ee.projection_solve(torch.eye(1, dtype=D), torch.ones(1, dtype=D, device="meta"))
+    with pytest.raises(ValueError, match="^project_orthogonal: basis is on meta but g is on cpu"):
+        ee.project_orthogonal(g, meta[None])
+    assert torch.equal(g, torch.ones(3))
+    c = ee.project_orthogonal_([meta.clone()], [[meta]])   # all on meta: shapes only, as before
+    assert c.device.type == "meta" and c.shape == (1,)
+
+
 # ------------------------------------------------------------------------------ None gradients
 def test_none_gradients_are_skipped_with_their_basis(device):
     gen = torch.Generator().manual_seed(2)
@@ -325,3 +350,21 @@ def test_non_finite_data_on_the_device(device):
     grads[1][5] = float("inf")
     c = ee.project_orthogonal_(grads, [[V[0, :100], V[0, 100:]], [V[1, :100], V[1, 100:]]])
     assert c.isnan().all() and all(x.isnan().all() for x in grads)
+
+
+def test_no_basis_row_left_is_nan_everywhere_as_documented():
+    """The issue's example: the only basis row has an Inf, so no row survives the cutoff. The
+    result is NaN everywhere (coefficients and out / every gradient), not "coefficients 0 and NaN
+    where the basis is" as the docstrings used to say; an all-zero finite basis leaves g as is."""
+    g = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    V = torch.tensor([[float("inf"), 0.0, 0.0, 0.0]])
+    out, c = ee.project_orthogonal(g, V)
+    assert out.isnan().all() and c.isnan().all()
+    grads = [g[:2].clone(), g[2:].clone()]
+    c = ee.project_orthogonal_(grads, [[V[0, :2], V[0, 2:]]])
+    assert c.isnan().all() and all(x.isnan().all() for x in grads)
+    out, c = ee.project_orthogonal(g, torch.zeros(2, 4))
+    assert torch.equal(out, g) and torch.equal(c, torch.zeros(2, dtype=D))
+    for fn in (ee.project_orthogonal, ee.project_orthogonal_):
+        doc = " ".join(fn.__doc__.split())
+        assert "the coefficients are 0 and" not in doc and "NaN everywhere" in doc, fn.__name__

@@ -148,6 +148,18 @@ def test_split_errors():
     assert not G.requires_grad
 
 
+
+@pytest.mark.parametrize("group", ["x", 0, object()])
+def test_process_group_that_is_not_a_group_names_the_argument(group):
+    """TypeError naming process_group, before anything is computed (was an AttributeError from
+    inside the sharded path); the gradients are left unchanged."""
+    g = torch.ones(3, dtype=D)
+    with pytest.raises(TypeError, match="^project_orthogonal_: process_group must be a "
+                                        "torch.distributed ProcessGroup or None, got "):
+        ee.project_orthogonal_([g], [[torch.arange(3.0, dtype=D)]], process_group=group)
+    assert torch.equal(g, torch.ones(3, dtype=D))
+
+
 # ------------------------------------------------------------------------------ torch.distributed
 def _worker(rank, world, init_file, out_dir):
     import torch.distributed as dist

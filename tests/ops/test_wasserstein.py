@@ -293,3 +293,32 @@ def test_offset_errors_name_the_operator(uo, exc):
     """Every argument error of the W2 operator starts with its name, the offset ones too."""
     with pytest.raises(exc, match="^wasserstein2_1d: u_offsets"):
         ee.wasserstein2_1d(torch.arange(4.0), torch.arange(4.0), uo, [0, 2, 4])
+
+
+@pytest.mark.parametrize("uo,exc,match", [
+    ([], ValueError, r"u_offsets must be .*int32 or int64.* got an empty list"),
+    ((), ValueError, r"u_offsets must be .*int32 or int64.* got an empty tuple"),
+    ([0, 2.5, 4], TypeError, r"u_offsets must be a 1-D int32 or int64 tensor or a sequence of ints .*"
+                             r"got a list with non-integer entries"),
+    (5, TypeError, r"u_offsets must be a 1-D int32 or int64 tensor or a sequence of ints .*got int"),
+    (torch.tensor([0, 4], device="meta"), ValueError, "u_offsets is on meta but u is on cpu"),
+])
+@pytest.mark.parametrize("max_seqlen", [None, 4])
+def test_offsets_that_are_not_offsets_say_what_was_expected(uo, exc, match, max_seqlen):
+    """An empty list is not read as float32 offsets ("got torch.float32"); a number is not
+    iterated; meta offsets cannot be copied to the values' device."""
+    with pytest.raises(exc, match=f"^wasserstein2_1d: {match}"):
+        ee.wasserstein2_1d(torch.arange(4.0), torch.arange(4.0), uo, [0, 4], max_seqlen=max_seqlen)
+
+
+@pytest.mark.parametrize("bad", ["4", 4.7, 4.0, True, torch.tensor(4), [4]])
+def test_max_seqlen_must_be_an_int(bad):
+    """A non-integer bound is a TypeError, not silently truncated by int() (4.7 -> 4, '4' -> 4,
+    True -> 1)."""
+    x = torch.arange(4.0)
+    for args in ((x, x), (x, x, [0, 4], [0, 4])):
+        with pytest.raises(TypeError, match=r"^wasserstein2_1d: max_seqlen must be an int or None, got "):
+            ee.wasserstein2_1d(*args, max_seqlen=bad)
+    np = pytest.importorskip("numpy")
+    torch.testing.assert_close(ee.wasserstein2_1d(x, x + 1, [0, 4], [0, 4], max_seqlen=np.int64(4)),
+                               torch.tensor([1.0]))
