@@ -197,7 +197,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             retrain_recipe=None, configs: Optional[Mapping[str, Any]] = None,
             relearn: Union[None, bool, Mapping[str, Any]] = None, mia_max_samples: Optional[int] = None,
             batch_size: int = 512, budget: float = 1.0, band: Optional[float] = BOLD_BAND,
-            write_tables: bool = True, progress: bool = True) -> ComparisonResult:
+            write_tables: bool = True, progress: bool = True, session: Optional[str] = None) -> ComparisonResult:
     """Run every method of ``methods`` for every seed from the same original ``model`` and tabulate
     the metrics of docs/algorithm.md §10 (mean ± std over seeds).
 
@@ -228,6 +228,11 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             live comparison or unlearning run into it raises `OutDirInUseError` (a ValueError),
             before any run; without, no lock is taken (the cache writes are atomic).
         progress: a tqdm bar over the (method, seed) runs.
+        session: an id of the invocation this call belongs to, stored in the cache records it
+            writes (not part of any cache key): a record written under the same id (by the
+            ``entangle-unlearn compare --jobs N`` workers of the same command) counts as computed
+            now; only records made before (another id, or None) are listed as cached under the
+            table. None (default): only the records that existed before this call are.
     Returns: `ComparisonResult`. A run that stops on a non-finite loss (`NonFiniteLossError`, e.g. a
         baseline whose preset diverges on this model), or whose unlearned model returns non-finite
         logits when scored (weights grown past float range without a NaN loss), is recorded, cached and listed under the table
@@ -272,11 +277,11 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                 key = cache_key(CACHE_FORMAT, spec.name, seed, hp, fp, metric_kw, ref and ref["key"])
                 bar.set_postfix_str(f"{spec.name} seed {seed}")
                 rec = cache.load(spec.name, seed, key)
-                if rec is not None:
-                    reused.setdefault(spec.name, []).append(seed)
-                else:
-                    rec = _run_and_cache(spec, model, splits, seed, key, cache, device=device,
+                if rec is None:
+                    rec = _run_and_cache(spec, model, splits, seed, key, cache, device=device, session=session,
                                          retrained=ref and ref["metrics"], metric_kw=metric_kw)
+                elif session is None or rec.get("session") != session:   # made before this invocation
+                    reused.setdefault(spec.name, []).append(seed)
                 if rec.get("failed"):
                     failures.setdefault(spec.name, {})[seed] = rec["failed"]
                 elif spec.name == "retrain":
@@ -321,13 +326,17 @@ def _checked_arguments(splits, methods, seeds, *, configs, setting, variant, hpa
     return seeds, specs, budget
 
 
-def _run_and_cache(spec: MethodSpec, model, splits, seed: int, key: str, cache: ResultCache, **kw) -> dict:
-    """One (method, seed) run, scored and cached; a run that diverges (`NonFiniteLossError`, or a
-    model that cannot be scored) is a result too: recorded with its message under "failed"."""
+def _run_and_cache(spec: MethodSpec, model, splits, seed: int, key: str, cache: ResultCache, *,
+                   session: Optional[str] = None, **kw) -> dict:
+    """One (method, seed) run, scored and cached (the record notes ``session``, `compare`'s); a run
+    that diverges (`NonFiniteLossError`, or a model that cannot be scored) is a result too:
+    recorded with its message under "failed"."""
     try:
         rec = {"key": key, **_run_one(spec, model, splits, seed, **kw)}
     except (NonFiniteLossError, _Diverged) as e:   # a diverging method is a result, not a crash
         rec = {"key": key, "method": spec.name, "seed": seed, "metrics": {}, "failed": str(e)}
+    if session is not None:
+        rec["session"] = session
     cache.save(spec.name, seed, rec)
     return rec
 

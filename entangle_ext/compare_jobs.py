@@ -9,7 +9,9 @@ the cached original model once, then repeatedly claims the next task whose prere
 ``compare`` on that one (method, seed) with ``write_tables=False``. The first task of a seed
 (Retrain, when compared) also scores the original model; every other task of that seed waits for
 it, so each run has its seed's Retrain record as reference exactly as in a one-process comparison,
-and the cache keys are the same: the parent then assembles the table from the cache. A worker that
+and the cache keys are the same: the parent then assembles the table from the cache (the records
+its workers wrote carry the queue's name as `compare`'s ``session``, so the table does not list
+them as cached: only results that existed before the command are). A worker that
 fails stops the others; finished runs stay cached (rerunning the command goes on from there). The
 queue directory is removed with the workers' logs when every worker succeeded, and kept otherwise
 (a failure, an interrupt, a killed parent).

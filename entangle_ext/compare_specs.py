@@ -66,15 +66,18 @@ def method_config(name: str, *, setting: Optional[str] = None, variant: Optional
     `Setting.config`, each baseline (Retrain included) as its config above with that ``amp``
     instead of None.
 
-    Raises ValueError for an unknown method, setting, variant or hparams.
+    Raises ValueError for an unknown method, setting (one without a preset of the method),
+    variant (also a variant without a registered setting) or hparams, also when ``config`` is given.
     """
     M = _methods()
     cls = M.get_method(name)
-    if hparams not in M.HPARAMS:
-        raise ValueError(f"hparams must be one of {M.HPARAMS}, got {hparams!r}")
+    cls.check_arguments(setting, hparams)   # hparams, and a setting this method has a preset for
+    from .settings import SETTINGS
+    if variant is not None and setting not in SETTINGS:
+        raise ValueError(f"variant {variant!r} needs a registered setting (one of {sorted(SETTINGS)}), "
+                         f"got setting={setting!r}")
     if config is not None:
         return config
-    from .settings import SETTINGS
     v = SETTINGS[setting].variant(variant) if setting in SETTINGS else None
     amp = None if v is None else v.amp   # the variant's autocast (Variant.amp)
     if name == "retrain":

@@ -179,20 +179,23 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
             def one(m, s):
                 names = ref + [m] if m not in ref else ref
                 return compare(run.model, run.splits, names, [s], write_tables=False, progress=False,
-                               configs=amp_configs(names, args, variant.name), **kw)
+                               configs=amp_configs(names, args, variant.name), session=Path(args.worker).name,
+                               **kw)
             work(Path(args.worker), one)
             return None
         tasks = plan_tasks(methods, seeds)
         jobs = min(args.jobs, len(tasks))
+        session = None   # the workers' records carry their queue's name: computed now, not "cached"
         if jobs > 1:
             (Path(out) / "jobs").mkdir(parents=True, exist_ok=True)   # this invocation's own queue:
             queue = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=Path(out) / "jobs"))
             args.out_dir = out
             cmds = [worker_command(args, variant.name, methods, max(1, threads // jobs), queue)
                     for _ in range(jobs)]
+            session = queue.name
             run_workers(cmds, tasks, queue, progress=not args.no_progress)
         return compare(run.model, run.splits, methods, seeds, progress=not args.no_progress, band=args.bold_band,
-                       configs=amp_configs(methods, args, variant.name), **kw)
+                       configs=amp_configs(methods, args, variant.name), session=session, **kw)
 
 
 def main(argv=None) -> int:

@@ -74,6 +74,28 @@ def noise_spec(calls, scale=0.05, fail_on=()):
     return C.MethodSpec("noise", run, {"scale": scale})
 
 
+def test_only_results_made_before_the_invocation_are_listed_as_cached(setup, tmp_path):
+    """The records the ``--jobs`` workers of the same command wrote (same ``session``) are computed
+    now, not "cached"; a later invocation (another session, or none) lists them as cached."""
+    s, net = setup
+    kw = dict(seeds=[0, 1], out_dir=tmp_path, progress=False, relearn=False)
+    calls = []
+    for seed in (0, 1):   # what two workers do: one (method, seed) each, no tables
+        ee.compare(net, s, [noise_spec(calls)], seeds=[seed], out_dir=tmp_path, progress=False, relearn=False,
+                   write_tables=False, session="q1")
+    assert [c[:2] for c in calls] == [("noise", 0), ("noise", 1)]
+    now = ee.compare(net, s, [noise_spec(calls)], session="q1", **kw)   # the parent of those workers
+    assert len(calls) == 2 and "cached" not in now.table
+    assert "cached" not in (tmp_path / "comparison.md").read_text()
+    for later in ("q2", None):
+        again = ee.compare(net, s, [noise_spec(calls)], session=later, **kw)
+        assert len(calls) == 2 and again.table.endswith(
+            f"cached: original seeds 0,1; noise seeds 0,1 (from {tmp_path / 'cache'}; delete to recompute)")
+    mixed = ee.compare(net, s, [noise_spec(calls, scale=0.1)], session="q3", **kw)   # noise recomputed now
+    assert len(calls) == 4 and mixed.table.endswith("cached: original seeds 0,1 (from "
+                                                    f"{tmp_path / 'cache'}; delete to recompute)")
+
+
 def fresh_mlp():
     """Retrain's model_fn: unseeded, so its initial weights come from the run's seed."""
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))

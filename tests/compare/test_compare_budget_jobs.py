@@ -203,6 +203,9 @@ def test_two_workers_give_the_one_process_numbers(tmp_path, capsys):
                       for d in ("one", "two"))
             assert k1 == k2
     assert not (tmp_path / "two" / "jobs").exists()   # the queue and logs go when every worker succeeded
+    # nothing existed before either command: nothing is listed as cached (was: every run of the workers)
+    assert "cached" not in (tmp_path / "two" / "comparison.md").read_text()
+    assert "cached" not in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not ee.available(), reason="extension not loaded")
@@ -359,3 +362,15 @@ def test_the_note_under_the_table_gives_the_exact_factor():
     summary = {"ga": {"forget_test_acc": {"mean": 1.0, "std": 0.0, "n": 1}}}
     third = format_markdown(summary, seeds=[0], order=["ga"], budget=1 / 3)
     assert "× 0.3333333333333333, rounded up" in third   # was "× 0.333333" (:g)
+
+
+@pytest.mark.parametrize("name", ["ga", "two_stage", "retrain"])
+def test_method_config_refuses_an_unknown_setting_or_a_variant_without_one(name):
+    """As its docstring says (was: None, i.e. the preset of a setting that does not exist)."""
+    with pytest.raises(ValueError, match=r"setting 'bogus'; choose from"):
+        method_config(name, setting="bogus")
+    with pytest.raises(ValueError, match=r"variant 'reduced' needs a registered setting"):
+        method_config(name, variant="reduced")
+    with pytest.raises(ValueError, match="hparams must be one of"):
+        method_config(name, setting="digits", hparams="bogus")
+    assert method_config("ga", setting="digits") is None   # its preset, as before
