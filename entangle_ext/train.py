@@ -26,7 +26,7 @@ from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
 from .unlearn.precision import AMP_CHOICES, amp_scope, model_dtype, resolve_amp
 
-__all__ = ["TrainRecipe", "train_original", "load_model_file", "cifar_augment"]
+__all__ = ["TrainRecipe", "train_original", "fit", "load_model_file", "cifar_augment"]
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "cosine"]
@@ -56,6 +56,7 @@ class TrainRecipe:
             CPU it pays only where ``cpu_has_bf16_matmul()`` (entangle_ext/unlearn/precision.py)
             is True. "auto": "bf16" where the training device has bfloat16 matrix units, else None
             (``resolve_amp``; `entangle_ext.settings.prepare` resolves it before the cache key).
+            Only a float32 model is autocast (a float64 / float16 / bfloat16 one trains in its dtype).
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
             momentum or weight decay, a negative crop_padding.
@@ -210,12 +211,27 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
             indices; no ``device`` for a model without parameters or buffers; a ``cache`` file
             that does not fit ``model`` (see `load_model_file`).
     """
-    from ._progress import progress_bar
-
     device = model_device(model, device)
     model.to(device)
     if cache is not None and Path(cache).exists():
         return load_model_file(model, cache, device=device).eval()
+    fit(model, datasets, recipe, device=device, seed=seed, progress=progress)
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        state = model.state_dict()
+        atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",
+                     hint="the trained model is returned but not cached: free space, or pass cache=None")
+    return model
+
+
+def fit(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe, *, device, seed: int = 0,
+        progress: bool = True) -> int:
+    """The training of `train_original` without its cache: ``model`` (already on ``device``) trained
+    on the union of ``datasets`` following ``recipe``, then left in eval mode. Returns the number
+    of optimizer steps taken (``recipe.epochs`` × the batches of an epoch; `entangle_ext.unlearn`'s
+    Retrain reports it). Raises ValueError as `train_original`."""
+    from ._progress import progress_bar
+
     data = union_source(datasets) if datasets else None
     if data is None or len(data.dataset) == 0:
         raise ValueError("train_original needs at least one non-empty dataset")
@@ -229,20 +245,16 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         if recipe.schedule == "cosine" else None
     bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
     model.train()
-    with amp_scope(resolve_amp(recipe.amp, device)):
-        _train_epochs(model, stream, recipe, opt, sched, gen, bar)
+    with amp_scope(resolve_amp(recipe.amp, device, model_dtype(model))):   # a float32 model only
+        taken = _train_epochs(model, stream, recipe, opt, sched, gen, bar)
     bar.close()
     model.eval()
-    if cache is not None:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        state = model.state_dict()
-        atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",
-                     hint="the trained model is returned but not cached: free space, or pass cache=None")
-    return model
+    return taken
 
 
-def _train_epochs(model, stream, recipe: TrainRecipe, opt, sched, gen, bar) -> None:
-    """The epochs of `train_original` (inside its `amp_scope`)."""
+def _train_epochs(model, stream, recipe: TrainRecipe, opt, sched, gen, bar) -> int:
+    """The epochs of `train_original` (inside its `amp_scope`); returns the optimizer steps taken."""
+    taken = 0
     for e in range(recipe.epochs):
         for idx in stream.split(torch.randperm(stream.n, generator=gen)):   # no 1-sample batch
             inputs, y = split_batch(stream.fetch(idx))
@@ -255,4 +267,6 @@ def _train_epochs(model, stream, recipe: TrainRecipe, opt, sched, gen, bar) -> N
             if sched is not None:
                 sched.step()
             bar.update(1)
+            taken += 1
         bar.set_postfix(loss=f"{loss.item():.3f}", epoch=e + 1)  # one host read per epoch
+    return taken

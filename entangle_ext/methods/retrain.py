@@ -8,8 +8,9 @@ from typing import ClassVar, Tuple
 import torch
 
 from ..settings import SETTINGS
-from ..train import TrainRecipe, train_original
+from ..train import TrainRecipe, fit
 from ..unlearn.checkpoint import seed_everything
+from ..unlearn.loop import StageResult
 from .base import MethodConfig, UnlearningMethod, register_method
 
 __all__ = ["Retrain", "RetrainConfig", "reset_parameters_"]
@@ -55,7 +56,8 @@ def _presets():
 @register_method("retrain")
 class Retrain(UnlearningMethod):
     """A fresh model (``model_fn()``, or ``model`` re-initialised by `reset_parameters_`) trained
-    by `entangle_ext.train.train_original` on ``[splits.adjacent, splits.remote]`` — the forget
+    by `entangle_ext.train.train_original` (its `entangle_ext.train.fit`, whose optimizer steps are
+    the report's ``steps``) on ``[splits.adjacent, splits.remote]`` — the forget
     split is never read — with ``config.recipe`` and ``config.seed`` (which also seeds the global
     generators just before the fresh weights are drawn); the weights are then loaded
     into ``model`` (updated in place like every method). The caller's weights are restored when the
@@ -77,14 +79,14 @@ class Retrain(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         saved = _saved_state(model)   # the caller's weights come back if anything below raises
         try:
-            self._retrain(model, splits, config, device=device, seed=seed, progress=progress)
+            steps = self._retrain(model, splits, config, device=device, seed=seed, progress=progress)
         except BaseException:         # also KeyboardInterrupt: no re-initialised model left behind
             with torch.no_grad():
                 model.load_state_dict(saved)
             raise
-        return []
+        return StageResult(stage=0, steps=steps)   # no per-step history; the optimizer steps it took
 
-    def _retrain(self, model, splits, config, *, device, seed, progress):
+    def _retrain(self, model, splits, config, *, device, seed, progress) -> int:
         seed_everything(seed)   # the initial weights: a function of the seed alone (not of what ran before)
         fresh = self.model_fn() if self.model_fn is not None else None
         if fresh is None:
@@ -92,8 +94,9 @@ class Retrain(UnlearningMethod):
         elif not isinstance(fresh, torch.nn.Module):
             raise TypeError(f"model_fn must return a fresh torch.nn.Module, it returned {type(fresh).__name__}")
         target = model if fresh is None else fresh
-        train_original(target, [splits.source("adjacent"), splits.source("remote")], config.recipe, device=device,
-                       seed=seed, progress=progress)
+        target.to(device)
+        steps = fit(target, [splits.source("adjacent"), splits.source("remote")], config.recipe, device=device,
+                    seed=seed, progress=progress)
         if fresh is not None:
             try:
                 model.load_state_dict(fresh.state_dict())
@@ -102,6 +105,7 @@ class Retrain(UnlearningMethod):
                     from None
         if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
             raise ValueError("retraining produced non-finite weights (lower the recipe's learning rate)")
+        return steps
 
 
 def _saved_state(model: torch.nn.Module) -> dict:

@@ -52,17 +52,23 @@ def move_batch(batch, device):
     return batch
 
 
-def split_batch(batch) -> Tuple[Any, torch.Tensor]:
+def split_batch(batch, split: Optional[str] = None) -> Tuple[Any, torch.Tensor]:
     """(inputs, labels) of a tuple/list or dict batch (dict labels under ``"labels"`` or
-    ``"label"``; every other entry is a model input). Raises ValueError otherwise."""
+    ``"label"``; every other entry is a model input). Raises ValueError otherwise (naming
+    ``split``, the split the batch came from, when given, and what a split's items must be)."""
+    where = "" if split is None else f"split {split!r}: "
     if isinstance(batch, dict):
         key = next((k for k in _LABEL_KEYS if k in batch), None)
         if key is None:
-            raise ValueError("dict batches need a 'labels' (or 'label') entry")
+            raise ValueError(f"{where}dict batches need a 'labels' (or 'label') entry, got keys {sorted(batch)}")
         return {k: v for k, v in batch.items() if k not in _LABEL_KEYS}, batch[key]
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
-    raise ValueError("batches must be (x, y) tuples or dicts with 'labels'")
+    got = f"a {len(batch)}-element {type(batch).__name__}" if isinstance(batch, (tuple, list)) else \
+        f"a {type(batch).__name__}"
+    raise ValueError(f"{where}its items give {got} batch; batches must be (x, y) tuples or dicts with 'labels': "
+                     "each item of a split is an (inputs, label) pair or a dict with 'labels' (e.g. "
+                     "torch.utils.data.TensorDataset(X, y))")
 
 
 def cast_floating(x, dtype: Optional[torch.dtype]):
@@ -84,12 +90,13 @@ def prepare_batch(batch, input_dtype: Optional[torch.dtype] = None, where: str =
 
     Raises:
         ValueError: labels that are not a 1-D integer tensor (float, bool, complex, one-hot...);
-            the message names ``where`` (the stream, e.g. "s1/remote") and the accepted dtypes.
+            the message names ``where`` (the stream, e.g. "s1/remote") and the accepted dtypes;
+            a batch that is no (x, y) tuple or dict with labels (`split_batch`; names the split).
     """
-    inputs, y = split_batch(batch)
+    split = where.split("/")[-1]
+    inputs, y = split_batch(batch, split)
     if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype not in LABEL_DTYPES:
         got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) else type(y).__name__
-        split = where.split("/")[-1]
         raise ValueError(f"split '{split}': labels must be integer class indices of shape (batch,) "
                          f"(any integer dtype: {', '.join(str(d) for d in LABEL_DTYPES)}), got "
                          f"{got}; float, bool, one-hot or soft labels are not supported")
@@ -115,10 +122,22 @@ def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
 
     Accepts plain tensors, tuples (first element), dicts with a ``"logits"`` key and objects with
     ``.logits`` (Hugging Face). Raises ValueError when the output is not a 2-D tensor of logits.
+
+    A batch of one sample through a model whose BatchNorm layers are in train mode (a split of
+    one sample, which `BatchStream` cannot fold; torch raises "Expected more than 1 value per
+    channel when training"): those layers normalise it with their running statistics (eval mode
+    for this pass, their running statistics not updated) and are back in train mode afterwards.
     """
     inputs = to_channels_last(inputs)
-    with autocast_for(_device_type(model, inputs)):
-        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    lone = _lone_sample_batchnorms(model, inputs)
+    for m in lone:   # one sample has no batch statistics: BatchNorm normalises with its running ones
+        m.train(False)
+    try:
+        with autocast_for(_device_type(model, inputs)):
+            out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    finally:
+        for m in lone:
+            m.train(True)
     if isinstance(out, dict) and "logits" in out:
         out = out["logits"]
     elif hasattr(out, "logits"):
@@ -129,6 +148,15 @@ def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}")
     return out
+
+
+def _lone_sample_batchnorms(model: torch.nn.Module, inputs) -> List[torch.nn.Module]:
+    """The BatchNorm layers of ``model`` in train mode when ``inputs`` hold one sample, else []."""
+    first = inputs if isinstance(inputs, torch.Tensor) else \
+        next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None) if isinstance(inputs, dict) else None
+    if first is None or first.dim() == 0 or first.shape[0] != 1:
+        return []
+    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
 
 
 def loss_logits(model: torch.nn.Module, inputs) -> torch.Tensor:

@@ -43,8 +43,7 @@ ENV_KEYS = ("CUBLAS_WORKSPACE_CONFIG",)
 #: Config fields that may differ between a checkpoint and the run resuming it: logging, checkpoints, plots, the
 #: curve probes (eval_every; hence where a rule or ``select`` checks), Stage 2 added to a Stage-1-only two_stage
 #: run, stage2.micro_batch and channels_last (the float round-off only). run_stage2, stage2.*: `UnlearnConfig`'s only.
-RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "eval_every", "run_stage2", "stage2.micro_batch",
-                           "channels_last")
+RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "eval_every", "run_stage2", "stage2.micro_batch", "channels_last")
 #: Config fields added after checkpoints of this format were first written, with the value that
 #: reproduces the earlier runs: a checkpoint whose config has the field's section (e.g. a
 #: "stage2" entry; a top-level field: any entry) but not the field is read as holding this value

@@ -232,8 +232,9 @@ class UnlearnConfig(StrictFields):
             bfloat16 (parameters, gradients, optimizer state, λ/c0/μ and the W2 / projection
             arithmetic stay float32; losses are computed in float32); "auto" is "bf16" where the
             run's device has bfloat16 matrix units and None elsewhere (`resolve_amp` of
-            entangle_ext/unlearn/precision.py; only a float32 model is autocast; the report's "amp"
-            and its config say which ran). The ``cifar100`` / ``cpu`` variant of
+            entangle_ext/unlearn/precision.py). Only a float32 model is autocast ("bf16" and "auto"
+            run as None for a float64 / float16 / bfloat16 model); the report's "amp" and its
+            config say which ran. The ``cifar100`` / ``cpu`` variant of
             `entangle_ext.settings` uses "auto".
         channels_last: "auto" (default), True or False (ours, an engineering choice): True passes
             every 4-D floating input of the run (evaluations, both stages, probes) to the model in

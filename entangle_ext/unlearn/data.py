@@ -138,13 +138,17 @@ class Splits:
 
     def check(self, required: Iterable[str] = TRAIN, *, by: Optional[str] = None) -> None:
         """Raise ValueError if a ``required`` split is missing (the message names ``by``, e.g.
-        ``"method 'ga'"``, when given), or any present split is empty, unsized or iterable-style;
+        ``"method 'ga'"``, when given), or any present split is empty, unsized or iterable-style,
+        or (without a ``collate_fn``) not a Dataset of (x, y) items: an array or tensor, a tuple /
+        list of arrays (e.g. ``(X, y)``), a TensorDataset of one tensor (`_check_form`);
         then `check_disjoint` of the train splits (ValueError for one object in two splits or
         Subsets sharing indices; `OverlappingSplitsWarning` for identical rows)."""
         for n in required:
             if getattr(self, n) is None:
                 raise ValueError(f"split {n!r} is required" + (f" by {by}" if by else ""))
-        for n in self.named():
+        for n, d in self.named().items():
+            if self.collate_fn is None:   # (a collate function may build (x, y) batches from anything)
+                _check_form(n, d)
             ds = self.source(n).dataset
             try:
                 size = len(ds)
@@ -153,6 +157,27 @@ class Splits:
             if size == 0:
                 raise ValueError(f"split {n!r} is empty: every split of Splits needs at least one sample")
         check_disjoint({n: getattr(self, n) for n in self.TRAIN if getattr(self, n) is not None})
+
+
+def _check_form(name: str, d: Any) -> None:
+    """ValueError, naming split ``name`` and what to pass instead, when ``d`` is one of the
+    containers users hand over that are not a Dataset of (x, y) items."""
+    fix = "a split is a Dataset (or DataLoader) of (inputs, label) items: wrap the arrays as " \
+          "torch.utils.data.TensorDataset(X, y)"
+
+    def kind(v):
+        return f"{type(v).__module__.split('.')[0]}.{type(v).__name__}"
+    if isinstance(d, torch.Tensor) or kind(d) == "numpy.ndarray":
+        raise ValueError(f"split {name!r} is a {'torch.Tensor' if isinstance(d, torch.Tensor) else kind(d)} of "
+                         f"shape {tuple(d.shape)}, not a Dataset; {fix}")
+    if isinstance(d, (tuple, list)) and d and all(isinstance(v, torch.Tensor) or kind(v) == "numpy.ndarray"
+                                                  for v in d):
+        pair = " (e.g. (X, y))" if len(d) == 2 else ""
+        raise ValueError(f"split {name!r} is a {type(d).__name__} of {len(d)} tensors / arrays{pair}, whose items "
+                         f"are not (inputs, label) pairs; {fix}")
+    if isinstance(d, TensorDataset) and len(d.tensors) < 2:
+        raise ValueError(f"split {name!r} is a TensorDataset of {len(d.tensors)} tensor: its items need inputs "
+                         f"and labels; {fix}")
 
 
 def has_batchnorm(model: Optional[torch.nn.Module]) -> bool:
@@ -202,7 +227,8 @@ class BatchStream:
     once per epoch, ``len(stream)`` is one fewer, and the fold is a function of (n, batch_size)
     alone, so orders, counters and resumes stay deterministic. Models without BatchNorm and
     evaluation streams keep the plain split (a 1-sample last batch, which under several ranks gives
-    one rank an empty part). A split of one sample is still one batch of one.
+    one rank an empty part). A split of one sample is still one batch of one: its forward passes
+    run the model's train-mode BatchNorm layers on their running statistics (`forward_logits`).
 
     Under several ranks (``dist``, default: the `current` run of ``entangle_ext/unlearn/distributed.py``)
     ``batch_size`` is the global batch: every rank computes the same global order and index

@@ -130,7 +130,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             feature width, integer features; names the split, the input shape and dtype), a
             ``device`` this process cannot use (e.g. "cuda" without a GPU), no trainable parameters (also a model without
             any parameter), an invalid config, a resume from a checkpoint of another method
-            (names both), or whose splits or config differ (TypeError for a wrong field type).
+            (names both), or whose splits or config differ, or whose model state does not fit
+            ``model`` (another architecture or number of classes: names the mismatching
+            parameters; checked before anything is loaded, ``model`` stays untouched)
+            (TypeError for a wrong field type).
         OutDirInUseError (a ValueError; ``entangle_ext.OutDirInUseError``): another
             live run (another process, or another thread) holds ``out_dir``; raised after the
             input checks, before any training or file written; names its pid, host, start time

@@ -42,7 +42,7 @@ def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], kee
     nonfinite = torch.zeros((), dtype=torch.float64, device=dev)
     losses, masks = [], []
     for b in stream.epoch_batches(0):
-        inputs, y = split_batch(b)
+        inputs, y = split_batch(b, name)
         logits = loss_logits(model, inputs)   # float32 for float16/bfloat16 logits
         C = logits.shape[1] if C is None else C
         if logits.shape[1] != C:
@@ -152,7 +152,7 @@ def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int 
     with training_flags_kept(model):
         model.eval()
         for b in stream.epoch_batches(0):
-            inputs, y = split_batch(b)
+            inputs, y = split_batch(b, name)
             logits = forward_logits(model, inputs).double()
             if bool(((y < 0) | (y >= logits.shape[1])).any()):
                 raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")

@@ -5,7 +5,7 @@ one run lifecycle (`unlearn/run.py`), `stage1` / `stage2`, `evaluate`, the metri
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
@@ -15,7 +15,7 @@ from .memory_format import resolve_channels_last
 from .precision import amp_scope, model_dtype
 
 __all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "probe_channels_last",
-           "require_trainable", "training_flags_kept"]
+           "require_trainable", "training_flags_kept", "check_resume_model"]
 
 
 def check_model_and_splits(model, splits, where: str) -> None:
@@ -91,7 +91,7 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
         for name in splits.named():
             probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
                                 device=device, input_dtype=model_dtype(model))
-            inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
+            inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))), name)
             try:
                 logits = forward_logits(model, inputs)
             except (RuntimeError, TypeError, IndexError) as e:
@@ -128,3 +128,36 @@ def _describe_inputs(inputs) -> str:
     if isinstance(inputs, (tuple, list)):
         return ", ".join(_describe_inputs(v) for v in inputs)
     return type(inputs).__name__
+
+
+def check_resume_model(ckpt: Dict[str, Any], model: torch.nn.Module) -> None:
+    """ValueError when the model state a checkpoint holds (its ``model`` and ``selected_model``
+    entries) does not fit ``model``: a parameter or buffer missing on either side, or of another
+    shape (e.g. another number of classes). Runs before anything is loaded into ``model``, so a
+    refused resume leaves it untouched; the message names the mismatching entries (entries kept
+    in a sharded checkpoint directory are checked by the sharded load itself)."""
+    own = model.state_dict()
+    for entry in ("model", "selected_model"):
+        saved = ckpt.get(entry)
+        if not isinstance(saved, dict):
+            continue
+        shown = lambda names: ", ".join(repr(n) for n in names[:8]) + (f" (+{len(names) - 8} more)"
+                                                                      if len(names) > 8 else "")
+        parts = []
+        shapes = [f"{k!r}: {tuple(v.shape)} in the checkpoint vs {tuple(own[k].shape)} in the model"
+                  for k, v in saved.items() if k in own and isinstance(v, torch.Tensor)
+                  and isinstance(own[k], torch.Tensor) and tuple(v.shape) != tuple(own[k].shape)]
+        if shapes:
+            parts.append("other shapes: " + "; ".join(shapes[:8]) +
+                         (f" (+{len(shapes) - 8} more)" if len(shapes) > 8 else ""))
+        missing = sorted(set(saved) - set(own))
+        if missing:
+            parts.append("missing from the model: " + shown(missing))
+        extra = sorted(set(own) - set(saved))
+        if extra:
+            parts.append("not in the checkpoint: " + shown(extra))
+        if parts:
+            raise ValueError(f"resume: the checkpoint's model does not fit the model given (another architecture "
+                             f"or number of classes; checkpoint entry {entry!r}): " + "; ".join(parts) +
+                             ". Resume with a model built as the checkpoint's run built it, or start a new run "
+                             "without resume (command line: without --resume, in a fresh --out)")

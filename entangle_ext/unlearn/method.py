@@ -84,6 +84,7 @@ class MethodConfig(StrictFields):
             method's steps, its evaluations and probes) under `torch.autocast` with bfloat16; parameters, gradients and optimizer state keep the parameters'
             dtype and every loss is computed in float32 (``loss_logits`` of entangle_ext/unlearn/batch.py).
             Retrain's training from scratch follows its recipe's own ``amp`` (`TrainRecipe.amp`).
+            Only a float32 model is autocast: for another dtype the run (and its report) has None.
         channels_last: "auto" (default), True or False, as `UnlearnConfig.channels_last`: the
             memory format of 4-D floating inputs in every forward pass of the run (Retrain's
             training included).
@@ -239,13 +240,14 @@ class UnlearningMethod:
                 model.eval()
         run.stage(self.name, go, timing="unlearn", tag="done")
         run.evaluate_after(self.name, "final")
-        return {"steps": {self.name: len(run.history)}}
+        return {"steps": {self.name: run.stage_steps(self.name)}}
 
     def run(self, model: torch.nn.Module, splits: Splits, config, *, device: torch.device, seed: int,
             out_dir=None, progress: bool = True, loop_args: Dict[str, Any]) -> List[Dict[str, float]]:
         """Unlearn in place; returns the per-step history records. Implemented by each baseline
         (the two-stage family overrides `execute` instead). ``loop_args``: the `StageLoop`
-        keywords of the run (`Run.loop_args`), which `loop` passes on."""
+        keywords of the run (`Run.loop_args`), which `loop` passes on. A method without per-step
+        records (Retrain) returns a `StageResult` instead, whose ``steps`` the report counts."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for run()

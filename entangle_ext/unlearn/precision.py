@@ -45,14 +45,16 @@ def resolve_amp(amp: Optional[str], device, dtype: Optional[torch.dtype] = torch
     """The autocast a run on ``device`` of a model of ``dtype`` uses for a config's ``amp``: "auto"
     becomes "bf16" for a float32 model where the device multiplies bfloat16 matrices in hardware
     (a CPU with `cpu_has_bf16_matmul`, a CUDA device with ``torch.cuda.is_bf16_supported()``) and
-    None elsewhere (float32 stays faster there; autocast does not lower float64 or half models);
-    None and "bf16" are returned as they are. Raises ValueError for any other value."""
+    None elsewhere (float32 stays faster there); "bf16" stays "bf16" for a float32 model. Only a
+    float32 model is autocast: for any other ``dtype`` (float64, which autocast does not lower;
+    float16 / bfloat16, which run as they are; None, no floating parameter) both give None.
+    None is returned as it is. Raises ValueError for any other value."""
     if amp is not None and amp not in AMP_CHOICES:
         raise ValueError(f"amp must be None or one of {list(AMP_CHOICES)}, got {amp!r}")
+    if amp is None or dtype != torch.float32:
+        return None
     if amp != "auto":
         return amp
-    if dtype != torch.float32:
-        return None
     dev = torch.device(device)
     if dev.type == "cpu":
         return "bf16" if cpu_has_bf16_matmul() else None

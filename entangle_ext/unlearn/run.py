@@ -22,7 +22,8 @@ from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_res
 from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
-from .inputs import check_model_and_splits, model_device, preflight, probe_channels_last, require_trainable
+from .inputs import (check_model_and_splits, check_resume_model, model_device, preflight, probe_channels_last,
+                     require_trainable)
 from .lock import OutDirLock
 from .memory_format import channels_last_scope
 from .loop import check_final_losses
@@ -47,7 +48,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
 
     Order (every method): load the checkpoint of ``resume`` → resolve and validate the config
     (``cls.resolve_config``; ``seed`` replaces ``config.seed``) → the splits the method needs
-    (``cls.splits_needed``) → the splits fingerprint and, on a resume, `check_resume` →
+    (``cls.splits_needed``) → the splits fingerprint and, on a resume, `check_resume` and
+    `check_resume_model` (the checkpoint's model state fits ``model``; nothing is loaded yet) →
     trainable parameters → device → `preflight` (one batch per split) → what the config's
     ``channels_last`` runs as (`probe_channels_last`; its scope holds for the rest) → lock ``out_dir`` and
     ``on_checked()`` → seed (and deterministic algorithms when the config asks) → evaluate θ0
@@ -70,10 +72,13 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         fingerprint = splits_fingerprint(splits)
         require_trainable(model)
         device = model_device(model, device)
-        if getattr(config, "amp", None) == "auto":   # kept as what runs here: report, checkpoints, resume
-            config = dataclasses.replace(config, amp=resolve_amp("auto", device, model_dtype(model)))
+        if getattr(config, "amp", None) is not None:   # kept as what runs here: report, checkpoints, resume
+            # ("auto" as this device and dtype run it; "bf16" stays only for a float32 model)
+            config = dataclasses.replace(config, amp=resolve_amp(config.amp, device, model_dtype(model)))
         changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
                                                          allow_config_change=allow_config_change)
+        if ckpt is not None:   # before anything is loaded into the model: a refused resume leaves it untouched
+            check_resume_model(ckpt, model)
         model.to(device).eval()
         amp = config.amp if hasattr(config, "amp") else None
         num_classes = preflight(model, splits, device, amp)
@@ -316,6 +321,13 @@ class Run:
                               **(keep(out) if keep is not None else {})})
         self._at = key
         return out
+
+    def stage_steps(self, key) -> int:
+        """The steps stage ``key`` took (this process, or the one whose checkpoint it resumed):
+        what `stage` recorded under ``done["stopped"]``, else (a checkpoint written before that
+        record) the number of its history records."""
+        rec = self.done.get("stopped", {}).get(curves.stage_label(key))
+        return int(rec["step"]) if rec is not None else len(self.history)
 
     def finish(self, extras: Dict[str, Any], *, resumed: Optional[Dict[str, Any]],
                preset: Dict[str, Any]) -> UnlearnResult:

@@ -174,6 +174,18 @@ def test_retrain_takes_a_bare_train_recipe(small):
     assert rep["config"]["recipe"]["epochs"] == 2 and rep["method"] == "retrain"
 
 
+def test_retrain_reports_its_optimizer_steps(small, tmp_path):
+    """Retrain's report counts the optimizer steps of its training from scratch (was 0): 180
+    retain samples in batches of 64 are 3 steps an epoch; a resumed run reports the same."""
+    from entangle_ext.train import TrainRecipe
+    rec = TrainRecipe("adam", lr=1e-2, epochs=2, batch_size=64, schedule="constant")
+    assert len(small.adjacent) + len(small.remote) == 180
+    rep = ee.unlearn(mlp(), small, rec, method="retrain", out_dir=tmp_path, progress=False).report
+    assert rep["steps"] == {"retrain": 6} and rep["stopped"] == {"retrain": {"rule": "budget", "step": 6}}
+    again = ee.unlearn(mlp(), small, method="retrain", resume=tmp_path, progress=False).report
+    assert again["steps"] == {"retrain": 6} and again["stopped"]["retrain"]["step"] == 6
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("split, value", [("forget", float("nan")), ("remote", float("inf"))])
 def test_non_finite_loss_of_the_original_is_named_before_any_training(small, name, split, value):

@@ -125,3 +125,19 @@ def _with_out(args, out):
     """``args`` with the out_dir a worker command reads."""
     args.out_dir = str(out)
     return args
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("method", ["two_stage", "ga"])
+def test_bf16_on_a_model_that_is_not_float32_reports_what_ran(small, dtype, method):
+    """Only a float32 model is autocast: ``amp="bf16"`` on a float64 / bfloat16 model runs no
+    autocast, and the report and its config say None (was: "bf16")."""
+    seen = []
+    net = mlp().to(dtype)
+    net[0].register_forward_hook(lambda m, i, o: seen.append(torch.is_autocast_enabled("cpu")))
+    cfg = tiny_config(amp="bf16") if method == "two_stage" else \
+        get_method(method).config_for("digits", amp="bf16", epochs=1)
+    r = ee.unlearn(net, small, cfg, method=method, progress=False)
+    assert seen and not any(seen)
+    assert r.report["amp"] is None and r.report["config"]["amp"] is None
+    assert resolve_amp("bf16", "cpu", dtype) is None and resolve_amp("bf16", "cpu", torch.float32) == "bf16"

@@ -71,6 +71,34 @@ def test_two_stage_batch_of_one_folded():
     assert r.report["steps"]["stage1"] == 4 and r.report["steps"]["stage2"] == 2
 
 
+@pytest.mark.parametrize("method, over", [("gdr", {}), ("munba", {}), ("delete", {}), ("ga", {"train_mode": True}),
+                                          ("salun", {"train_mode": True}), ("scrub", {"train_mode": True})])
+def test_a_one_sample_forget_split_trains_in_train_mode(method, over):
+    """A split of one sample cannot be folded: its train-mode forward passes run the BatchNorm
+    layers on their running statistics (was: torch's "Expected more than 1 value per channel
+    when training" from gdr, munba and delete)."""
+    cfg = get_method(method).config_for("digits", epochs=1, **over)
+    assert cfg.train_mode
+    model = bn_model()
+    modes = [m.training for m in model.modules()]
+    r = ee.unlearn(model, splits(1, 64, 65), cfg, method=method, progress=False)
+    assert r.report["steps"][method] >= 1
+    assert all(torch.isfinite(p).all() for p in r.model.parameters())
+    assert [m.training for m in model.modules()] == modes   # the caller's modes are back
+
+
+def test_forward_of_one_sample_in_train_mode_uses_running_statistics():
+    from entangle_ext.unlearn.batch import forward_logits
+    model = bn_model().train()
+    x = torch.randn(1, 64)
+    out = forward_logits(model, x)
+    assert model.training and model[1].training           # restored after the pass
+    assert torch.equal(out, model.eval()(x))              # the running statistics normalised it
+    model.train()
+    with pytest.raises(ValueError, match="Expected more than 1 value"):   # torch's own call is unchanged
+        model(x)
+
+
 def test_train_original_batch_of_one_folded():
     model = train_original(bn_model(), [tds(129, 4)], TrainRecipe(epochs=2, batch_size=64), progress=False)
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -266,3 +266,41 @@ def test_inplace_false_leaves_the_model_untouched(small):
     assert (params(r.model) - before).abs().max() > 1e-4
     r2 = ee.unlearn(model, small, tiny_config(), progress=False)   # default: in place
     assert r2.model is model and torch.equal(params(model), params(r.model))
+
+
+class _Unlabelled(Dataset):
+    """Items that are bare input tensors (no label)."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i]
+
+
+def _split_forms(small):
+    x, y = small.forget.tensors
+    return [("forget", (x, y), r" is a tuple of 2 tensors / arrays \(e\.g\. \(X, y\)\)"),
+            ("remote", np.concatenate([x.numpy(), y.numpy()[:, None]], 1), r" is a numpy\.ndarray"),
+            ("adjacent", x, r" is a torch\.Tensor"),
+            ("forget", TensorDataset(x), r" is a TensorDataset of 1 tensor"),
+            ("adjacent", [x[i] for i in range(len(x))], r" is a list of \d+ tensors / arrays"),
+            ("forget", _Unlabelled(x), r": its items give a Tensor batch")]
+
+
+@pytest.mark.parametrize("k", range(6))
+@pytest.mark.parametrize("entry", ["two_stage", "ga", "evaluate"])
+def test_a_split_of_the_wrong_form_is_named_with_what_to_pass(small, k, entry):
+    """A split that is not a Dataset of (x, y) items (arrays, an (X, y) tuple, a one-tensor
+    TensorDataset, unlabelled items) is a ValueError naming the split and the fix (was: torch's
+    "stack expects each tensor to be equal size" or a message without the split)."""
+    name, bad, says = _split_forms(small)[k]
+    s = dataclasses.replace(small, **{name: bad})
+    with pytest.raises(ValueError, match=rf"split '{name}'{says}.*TensorDataset\(X, y\)"):
+        if entry == "evaluate":
+            ee.evaluate(mlp(), s)
+        else:
+            ee.unlearn(mlp(), s, method=entry, setting="digits", progress=False)

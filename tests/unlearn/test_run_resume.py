@@ -448,3 +448,22 @@ def test_baseline_resume_refuses_another_config_unless_allowed(small, ft_run):
     assert changed.report["config"]["weight_decay"] == 0.5
     # the new weight decay is applied from the resume point on (not the optimizer's saved one)
     assert not torch.equal(params(changed.model), params(full.model))
+
+
+def _other_head(seed=5):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+
+
+@pytest.mark.parametrize("method", ["two_stage", "ft"])
+def test_resume_into_another_architecture_is_refused_and_leaves_the_model_untouched(small, full_run, ft_run,
+                                                                                    method):
+    """A checkpoint whose model does not fit the caller's (another head, another layer) is refused
+    with a ValueError naming the mismatching parameters, before anything is loaded into it."""
+    out = (full_run if method == "two_stage" else ft_run)[0]
+    for m, says in [(_other_head(), r"'2\.weight': \(2, 32\) in the checkpoint vs \(3, 32\) in the model"),
+                    (torch.nn.Sequential(torch.nn.Linear(64, 2)), r"missing from the model: '2\.bias', '2\.weight'")]:
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        with pytest.raises(ValueError, match=r"resume: the checkpoint's model does not fit the model given.*" + says):
+            ee.unlearn(m, small, method=method, resume=out, progress=False)
+        assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
