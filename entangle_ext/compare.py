@@ -39,6 +39,7 @@ from .unlearn.memory_format import channels_last_scope
 from .unlearn.loop import NonFiniteLossError
 from .unlearn.data import check_batch_size
 from .unlearn.checkpoint import preserved_rng, seed_everything
+from .unlearn.fields import SEED_MAX, SEED_MIN
 from .unlearn.fingerprint import fingerprint
 from .unlearn.inputs import model_device
 from .unlearn.precision import model_dtype
@@ -164,6 +165,10 @@ def _seed_list(seeds) -> List[int]:
     seeds = [int(x) for x in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    out_of_range = [x for x in seeds if not SEED_MIN <= x <= SEED_MAX]
+    if out_of_range:
+        raise ValueError(f"seeds must lie in [{SEED_MIN}, {SEED_MAX}] (torch.manual_seed's range), got "
+                         f"{out_of_range}")
     return seeds
 
 
@@ -239,7 +244,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         ("–" in its cells), and the comparison goes on; Retrain failing leaves its seed without
         gap metrics.
     Raises, before any run: ValueError (unknown or duplicate method, setting, variant or hparams;
-        no seeds or repeated seeds; a ``configs`` entry for a method not compared; an unknown
+        no seeds, repeated seeds or a seed outside torch.manual_seed's [-2**63, 2**64 - 1]; a ``configs`` entry for a method not compared; an unknown
         ``relearn`` key or a bad relearn value; ``batch_size`` < 1; ``budget`` <= 0;
         ``mia_max_samples`` < 1; a negative or non-finite ``band``; a missing or empty forget / adjacent / remote train split; no
         held-out retain split), TypeError (a config of another method; ``seeds`` not a sequence of

@@ -113,6 +113,9 @@ def _check_flags(args, out: str) -> None:
         check_budget(args.budget)
     except (ValueError, TypeError) as e:
         raise ValueError(f"--{e}") from None   # "--budget must be ..."
+    if not str(out).strip():
+        raise ValueError("--out is empty: give an output directory (or leave the flag out for "
+                         "runs/compare_<setting>)")
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
 
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
     from ..threads import torch_threads
 
     args = build_parser().parse_args(argv)
-    out = args.out or f"runs/compare_{args.setting}"
+    out = args.out if args.out is not None else f"runs/compare_{args.setting}"
     t0 = time.perf_counter()
     try:
         device, setting, variant, data, model, methods, threads = _plan(args, out)

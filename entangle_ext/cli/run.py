@@ -160,6 +160,9 @@ def _plan(args) -> _Plan:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.original is not None and not Path(args.original).exists():
         raise FileNotFoundError(f"--original {args.original}: no such file or directory")
+    if not args.out.strip():
+        raise ValueError("--out is empty: give an output directory (the report, checkpoints and cached "
+                         "original go there)")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
     if args.allow_config_change and args.resume is None:

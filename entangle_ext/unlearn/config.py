@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
-from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields, require
+from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields, check_seed, require
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "RECIPE_OF_HPARAMS", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -219,7 +219,8 @@ class UnlearnConfig(StrictFields):
     Attributes:
         stage1, stage2: the stage hyperparameters.
         recipe: "reference" or "paper" (see the module docstring); informational once applied.
-        seed: seeds torch/numpy/random and every data-order stream.
+        seed: seeds torch/numpy/random and every data-order stream; an int in [-2**63, 2**64 - 1]
+            (torch.manual_seed's range).
         deterministic: `torch.use_deterministic_algorithms(True)` (+ cuDNN deterministic).
         log_every: steps (>= 1) between host reads of the logged values (progress bar, history,
             non-finite check).
@@ -295,6 +296,7 @@ class UnlearnConfig(StrictFields):
         at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
         at_least(self, 0, "checkpoint_every")
         check_curve_fields(self)
+        check_seed(self)
         for name, until in (("stage1.until", self.stage1.until), ("stage2.until", self.stage2.until)):
             if until is not None and self.eval_every == 0:
                 raise ValueError(f"UnlearnConfig.{name}={until!r} is a stopping rule checked at the curve "

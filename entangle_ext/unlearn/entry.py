@@ -94,7 +94,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             (the checks, pre-flight and evaluations change nothing) — and a checkpoint (with
             ``out_dir``) is what resumes; Retrain, whose steps train a re-initialised model,
             restores the original weights instead.
-        progress: tqdm bars (rank 0 only under several ranks).
+        progress: tqdm bars and, at the end, the result table printed to stdout (rank 0 only
+            under several ranks).
     Several processes (``torchrun``; docs/algorithm.md §11): when `torch.distributed` is
     initialised with more than one rank, every rank calls ``unlearn`` with the same arguments and
     a DDP-wrapped, plain (replicated; broadcast from rank 0) or FSDP (``fully_shard``) model; the

@@ -9,7 +9,8 @@ import numbers
 import typing
 from typing import Literal
 
-__all__ = ["check_fields", "require", "at_least", "StrictFields", "Select", "check_curve_fields"]
+__all__ = ["check_fields", "require", "at_least", "StrictFields", "Select", "check_curve_fields", "check_seed",
+           "SEED_MIN", "SEED_MAX"]
 
 Select = typing.Optional[Literal["first_within"]]   # checkpoint selection (None: keep the final state)
 
@@ -144,6 +145,16 @@ def require(cfg, ok: bool, name: str, rule: str) -> None:
 def at_least(cfg, lo, *names: str) -> None:
     for n in names:
         require(cfg, getattr(cfg, n) >= lo, n, f">= {lo}")
+
+
+#: The seeds `torch.manual_seed` takes (a run config's ``seed``, `entangle_ext.compare`'s seeds).
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
+
+
+def check_seed(cfg) -> None:
+    """ValueError naming the field unless ``cfg.seed`` lies in [`SEED_MIN`, `SEED_MAX`] (else
+    torch.manual_seed would fail with "Overflow when unpacking long long" once the run starts)."""
+    require(cfg, SEED_MIN <= cfg.seed <= SEED_MAX, "seed", f"in [{SEED_MIN}, {SEED_MAX}] (torch.manual_seed's range)")
 
 
 def check_curve_fields(cfg) -> None:

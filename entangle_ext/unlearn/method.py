@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 import torch
 
 from .checkpoint import optimizer_entry
-from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields
+from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields, check_seed
 from .data import BatchStream, Splits, has_batchnorm
 from .distributed import current
 from .loop import StageLoop
@@ -68,7 +68,8 @@ class MethodConfig(StrictFields):
     the entry of `entangle_ext.unlearn` (types from the annotations, then ranges).
 
     Attributes:
-        seed: seeds torch/numpy/random and every data stream of the run.
+        seed: seeds torch/numpy/random and every data stream of the run; an int in [-2**63,
+            2**64 - 1] (torch.manual_seed's range).
         log_every: steps (>= 1) between host reads of the logged values (history, progress bar,
             non-finite check).
         checkpoint_every: steps (>= 0) between mid-run checkpoints (0 = only at the end); needs
@@ -116,6 +117,7 @@ class MethodConfig(StrictFields):
         at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
         at_least(self, 0, "checkpoint_every")
         check_curve_fields(self)
+        check_seed(self)
         self.check_ranges()
         return self
 

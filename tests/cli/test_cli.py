@@ -439,3 +439,16 @@ def test_toxigen_example_prints_its_table_once(tmp_path, capsys, monkeypatch):
     res = ex.main(["--reduced", "--out", str(tmp_path), "--device", "cpu"])
     assert capsys.readouterr().out.count(res.table) == 1
 
+
+
+@pytest.mark.parametrize("argv", [
+    ["--setting", "digits", "--out", "", "--device", "cpu", *TINY],
+    ["--setting", "digits", "--out", "  ", "--device", "cpu", *TINY],
+    ["compare", "--setting", "digits", "--out", "", "--device", "cpu"]])
+def test_an_empty_out_dir_is_refused_not_taken_as_the_working_directory(argv, tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and "--out is empty" in err, err
+    assert list(tmp_path.iterdir()) == []   # nothing written into the working directory

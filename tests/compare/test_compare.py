@@ -199,6 +199,8 @@ def test_bad_input(setup):
         ee.compare(net, s, ["ga"], seeds=2, setting="digits", progress=False)
     with pytest.raises(TypeError, match=r"seeds must be integers, got \[0.7\]"):
         ee.compare(net, s, ["ga"], seeds=[0.7], setting="digits", progress=False)
+    with pytest.raises(ValueError, match=r"seeds must lie in .*torch.manual_seed's range\), got \[1180591620717411303424\]"):
+        ee.compare(net, s, ["ga"], seeds=[0, 2 ** 70], setting="digits", progress=False)
     with pytest.raises(ValueError, match=r"configs has entries for methods that are not compared: \['gaa'\]"):
         ee.compare(net, s, ["ga"], setting="digits", configs={"gaa": get_method("ga").Config()}, progress=False)
     with pytest.raises(ValueError, match=r"relearn has unknown keys \['steps'\]"):

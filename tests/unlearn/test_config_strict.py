@@ -80,3 +80,16 @@ def test_the_original_training_warns_too():
     ok = _caught(lambda: train_original(mlp(), [data], TrainRecipe("adam", epochs=1, batch_size=4),
                                         device="cpu", seed=0, progress=False))
     assert ok == []
+
+
+def test_a_seed_torch_cannot_take_is_refused_by_the_config_not_by_torch_mid_run():
+    import entangle_ext as ee
+    from entangle_ext.methods import get_method
+    from entangle_ext.unlearn.fields import SEED_MAX, SEED_MIN
+    for ok in (SEED_MIN, 0, SEED_MAX):
+        assert ee.UnlearnConfig(seed=ok).seed == ok and get_method("ga").Config(seed=ok).seed == ok
+    for bad in (SEED_MAX + 1, SEED_MIN - 1, 2 ** 70):
+        with pytest.raises(ValueError, match=r"seed must be in \[.*torch.manual_seed"):
+            ee.UnlearnConfig(seed=bad)
+        with pytest.raises(ValueError, match=r"seed must be in \["):
+            get_method("ga").Config(seed=bad)
