@@ -229,7 +229,9 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
             ``{"amp": "auto"}`` trains under bf16 autocast where the device has bfloat16 matrix
             units; `Variant.amp` does not apply to this training). The recipe's amp is resolved
             for ``device`` ("auto" → "bf16" or None) before it enters the cache key and
-            `Prepared.recipe`.
+            `Prepared.recipe`; so is its channels_last ("auto" → True or False for this model on
+            ``device``, probed on two forget samples; ``{"channels_last": False}`` trains on
+            contiguous batches).
         original: the model to use as θ0 instead of training or the cache: a state-dict file, a
             checkpoint of an `unlearn` run (its model), its ``checkpoints/latest.pt`` or its out dir
             (the latest checkpoint); see `entangle_ext.train.load_model_file`.
@@ -241,7 +243,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
         weights or ``original`` missing (the message names every place looked at); ImportError: an
         optional package the setting needs (torchvision, transformers, scikit-learn) is missing.
     """
-    from .unlearn.inputs import check_device_usable
+    from .unlearn.inputs import check_device_usable, probe_channels_last
     s = get_setting(name)
     check_device_usable(torch.device(device))
     data, model = _given(data), _given(model)
@@ -256,6 +258,10 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
     seed_everything(seed)   # the initial weights of the original model come from the seed
     net = s.build_model(info, **model_kw)
+    if original is None:   # what the recipe's channels_last runs as, in the key (as amp above)
+        net.to(device).eval()
+        recipe = dataclasses.replace(recipe, channels_last=probe_channels_last(
+            recipe.channels_last, net, splits, device, amp=recipe.amp))
     root = None if data_root is None else str(Path(data_root).resolve())
     key = dict(setting=s.name, variant=v.name, data_root=root,
                data=data_kw, model=model_kw, recipe=recipe.to_dict(), seed=seed, version=__version__,

@@ -24,6 +24,7 @@ from .unlearn.checkpoint import seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, split_batch, union_source
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
+from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
 from .unlearn.precision import AMP_CHOICES, amp_scope, model_dtype, resolve_amp
 
 __all__ = ["TrainRecipe", "train_original", "fit", "load_model_file", "cifar_augment"]
@@ -57,9 +58,20 @@ class TrainRecipe:
             is True. "auto": "bf16" where the training device has bfloat16 matrix units, else None
             (``resolve_amp``; `entangle_ext.settings.prepare` resolves it before the cache key).
             Only a float32 model is autocast (a float64 / float16 / bfloat16 one trains in its dtype).
+        channels_last: "auto" (default), True or False (ours, an engineering choice, as a run
+            config's ``channels_last``, entangle_ext/unlearn/memory_format.py): True passes every
+            4-D image batch to the model in ``torch.channels_last`` memory format, which oneDNN's
+            CPU convolutions run faster (parameters, gradients and optimizer state keep their
+            layout; only the convolutions' rounding changes); "auto" is True on a CPU device for
+            a model with a `torch.nn.Conv2d` whose logits on two channels-last samples equal those
+            on contiguous ones, else False; True raises ValueError for a model that fails on such
+            inputs. `entangle_ext.settings.prepare` resolves it before the cache key. Retrain
+            (`entangle_ext.methods.retrain.Retrain`) trains under its run's ``channels_last`` instead and
+            refuses anything but "auto" here.
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
-            momentum or weight decay, a negative crop_padding.
+            momentum or weight decay, a negative crop_padding, a channels_last other than "auto",
+            True or False.
     """
     optimizer: Optimizer = "sgd"
     lr: float = 1e-3
@@ -71,6 +83,7 @@ class TrainRecipe:
     augment: bool = False
     crop_padding: int = 4
     amp: Optional[str] = None
+    channels_last: Union[bool, str] = "auto"
 
     def __post_init__(self):
         if self.optimizer not in ("sgd", "adam", "adamw"):
@@ -89,6 +102,9 @@ class TrainRecipe:
             raise ValueError(f"TrainRecipe.crop_padding must be an integer >= 0, got {self.crop_padding}")
         if self.amp is not None and self.amp not in AMP_CHOICES:
             raise ValueError(f"TrainRecipe.amp must be None or one of {list(AMP_CHOICES)}, got {self.amp!r}")
+        if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
+            raise ValueError(f"TrainRecipe.channels_last must be one of {CHANNELS_LAST_CHOICES}, got "
+                             f"{self.channels_last!r}")
 
     def replace(self, **changes) -> "TrainRecipe":
         """A copy with ``changes`` applied (validated); None values are ignored."""
@@ -244,9 +260,13 @@ def fit(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(recipe.epochs * steps, 1)) \
         if recipe.schedule == "cosine" else None
     bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
-    model.train()
     with amp_scope(resolve_amp(recipe.amp, device, model_dtype(model))):   # a float32 model only
-        taken = _train_epochs(model, stream, recipe, opt, sched, gen, bar)
+        model.eval()   # the memory-format probe: two samples, no gradient, no buffer update
+        inputs, _ = split_batch(stream.fetch(torch.arange(min(2, stream.n))))
+        channels_last = resolve_channels_last(recipe.channels_last, model, inputs, device)
+        model.train()
+        with channels_last_scope(channels_last):
+            taken = _train_epochs(model, stream, recipe, opt, sched, gen, bar)
     bar.close()
     model.eval()
     return taken

@@ -192,9 +192,11 @@ def build_config(args, setting, variant, stage_flags: Dict[str, Dict[str, Any]],
                          f"configure the two-stage family); set its fields with --set FIELD=VALUE, one of "
                          f"{_sections(args.method)[2]}")
     # Retrain's paper_code recipe is the original model's (the variant's, with --original-epochs /
-    # --set train.*); every other baseline starts from its --hparams preset (config None)
+    # --set train.*, but not train.channels_last: Retrain trains under the run's --set
+    # channels_last); every other baseline starts from its --hparams preset (config None)
     paper_retrain = args.method == "retrain" and hparams == "paper_code"
-    cfg = cls.Config(recipe=variant.recipe.replace(**train)) if paper_retrain else None
+    cfg = cls.Config(recipe=variant.recipe.replace(**{k: v for k, v in train.items() if k != "channels_last"})) \
+        if paper_retrain else None
     cfg = cls.resolve_config(cfg, setting.name, hparams).validate()
     nested = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in sets.items() if s not in ("top", "train") and v}
     amp = cfg.amp if cfg.amp is not None else variant.amp   # the variant's autocast (Variant.amp)

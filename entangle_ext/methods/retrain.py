@@ -11,6 +11,7 @@ from ..settings import SETTINGS
 from ..train import TrainRecipe, fit
 from ..unlearn.checkpoint import seed_everything
 from ..unlearn.loop import StageResult
+from ..unlearn.memory_format import channels_last_active
 from .base import MethodConfig, UnlearningMethod, register_method
 
 __all__ = ["Retrain", "RetrainConfig", "reset_parameters_"]
@@ -20,7 +21,11 @@ __all__ = ["Retrain", "RetrainConfig", "reset_parameters_"]
 class RetrainConfig(MethodConfig):
     """Attributes: recipe: the `entangle_ext.train.TrainRecipe` of the training from scratch
     (default: ``TrainRecipe()``). `entangle_ext.unlearn` also accepts a bare `TrainRecipe` as the
-    config of "retrain"."""
+    config of "retrain". The training runs under the run's ``channels_last`` (this config's own
+    field, as every method's): ``recipe.channels_last`` "auto" follows it, and a True / False
+    that disagrees with what the run resolved is a ValueError when the run starts (one switch
+    per run; the resolved recipe of `entangle_ext.settings.Prepared` agrees with "auto" for the same
+    architecture)."""
     recipe: TrainRecipe = field(default_factory=TrainRecipe)
     budget_fields: ClassVar[Tuple[str, ...]] = ("recipe.epochs",)
 
@@ -95,7 +100,14 @@ class Retrain(UnlearningMethod):
             raise TypeError(f"model_fn must return a fresh torch.nn.Module, it returned {type(fresh).__name__}")
         target = model if fresh is None else fresh
         target.to(device)
-        steps = fit(target, [splits.source("adjacent"), splits.source("remote")], config.recipe, device=device,
+        ran = channels_last_active()   # what the run's channels_last resolved to
+        if isinstance(config.recipe.channels_last, bool) and config.recipe.channels_last != ran:
+            raise ValueError(f"RetrainConfig.recipe.channels_last={config.recipe.channels_last} but the run's "
+                             f"channels_last runs as {ran}: Retrain trains under the run's; set "
+                             "RetrainConfig.channels_last instead (command line: --set channels_last=...) and "
+                             "leave the recipe's at 'auto'")
+        recipe = config.recipe.replace(channels_last=ran)
+        steps = fit(target, [splits.source("adjacent"), splits.source("remote")], recipe, device=device,
                     seed=seed, progress=progress)
         if fresh is not None:
             try:

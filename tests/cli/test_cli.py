@@ -116,8 +116,18 @@ def test_retrain_gets_the_original_recipe_and_a_fresh_model_of_the_setting(tmp_p
     assert cli.main(_argv(tmp_path, "--method", "retrain", "--set", "recipe.epochs=1", caps=BASE)) == 0
     rep = _report(tmp_path)
     assert built == [1] and rep["run"]["method"] == "retrain"
-    assert rep["config"]["recipe"] == {**rep["run"]["original_recipe"], "epochs": 1}
+    # the original's recipe with channels_last resolved; Retrain's follows its run's ("auto")
+    assert rep["config"]["recipe"] == {**rep["run"]["original_recipe"], "epochs": 1, "channels_last": "auto"}
     assert rep["run"]["original_recipe"]["epochs"] == 2                    # --original-epochs
+
+
+def test_train_channels_last_sets_the_original_and_leaves_retrain_to_its_run(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    argv = _argv(tmp_path, "--method", "retrain", "--set", "recipe.epochs=1", "--set", "train.channels_last=false",
+                 caps=BASE)
+    assert cli.main(argv) == 0          # not refused: Retrain's recipe keeps "auto"
+    rep = _report(tmp_path)
+    assert rep["run"]["original_recipe"]["channels_last"] is False and rep["config"]["recipe"]["channels_last"] == "auto"
 
 
 @needs_ext

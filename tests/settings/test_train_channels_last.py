@@ -1,0 +1,122 @@
+"""Issue 22 item 3: the original-model training (and Retrain's) passes image batches to the model
+in channels-last memory format where a run would (`TrainRecipe.channels_last`, default "auto"),
+and `entangle_ext.settings.prepare` keys the cache on what ran."""
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import entangle_ext as ee
+from _support import SHARED_DATA
+from entangle_ext.methods.retrain import RetrainConfig
+from entangle_ext.settings import prepare
+from entangle_ext.train import TrainRecipe, train_original
+
+
+
+class _Conv(torch.nn.Module):
+    """A small conv net that records, for every forward pass under autograd, whether its input
+    was channels-last (``seen``)."""
+
+    def __init__(self, flat_view=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8 * 6 * 6 if flat_view else 8, 3)
+        self.flat_view = flat_view
+        self.seen = []
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            self.seen.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        h = torch.relu(self.bn(self.conv(x)))
+        if self.flat_view:   # .view of a channels-last activation raises
+            return self.head(h.view(h.shape[0], -1))
+        return self.head(h.mean((2, 3)))
+
+
+def _images(n=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 6, 6, generator=g)
+    return TensorDataset(x, (x[:, 0].mean((1, 2)) > 0).long())
+
+
+def _recipe(**kw):
+    return TrainRecipe("sgd", lr=0.05, epochs=2, batch_size=8, **kw)
+
+
+def test_channels_last_is_validated_and_part_of_the_recipe():
+    assert TrainRecipe().channels_last == "auto" and TrainRecipe().to_dict()["channels_last"] == "auto"
+    for bad in ("yes", 1, None, "Auto"):
+        with pytest.raises(ValueError, match="TrainRecipe.channels_last must be one of"):
+            TrainRecipe(channels_last=bad)
+    assert TrainRecipe(channels_last=False).to_dict()["channels_last"] is False
+
+
+@pytest.mark.parametrize("setting, want", [("auto", True), (True, True), (False, False)])
+def test_training_passes_channels_last_batches_as_set(setting, want):
+    net = _Conv()
+    train_original(net, [_images()], _recipe(channels_last=setting), device="cpu", progress=False)
+    assert len(net.seen) == 2 * 3 and set(net.seen) == {want}     # every training forward pass
+    assert all(p.is_contiguous() for p in net.parameters())      # the parameters keep their layout
+
+
+def test_channels_last_training_matches_contiguous_training_to_round_off():
+    a, b = _Conv(), _Conv()
+    train_original(a, [_images()], _recipe(), device="cpu", progress=False)
+    train_original(b, [_images()], _recipe(channels_last=False), device="cpu", progress=False)
+    assert set(a.seen) == {True} and set(b.seen) == {False}
+    for p, q in zip(a.state_dict().values(), b.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_that_breaks_on_channels_last_falls_back_or_raises():
+    net = _Conv(flat_view=True)
+    train_original(net, [_images()], _recipe(), device="cpu", progress=False)   # auto: contiguous
+    assert net.seen and set(net.seen) == {False}
+    with pytest.raises(ValueError, match=r"channels_last=True: the model \(_Conv\) fails"):
+        train_original(_Conv(flat_view=True), [_images()], _recipe(channels_last=True), device="cpu",
+                       progress=False)
+
+
+def test_non_image_inputs_train_as_before():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    x = torch.randn(16, 4)
+    train_original(net, [TensorDataset(x, (x[:, 0] > 0).long())], _recipe(channels_last=True), device="cpu",
+                   progress=False)   # True on 2-D inputs: nothing to convert, no error
+
+
+def test_retrain_trains_under_the_runs_channels_last():
+    splits = ee.Splits(forget=_images(8, 1), adjacent=_images(16, 2), remote=_images(16, 3))
+    for run_setting, recipe_setting, want in (("auto", "auto", True), (False, "auto", False),
+                                              ("auto", True, True)):   # a resolved recipe that agrees
+        net = _Conv()
+        report = ee.unlearn(net, splits, RetrainConfig(recipe=_recipe(channels_last=recipe_setting),
+                                                       channels_last=run_setting),
+                            method="retrain", progress=False).report
+        assert report["channels_last"] is want
+        assert net.seen and set(net.seen) == {want}, run_setting
+    net = _Conv()
+    before = [p.clone() for p in net.parameters()]
+    with pytest.raises(ValueError, match=r"RetrainConfig.recipe.channels_last=False but the run's channels_last "
+                                         r"runs as True: Retrain trains under the run's"):
+        ee.unlearn(net, splits, RetrainConfig(recipe=_recipe(channels_last=False)), method="retrain",
+                   progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))   # the caller's weights kept
+
+
+def test_prepare_keys_the_cache_on_what_ran(tmp_path):
+    pytest.importorskip("sklearn")
+    p = prepare("digits", "reduced", train={"epochs": 1}, cache_dir=tmp_path, progress=False)
+    assert p.recipe.channels_last is False and p.key["recipe"]["channels_last"] is False   # an MLP
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "cifar100.npz").is_file(), reason="shared cifar100.npz not present")
+def test_prepare_resolves_channels_last_for_the_cifar100_cpu_model(tmp_path):
+    pytest.importorskip("torchvision")
+    on = prepare("cifar100", "cpu", train={"epochs": 0}, cache_dir=tmp_path, progress=False)
+    off = prepare("cifar100", "cpu", train={"epochs": 0, "channels_last": False}, cache_dir=tmp_path,
+                  progress=False)
+    assert on.recipe.channels_last is True and on.key["recipe"]["channels_last"] is True
+    assert off.recipe.channels_last is False and off.cache != on.cache   # another model: another file
