@@ -229,9 +229,10 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
             ``{"amp": "auto"}`` trains under bf16 autocast where the device has bfloat16 matrix
             units; `Variant.amp` does not apply to this training). The recipe's amp is resolved
             for ``device`` ("auto" → "bf16" or None) before it enters the cache key and
-            `Prepared.recipe`; so is its channels_last ("auto" → True or False for this model on
-            ``device``, probed on two forget samples; ``{"channels_last": False}`` trains on
-            contiguous batches).
+            `Prepared.recipe`; so is its channels_last when the model is trained or read from the
+            cache ("auto" → True or False for this model on ``device``, probed on two forget
+            samples; ``{"channels_last": False}`` trains on contiguous batches); with ``original``
+            it stays as given.
         original: the model to use as θ0 instead of training or the cache: a state-dict file, a
             checkpoint of an `unlearn` run (its model), its ``checkpoints/latest.pt`` or its out dir
             (the latest checkpoint); see `entangle_ext.train.load_model_file`.

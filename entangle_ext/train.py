@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .unlearn.checkpoint import seed_everything
+from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, split_batch, union_source
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
@@ -261,9 +261,12 @@ def fit(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe
         if recipe.schedule == "cosine" else None
     bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
     with amp_scope(resolve_amp(recipe.amp, device, model_dtype(model))):   # a float32 model only
-        model.eval()   # the memory-format probe: two samples, no gradient, no buffer update
-        inputs, _ = split_batch(stream.fetch(torch.arange(min(2, stream.n))))
-        channels_last = resolve_channels_last(recipe.channels_last, model, inputs, device)
+        channels_last = False
+        if recipe.channels_last is not False:   # the memory-format probe: two samples, no gradient, no
+            with preserved_rng():                # buffer update, and no random number drawn for training
+                model.eval()
+                inputs, _ = split_batch(stream.fetch(torch.arange(min(2, stream.n))))
+                channels_last = resolve_channels_last(recipe.channels_last, model, inputs, device)
         model.train()
         with channels_last_scope(channels_last):
             taken = _train_epochs(model, stream, recipe, opt, sched, gen, bar)

@@ -51,7 +51,7 @@ RESUMABLE_CONFIG_FIELDS = ("log_every", "checkpoint_every", "histogram_bins", "e
 ADDED_CONFIG_DEFAULTS = {"stage2.basis_every": 1, "eval_every": 0, "curve_samples": 256, "stage1.until": None,
                          "stage1.margin": None, "stage1.margin_fraction": 0.9, "stage1.violation_tol": 0.1,
                          "stage2.until": None, "stage2.recover_delta": 0.02, "stage2.drift_eps": 0.1, "select": None,
-                         "select_forget_acc": None, "select_delta": 0.02, "amp": None}
+                         "select_forget_acc": None, "select_delta": 0.02, "amp": None, "recipe.amp": None, "recipe.channels_last": "auto"}
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

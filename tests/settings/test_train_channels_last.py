@@ -120,3 +120,37 @@ def test_prepare_resolves_channels_last_for_the_cifar100_cpu_model(tmp_path):
                   progress=False)
     assert on.recipe.channels_last is True and on.key["recipe"]["channels_last"] is True
     assert off.recipe.channels_last is False and off.cache != on.cache   # another model: another file
+
+
+class _RandomItems(torch.utils.data.Dataset):
+    """A map-style dataset whose items draw from torch's global generator (a random transform)."""
+
+    def __init__(self, n=24):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 4, generator=g), torch.arange(n) % 2
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.1 * torch.rand(4), self.y[i]
+
+
+@pytest.mark.parametrize("setting", ["auto", True])
+def test_the_probe_draws_no_random_number_the_training_would_see(setting):
+    def trained(cl):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 2))
+        train_original(net, [_RandomItems()], _recipe(channels_last=cl), device="cpu", progress=False)
+        return net.state_dict()
+    a, b = trained(setting), trained(False)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_retrain_checkpoint_from_before_the_field_resumes():
+    from entangle_ext.unlearn.checkpoint import check_resume_config
+    now = RetrainConfig(recipe=_recipe()).to_dict()
+    old = {**now, "recipe": {k: v for k, v in now["recipe"].items() if k not in ("channels_last", "amp")}}
+    assert check_resume_config({"config": old}, now) == {}
+    with pytest.raises(ValueError, match="recipe.channels_last"):
+        check_resume_config({"config": {**now, "recipe": {**now["recipe"], "channels_last": False}}}, now)
