@@ -66,8 +66,8 @@ class TrainRecipe:
             a model with a `torch.nn.Conv2d` whose logits on two channels-last samples equal those
             on contiguous ones, else False; True raises ValueError for a model that fails on such
             inputs. `entangle_ext.settings.prepare` resolves it before the cache key. Retrain
-            (`entangle_ext.methods.retrain.Retrain`) trains under its run's ``channels_last`` instead and
-            refuses anything but "auto" here.
+            (`entangle_ext.methods.retrain.Retrain`) trains under its run's ``channels_last``
+            instead: "auto" here follows it, a True / False that disagrees is a ValueError.
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
             momentum or weight decay, a negative crop_padding, a channels_last other than "auto",
