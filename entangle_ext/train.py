@@ -67,7 +67,8 @@ class TrainRecipe:
             on contiguous ones, else False; True raises ValueError for a model that fails on such
             inputs. `entangle_ext.settings.prepare` resolves it before the cache key. Retrain
             (`entangle_ext.methods.retrain.Retrain`) trains under its run's ``channels_last``
-            instead: "auto" here follows it, a True / False that disagrees is a ValueError.
+            instead: "auto" here follows it, a True / False here sets it where
+            ``RetrainConfig.channels_last`` is "auto" and is a ValueError where that is the other bool.
     Raises:
         ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
             momentum or weight decay, a negative crop_padding, a channels_last other than "auto",

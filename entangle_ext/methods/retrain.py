@@ -22,12 +22,25 @@ class RetrainConfig(MethodConfig):
     """Attributes: recipe: the `entangle_ext.train.TrainRecipe` of the training from scratch
     (default: ``TrainRecipe()``). `entangle_ext.unlearn` also accepts a bare `TrainRecipe` as the
     config of "retrain". The training runs under the run's ``channels_last`` (this config's own
-    field, as every method's): ``recipe.channels_last`` "auto" follows it, and a True / False
-    that disagrees with what the run resolved is a ValueError when the run starts (one switch
-    per run; the resolved recipe of `entangle_ext.settings.Prepared` agrees with "auto" for the same
-    architecture)."""
+    field, as every method's; one switch per run). A ``recipe.channels_last`` True / False sets
+    it when this config's own is "auto" (so a recipe resolved by `entangle_ext.settings.prepare`,
+    or one built with ``channels_last=False``, trains as it says); "auto" in the recipe follows
+    the run. Raises ValueError at construction when both are True / False and disagree."""
     recipe: TrainRecipe = field(default_factory=TrainRecipe)
     budget_fields: ClassVar[Tuple[str, ...]] = ("recipe.epochs",)
+
+    def __post_init__(self):
+        wanted = getattr(self.recipe, "channels_last", None)
+        if isinstance(wanted, bool) and self.channels_last == "auto":   # the recipe's choice is the run's
+            self.channels_last = wanted
+        super().__post_init__()
+
+    def check_ranges(self) -> None:
+        wanted = self.recipe.channels_last
+        if isinstance(wanted, bool) and isinstance(self.channels_last, bool) and wanted != self.channels_last:
+            raise ValueError(f"RetrainConfig.recipe.channels_last={wanted} disagrees with "
+                             f"RetrainConfig.channels_last={self.channels_last}: Retrain trains under the run's "
+                             "channels_last; set one of them (or the recipe's to 'auto')")
 
     @classmethod
     def from_dict(cls, d: dict) -> "RetrainConfig":
@@ -100,12 +113,7 @@ class Retrain(UnlearningMethod):
             raise TypeError(f"model_fn must return a fresh torch.nn.Module, it returned {type(fresh).__name__}")
         target = model if fresh is None else fresh
         target.to(device)
-        ran = channels_last_active()   # what the run's channels_last resolved to
-        if isinstance(config.recipe.channels_last, bool) and config.recipe.channels_last != ran:
-            raise ValueError(f"RetrainConfig.recipe.channels_last={config.recipe.channels_last} but the run's "
-                             f"channels_last runs as {ran}: Retrain trains under the run's; set "
-                             "RetrainConfig.channels_last instead (command line: --set channels_last=...) and "
-                             "leave the recipe's at 'auto'")
+        ran = channels_last_active()   # what the run's channels_last resolved to (the config's bool, if any)
         recipe = config.recipe.replace(channels_last=ran)
         steps = fit(target, [splits.source("adjacent"), splits.source("remote")], recipe, device=device,
                     seed=seed, progress=progress)

@@ -90,20 +90,37 @@ def test_non_image_inputs_train_as_before():
 def test_retrain_trains_under_the_runs_channels_last():
     splits = ee.Splits(forget=_images(8, 1), adjacent=_images(16, 2), remote=_images(16, 3))
     for run_setting, recipe_setting, want in (("auto", "auto", True), (False, "auto", False),
-                                              ("auto", True, True)):   # a resolved recipe that agrees
+                                              ("auto", True, True),     # a resolved recipe that agrees
+                                              ("auto", False, False),   # the recipe's bool sets the run's
+                                              (False, False, False)):
         net = _Conv()
         report = ee.unlearn(net, splits, RetrainConfig(recipe=_recipe(channels_last=recipe_setting),
                                                        channels_last=run_setting),
                             method="retrain", progress=False).report
         assert report["channels_last"] is want
-        assert net.seen and set(net.seen) == {want}, run_setting
+        assert net.seen and set(net.seen) == {want}, (run_setting, recipe_setting)
+
+
+@pytest.mark.parametrize("recipe_setting", [True, False])
+def test_a_bare_recipe_trains_retrain_as_it_says(recipe_setting):
+    """A bare `TrainRecipe` (e.g. `prepare`'s resolved one) as Retrain's config: its channels_last
+    is the run's, not refused once the run has started."""
+    splits = ee.Splits(forget=_images(8, 1), adjacent=_images(16, 2), remote=_images(16, 3))
     net = _Conv()
-    before = [p.clone() for p in net.parameters()]
-    with pytest.raises(ValueError, match=r"RetrainConfig.recipe.channels_last=False but the run's channels_last "
-                                         r"runs as True: Retrain trains under the run's"):
-        ee.unlearn(net, splits, RetrainConfig(recipe=_recipe(channels_last=False)), method="retrain",
-                   progress=False)
-    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))   # the caller's weights kept
+    report = ee.unlearn(net, splits, _recipe(channels_last=recipe_setting), method="retrain", progress=False).report
+    assert report["channels_last"] is recipe_setting and set(net.seen) == {recipe_setting}
+
+
+def test_a_disagreeing_recipe_is_refused_at_construction():
+    for run_setting, recipe_setting in ((True, False), (False, True)):
+        with pytest.raises(ValueError, match=rf"RetrainConfig.recipe.channels_last={recipe_setting} disagrees "
+                                             rf"with RetrainConfig.channels_last={run_setting}"):
+            RetrainConfig(recipe=_recipe(channels_last=recipe_setting), channels_last=run_setting)
+    cfg = RetrainConfig(recipe=_recipe(channels_last=False))
+    assert cfg.channels_last is False
+    with pytest.raises(ValueError, match="disagrees"):
+        cfg.replace(channels_last=True)
+    assert RetrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def test_prepare_keys_the_cache_on_what_ran(tmp_path):
