@@ -8,12 +8,16 @@ warns on the rest it can see:
 * `torch.utils.data.Subset`s (nested ones too) of one dataset that share indices: ValueError
   naming the two splits and a few shared indices of that dataset;
 * two `TensorDataset`s with identical input rows: `OverlappingSplitsWarning` (copies of one
-  sample may be legitimate data, so this is not an error), naming the count and a few rows.
+  sample may be legitimate data, so this is not an error), naming the count and a few rows. One run
+  checks its splits several times (the method, then each evaluation); the row scan of a pair of
+  datasets is remembered while neither input tensor changes (same tensor objects, same in-place
+  version counters), so the warning is given once per pair, not once per check.
 """
 from __future__ import annotations
 
 import itertools
 import warnings
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -72,6 +76,33 @@ def _duplicate_rows(a, b) -> Tuple[int, list]:
     return len(pairs), pairs[:5]
 
 
+#: {dataset a: {(id(b), id(a's inputs), their version, id(b's inputs), their version):
+#: ((weak references to b, a's inputs, b's inputs), (count, pairs))}}: the row scans already done (see `_duplicate_rows_once`)
+_SCANNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _duplicate_rows_once(a, b) -> Tuple[int, list, bool]:
+    """`_duplicate_rows` of ``a`` and ``b`` plus whether this is the first scan of the pair in its
+    present state (same dataset objects, same input tensors, no in-place change since: their
+    version counters). Datasets that cannot be weakly referenced, and inference-mode tensors (which
+    keep no version counter), are scanned every time."""
+    xa, xb = a.tensors[0], b.tensors[0]
+    try:
+        key = (id(b), id(xa), xa._version, id(xb), xb._version)
+        seen = _SCANNED.setdefault(a, {})
+    except (TypeError, RuntimeError):   # not weakly referenceable; inference tensors (no version)
+        return (*_duplicate_rows(a, b), True)
+    hit = seen.get(key)   # ids can be reused once freed: the weak references confirm them
+    if hit is not None and all(r() is o for r, o in zip(hit[0], (b, xa, xb))):
+        return (*hit[1], False)
+    result = _duplicate_rows(a, b)
+    try:
+        seen[key] = (tuple(weakref.ref(o) for o in (b, xa, xb)), result)
+    except TypeError:
+        pass
+    return (*result, True)
+
+
 def check_disjoint(named: Dict[str, Any]) -> None:
     """Refuse train splits that share samples (see the module docstring).
 
@@ -82,7 +113,9 @@ def check_disjoint(named: Dict[str, Any]) -> None:
         ValueError: one object in two splits, or Subsets of one dataset with shared indices (the
             message names both splits and up to 5 shared indices of that dataset).
     Warns:
-        OverlappingSplitsWarning: two TensorDatasets with identical input rows.
+        OverlappingSplitsWarning: two TensorDatasets with identical input rows; once per pair of
+            datasets while their input tensors are unchanged (a later check of the same pair,
+            e.g. by the run's evaluations, is silent).
     """
     bases = {n: _base(s) for n, s in named.items()}
     for (na, sa), (nb, sb) in itertools.combinations(named.items(), 2):
@@ -102,8 +135,8 @@ def check_disjoint(named: Dict[str, Any]) -> None:
                                  "the train splits must be disjoint (docs/algorithm.md §1)")
             continue
         if ia is None and ib is None and getattr(da, "tensors", None) and getattr(db, "tensors", None):
-            count, pairs = _duplicate_rows(da, db)
-            if count:
+            count, pairs, first = _duplicate_rows_once(da, db)
+            if count and first:
                 warnings.warn(f"splits {na!r} and {nb!r} hold {count} identical input row(s) (e.g. "
                               f"rows {pairs[:3]} as ({na}, {nb})): one sample in two splits is trained "
                               "two ways at once", OverlappingSplitsWarning, stacklevel=4)

@@ -65,3 +65,45 @@ def test_identical_rows_of_two_tensor_datasets_warn(small):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         small.check()   # the digits splits are disjoint: no warning
+
+
+def _with_copies(small, n=2):
+    """remote with the first ``n`` forget rows prepended (identical rows in two splits)."""
+    x, y = small.remote.tensors
+    return TensorDataset(torch.cat([small.forget.tensors[0][:n].clone(), x]),
+                         torch.cat([small.forget.tensors[1][:n].clone(), y]))
+
+
+def _overlap_warnings(fn):
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        fn()
+    return [w for w in got if issubclass(w.category, OverlappingSplitsWarning)]
+
+
+def test_identical_rows_warn_once_per_pair_until_the_inputs_change(small):
+    remote = _with_copies(small)
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=remote)
+    assert len(_overlap_warnings(s.check)) == 1
+    assert _overlap_warnings(s.check) == []                       # same pair, unchanged: silent
+    remote.tensors[0][5] += 0.0                                   # in place: another version
+    assert len(_overlap_warnings(s.check)) == 1
+    assert _overlap_warnings(s.check) == []
+    s2 = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=_with_copies(small, 3))
+    got = _overlap_warnings(s2.check)                             # a new dataset object: scanned again
+    assert len(got) == 1 and "hold 3 identical" in str(got[0].message)
+
+
+def test_one_run_warns_once_about_identical_rows(small):
+    """unlearn checks the splits for the method and again in each of its evaluations."""
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=_with_copies(small))
+    got = _overlap_warnings(lambda: _run(s, "two_stage"))
+    assert len(got) == 1 and "'forget' and 'remote' hold 2 identical" in str(got[0].message)
+
+
+def test_inference_mode_inputs_are_scanned_every_time(small):
+    with torch.inference_mode():
+        remote = _with_copies(small)
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=remote)
+    assert len(_overlap_warnings(s.check)) == 1
+    assert len(_overlap_warnings(s.check)) == 1                   # no version counter to trust
