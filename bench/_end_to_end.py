@@ -6,7 +6,10 @@ entangle_ext/reference/unlearn.py), from the same original model θ0, on the sam
 order. The naive run passes contiguous (NCHW) image batches; the unlearn call what its
 ``channels_last`` field resolves to (``unlearn_channels_last`` in the JSON). The unlearn call is timed whole (its evaluations of θ0, Stage 1 and Stage 2 included);
 the naive one has none; the JSON's ``unlearn_timings_s`` splits the call's time into its evaluations
-and stages (the run report's ``timings_s``). The held-out accuracies of both are measured afterwards, untimed."""
+and stages (the run report's ``timings_s``). The held-out accuracies of both are measured afterwards, untimed. Optional rows against the same
+naive run: ``basis_every`` = r (ours), contiguous batches (``--contiguous-row``) and the preset on
+a model compiled in place with ``torch.nn.Module.compile()`` (``--compile-row``; its
+compilation is in its wall time)."""
 from __future__ import annotations
 
 import copy
@@ -70,14 +73,20 @@ def run(args, res: dict, save) -> float:
             for r in dict.fromkeys(args.basis_every or []) if r != cfg.stage2.basis_every}
     if getattr(args, "contiguous_row", False):
         alts["channels_last=False"] = ("contiguous_row", None, {"channels_last": False})
+    if getattr(args, "compile_row", False):
+        alts["model.compile()"] = ("compile_row", None, {"compile": True})
     variants = {}
     for label, (key, sub, change) in alts.items():
         alt = copy.deepcopy(cfg)
         if "basis_every" in change:
             alt.stage2.basis_every = change["basis_every"]
-        else:
+        elif "channels_last" in change:
             alt.channels_last = change["channels_last"]
         variants[label] = copy.deepcopy(prep.model)
+        if "compile" in change:
+            # what a user can do today: compile the module in place (its state_dict keys stay),
+            # then hand it to unlearn unchanged; the compilation time is inside the timed call
+            variants[label].compile()
         t = time.perf_counter()
         rep = ee.unlearn(variants[label], prep.splits, alt, progress=False).report
         row = {"unlearn_s": time.perf_counter() - t,
@@ -109,8 +118,9 @@ def run(args, res: dict, save) -> float:
           f"{out['unlearn_channels_last']}; "
           + ", ".join(f"{k} {v:.1f} s" for k, v in out["unlearn_timings_s"].items()) + ")", flush=True)
     for label, row in rows.items():
-        what = "ours, changes the algorithm; not the preset" if label.startswith("basis") else \
-            "contiguous image batches; not the preset"
+        what = {"basis": "ours, changes the algorithm; not the preset",
+                "chann": "contiguous image batches; not the preset",
+                "model": "the same preset on a torch.compile'd model, compilation included"}[label[:5]]
         print(f"{label} ({what}): unlearn {row['unlearn_s']:.1f} s ("
               + ", ".join(f"{k} {v:.1f} s" for k, v in row["unlearn_timings_s"].items()) + "), held-out "
               + " / ".join(f"{row['held_out_acc'][s]:.2f}" for s in HELD_OUT)

@@ -5,7 +5,8 @@ the cifar100/cpu setting with its preset against the naive float32 transcription
 splits (bench/_end_to_end.py), whose ratio is the last line printed:
 ``end-to-end speedup vs naive: <float>x``. ``--basis-every R [R ...]`` also times the unlearn
 call with ``stage2.basis_every = R`` (ours: it changes the algorithm) against the same naive run,
-each printed as its own row before that line.
+each printed as its own row before that line; ``--contiguous-row`` and ``--compile-row`` add the
+preset with ``channels_last=False`` and the preset on a ``model.compile()``'d original model.
 
 ResNet-18 (CIFAR stem, 20 classes, 11.2 M parameters) at CIFAR shapes (3×32×32) on random inputs.
 Defaults: paper batch sizes on CUDA (Stage 1 remote 128 / forget 16; Stage 2 adjacent 128, forget
@@ -169,6 +170,9 @@ def main(argv=None):
     e2e.add_argument("--contiguous-row", action="store_true",
                      help="also time unlearn with channels_last=False (the preset otherwise; contiguous "
                           "image batches as before that field), its own row against the same naive run")
+    e2e.add_argument("--compile-row", action="store_true",
+                     help="also time unlearn (the preset) on the original model compiled in place with "
+                          "model.compile() (torch.compile, inductor), compilation included, its own row")
     e2e.add_argument("--caps", type=int, default=None,
                      help="quick check: at most N train/test images per fine class, 1-epoch original model")
     args = ap.parse_args(argv)
