@@ -68,7 +68,8 @@ def run(args, res: dict, save) -> float:
     out["unlearn_channels_last"] = result.report.get("channels_last")
     save()
     # rows of their own against the same naive run: basis_every = r != the preset's (ours, another
-    # algorithm), and with --contiguous-row the preset with channels_last=False
+    # algorithm), with --contiguous-row the preset with channels_last=False, and with --compile-row
+    # the preset on a model.compile()'d copy of the original
     alts = {f"basis_every={r}": ("basis_every_rows", str(r), {"basis_every": r})
             for r in dict.fromkeys(args.basis_every or []) if r != cfg.stage2.basis_every}
     if getattr(args, "contiguous_row", False):
@@ -118,9 +119,9 @@ def run(args, res: dict, save) -> float:
           f"{out['unlearn_channels_last']}; "
           + ", ".join(f"{k} {v:.1f} s" for k, v in out["unlearn_timings_s"].items()) + ")", flush=True)
     for label, row in rows.items():
-        what = {"basis": "ours, changes the algorithm; not the preset",
-                "chann": "contiguous image batches; not the preset",
-                "model": "the same preset on a torch.compile'd model, compilation included"}[label[:5]]
+        what = ("ours, changes the algorithm; not the preset" if label.startswith("basis_every")
+                else "contiguous image batches; not the preset" if label.startswith("channels_last")
+                else "the same preset on a torch.compile'd model, compilation included")
         print(f"{label} ({what}): unlearn {row['unlearn_s']:.1f} s ("
               + ", ".join(f"{k} {v:.1f} s" for k, v in row["unlearn_timings_s"].items()) + "), held-out "
               + " / ".join(f"{row['held_out_acc'][s]:.2f}" for s in HELD_OUT)

@@ -208,13 +208,16 @@ def _interrupted(argv: List[str], out: str) -> int:
 
 
 def _run(args, plan: _Plan) -> int:
+    from ..unlearn.disjoint import disjoint_scope
     from ..unlearn.distributed import process_group_from_env
     from ..unlearn.lock import out_dir_lock
 
     # under torchrun: one process per rank (NCCL on GPUs, else gloo); the group is destroyed on the way out.
     # One live run per --out: rank 0 locks it before the original model is trained / cached there
     # (OutDirInUseError, a one-line error, when another run holds it; released on any exit)
-    with process_group_from_env(plan.device) as (procs, device), out_dir_lock(args.out, procs):
+    # one disjoint_scope for prepare and the run: identical rows in two splits warn once
+    with process_group_from_env(plan.device) as (procs, device), out_dir_lock(args.out, procs), \
+            disjoint_scope():
         return _run_ranks(args, plan, procs, device)
 
 

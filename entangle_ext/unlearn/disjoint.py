@@ -8,22 +8,25 @@ warns on the rest it can see:
 * `torch.utils.data.Subset`s (nested ones too) of one dataset that share indices: ValueError
   naming the two splits and a few shared indices of that dataset;
 * two `TensorDataset`s with identical input rows: `OverlappingSplitsWarning` (copies of one
-  sample may be legitimate data, so this is not an error), naming the count and a few rows. One run
-  checks its splits several times (the method, then each evaluation); the row scan of a pair of
-  datasets is remembered while neither input tensor changes (same tensor objects, same in-place
-  version counters), so the warning is given once per pair, not once per check.
+  sample may be legitimate data, so this is not an error), naming the count and a few rows.
+
+One run checks its splits several times (the method, then each evaluation). Inside
+`disjoint_scope` (every `unlearn` call and CLI run opens one) each pair of tensor datasets is
+row-scanned and warned about once; outside one (e.g. a bare `Splits.check()`), every check scans
+and warns, so each run warns anew, under the warning filters in force at that run.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import warnings
-import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, Subset
 
-__all__ = ["check_disjoint", "OverlappingSplitsWarning"]
+__all__ = ["check_disjoint", "disjoint_scope", "OverlappingSplitsWarning"]
 
 
 class OverlappingSplitsWarning(UserWarning):
@@ -76,31 +79,25 @@ def _duplicate_rows(a, b) -> Tuple[int, list]:
     return len(pairs), pairs[:5]
 
 
-#: {dataset a: {(id(b), id(a's inputs), their version, id(b's inputs), their version):
-#: ((weak references to b, a's inputs, b's inputs), (count, pairs))}}: the row scans already done (see `_duplicate_rows_once`)
-_SCANNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: The open `disjoint_scope`'s {(id(a), id(b)): (a, b)} of tensor-dataset pairs already scanned
+#: (the datasets are held, so their ids stay theirs while the scope is open); None outside one.
+_SCANNED: contextvars.ContextVar[Optional[Dict[Tuple[int, int], Tuple[Any, Any]]]] = \
+    contextvars.ContextVar("entangle_ext_disjoint_scanned", default=None)
 
 
-def _duplicate_rows_once(a, b) -> Tuple[int, list, bool]:
-    """`_duplicate_rows` of ``a`` and ``b`` plus whether this is the first scan of the pair in its
-    present state (same dataset objects, same input tensors, no in-place change since: their
-    version counters). Datasets that cannot be weakly referenced, and inference-mode tensors (which
-    keep no version counter), are scanned every time."""
-    xa, xb = a.tensors[0], b.tensors[0]
+@contextlib.contextmanager
+def disjoint_scope() -> Iterator[None]:
+    """Within this context (one run), `check_disjoint` row-scans each pair of tensor datasets and
+    warns about it once, however often the run checks its splits; a scope opened inside another
+    joins the outer one. Leaving it forgets the pairs, so the next run scans and warns again."""
+    if _SCANNED.get() is not None:
+        yield
+        return
+    token = _SCANNED.set({})
     try:
-        key = (id(b), id(xa), xa._version, id(xb), xb._version)
-        seen = _SCANNED.setdefault(a, {})
-    except (TypeError, RuntimeError):   # not weakly referenceable; inference tensors (no version)
-        return (*_duplicate_rows(a, b), True)
-    hit = seen.get(key)   # ids can be reused once freed: the weak references confirm them
-    if hit is not None and all(r() is o for r, o in zip(hit[0], (b, xa, xb))):
-        return (*hit[1], False)
-    result = _duplicate_rows(a, b)
-    try:
-        seen[key] = (tuple(weakref.ref(o) for o in (b, xa, xb)), result)
-    except TypeError:
-        pass
-    return (*result, True)
+        yield
+    finally:
+        _SCANNED.reset(token)
 
 
 def check_disjoint(named: Dict[str, Any]) -> None:
@@ -113,9 +110,8 @@ def check_disjoint(named: Dict[str, Any]) -> None:
         ValueError: one object in two splits, or Subsets of one dataset with shared indices (the
             message names both splits and up to 5 shared indices of that dataset).
     Warns:
-        OverlappingSplitsWarning: two TensorDatasets with identical input rows; once per pair of
-            datasets while their input tensors are unchanged (a later check of the same pair,
-            e.g. by the run's evaluations, is silent).
+        OverlappingSplitsWarning: two TensorDatasets with identical input rows; inside a
+            `disjoint_scope`, only at the first check of that pair of datasets.
     """
     bases = {n: _base(s) for n, s in named.items()}
     for (na, sa), (nb, sb) in itertools.combinations(named.items(), 2):
@@ -135,8 +131,14 @@ def check_disjoint(named: Dict[str, Any]) -> None:
                                  "the train splits must be disjoint (docs/algorithm.md §1)")
             continue
         if ia is None and ib is None and getattr(da, "tensors", None) and getattr(db, "tensors", None):
-            count, pairs, first = _duplicate_rows_once(da, db)
-            if count and first:
+            scanned = _SCANNED.get()
+            if scanned is not None:
+                key = (id(da), id(db))
+                if key in scanned:   # this run scanned (and warned about) the pair already
+                    continue
+                scanned[key] = (da, db)
+            count, pairs = _duplicate_rows(da, db)
+            if count:
                 warnings.warn(f"splits {na!r} and {nb!r} hold {count} identical input row(s) (e.g. "
                               f"rows {pairs[:3]} as ({na}, {nb})): one sample in two splits is trained "
                               "two ways at once", OverlappingSplitsWarning, stacklevel=4)

@@ -67,6 +67,7 @@ def test_identical_rows_of_two_tensor_datasets_warn(small):
         small.check()   # the digits splits are disjoint: no warning
 
 
+
 def _with_copies(small, n=2):
     """remote with the first ``n`` forget rows prepended (identical rows in two splits)."""
     x, y = small.remote.tensors
@@ -74,36 +75,52 @@ def _with_copies(small, n=2):
                          torch.cat([small.forget.tensors[1][:n].clone(), y]))
 
 
-def _overlap_warnings(fn):
+def _overlap_warnings(fn, action="always"):
     with warnings.catch_warnings(record=True) as got:
-        warnings.simplefilter("always")
+        warnings.simplefilter(action)
         fn()
     return [w for w in got if issubclass(w.category, OverlappingSplitsWarning)]
 
 
-def test_identical_rows_warn_once_per_pair_until_the_inputs_change(small):
+def test_each_run_warns_once_about_identical_rows(small):
+    """unlearn checks the splits for the method and again in each evaluation: one warning per
+    run, and the next run with the same splits warns again."""
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=_with_copies(small))
+    for _ in range(2):
+        got = _overlap_warnings(lambda: _run(s, "two_stage"))
+        assert len(got) == 1 and "'forget' and 'remote' hold 2 identical" in str(got[0].message)
+
+
+def test_identical_rows_warning_follows_each_runs_filters(small):
+    """A run under 'ignore' does not silence the next run; 'error' refuses every run."""
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=_with_copies(small))
+    assert _overlap_warnings(s.check, "ignore") == []
+    assert len(_overlap_warnings(lambda: _run(s, "two_stage"))) == 1
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", OverlappingSplitsWarning)
+            with pytest.raises(OverlappingSplitsWarning, match="hold 2 identical"):
+                _run(s, "two_stage")
+
+
+def test_bare_checks_scan_every_time_and_see_later_edits(small):
     remote = _with_copies(small)
     s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=remote)
     assert len(_overlap_warnings(s.check)) == 1
-    assert _overlap_warnings(s.check) == []                       # same pair, unchanged: silent
-    remote.tensors[0][5] += 0.0                                   # in place: another version
-    assert len(_overlap_warnings(s.check)) == 1
+    assert len(_overlap_warnings(s.check)) == 1                   # outside a run: every check
+    remote.tensors[0].data = remote.tensors[0].data + 1.0         # no version bump; rows now differ
     assert _overlap_warnings(s.check) == []
-    s2 = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=_with_copies(small, 3))
-    got = _overlap_warnings(s2.check)                             # a new dataset object: scanned again
-    assert len(got) == 1 and "hold 3 identical" in str(got[0].message)
 
 
-def test_one_run_warns_once_about_identical_rows(small):
-    """unlearn checks the splits for the method and again in each of its evaluations."""
+def test_disjoint_scope_scans_a_pair_once_and_nests(small):
+    from entangle_ext.unlearn.disjoint import disjoint_scope
     s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=_with_copies(small))
-    got = _overlap_warnings(lambda: _run(s, "two_stage"))
-    assert len(got) == 1 and "'forget' and 'remote' hold 2 identical" in str(got[0].message)
 
-
-def test_inference_mode_inputs_are_scanned_every_time(small):
-    with torch.inference_mode():
-        remote = _with_copies(small)
-    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=remote)
-    assert len(_overlap_warnings(s.check)) == 1
-    assert len(_overlap_warnings(s.check)) == 1                   # no version counter to trust
+    def twice_in_scope():
+        with disjoint_scope():
+            s.check()
+            with disjoint_scope():                                # joins the outer scope
+                s.check()
+            s.check()
+    assert len(_overlap_warnings(twice_in_scope)) == 1
+    assert len(_overlap_warnings(twice_in_scope)) == 1            # a new scope scans again
