@@ -150,25 +150,17 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             the message gives the call that resumes.
     """
     with disjoint_scope():   # the splits are checked again by the method and each evaluation
-        return _unlearn(model, splits, config, method=method, setting=setting, hparams=hparams,
-                        model_fn=model_fn, seed=seed, device=device, out_dir=out_dir, resume=resume,
-                        allow_config_change=allow_config_change, progress=progress, inplace=inplace)
-
-
-def _unlearn(model, splits, config, *, method, setting, hparams, model_fn, seed, device, out_dir, resume,
-             allow_config_change, progress, inplace) -> UnlearnResult:
-    """The body of `unlearn` inside its `disjoint_scope`."""
-    check_model_and_splits(model, splits, "unlearn")
-    spec = get_method(method)
-    spec.check_arguments(setting, hparams, model_fn)
-    if not inplace:
-        model = _copy(model)
-    # warned once the configuration and splits are known to be valid, at the caller's line
-    warn = _reuse_warning(out_dir, sys._getframe(2)) if resume is None else None
-    with training_flags_kept(model):
-        return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
-                          seed=seed, device=device, out_dir=out_dir, resume=resume,
-                          allow_config_change=allow_config_change, progress=progress, on_checked=warn)
+        check_model_and_splits(model, splits, "unlearn")
+        spec = get_method(method)
+        spec.check_arguments(setting, hparams, model_fn)
+        if not inplace:
+            model = _copy(model)
+        # warned once the configuration and splits are known to be valid, at the caller's line
+        warn = _reuse_warning(out_dir, sys._getframe(1)) if resume is None else None
+        with training_flags_kept(model):
+            return run_method(spec, model, splits, config, setting=setting, hparams=hparams, model_fn=model_fn,
+                              seed=seed, device=device, out_dir=out_dir, resume=resume,
+                              allow_config_change=allow_config_change, progress=progress, on_checked=warn)
 
 
 class OutDirReusedWarning(UserWarning):
