@@ -38,6 +38,7 @@ from .unlearn.evaluate import evaluate
 from .unlearn.memory_format import channels_last_scope
 from .unlearn.loop import NonFiniteLossError
 from .unlearn.data import check_batch_size
+from .unlearn.disjoint import disjoint_scope
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fields import SEED_MAX, SEED_MIN
 from .unlearn.fingerprint import fingerprint
@@ -251,60 +252,65 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         integers, e.g. a bare int; a budget that is not a number). Later: the other errors of the methods and metrics
         (ImportError without scikit-learn / scipy); a ValueError for a model without
         parameters or buffers when ``device`` is None.
+    Warns: `OverlappingSplitsWarning` once per call (not per run) when two train splits hold
+        identical input rows.
     """
     from ._progress import progress_bar
 
-    band = check_band(band)
-    seeds, specs, budget = _checked_arguments(
-        splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,
-        model_fn=model_fn, retrain_recipe=retrain_recipe, relearn=relearn, batch_size=batch_size, budget=budget,
-        mia_max_samples=mia_max_samples)
-    # one live comparison per out dir (OutDirInUseError otherwise); write_tables=False (the --jobs
-    # workers) only adds to the per-run cache, atomically, under the lock of the parent
-    from .unlearn.metrics import require_metric_dependencies
-    require_metric_dependencies()   # before any run: MIA-efficacy needs scikit-learn
-    with out_dir_lock(out_dir if write_tables else None):
-        device = model_device(model, device)
-        model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
-        rl = _relearn_settings(relearn, model, splits, device, batch_size)
-        metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
-        fp, cache = fingerprint(model, splits), ResultCache(out_dir, device)
-        dtype = model_dtype(model)   # with the device, what an amp of "auto" runs as (its cache key)
-        runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
-        retrained: Dict[int, dict] = {}
-        failures: Dict[str, Dict[int, str]] = {}
-        reused: Dict[str, List[int]] = {}   # the (method, seed) results taken from the cache
-        bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
-        for spec in specs:
-            hp = resolved_amp_fields(spec.hparams, device, dtype)
-            for seed in seeds:
-                ref = retrained.get(seed)
-                key = cache_key(CACHE_FORMAT, spec.name, seed, hp, fp, metric_kw, ref and ref["key"])
-                bar.set_postfix_str(f"{spec.name} seed {seed}")
-                rec = cache.load(spec.name, seed, key)
-                if rec is None:
-                    rec = _run_and_cache(spec, model, splits, seed, key, cache, device=device, session=session,
-                                         retrained=ref and ref["metrics"], metric_kw=metric_kw)
-                elif session is None or rec.get("session") != session:   # made before this invocation
-                    reused.setdefault(spec.name, []).append(seed)
-                if rec.get("failed"):
-                    failures.setdefault(spec.name, {})[seed] = rec["failed"]
-                elif spec.name == "retrain":
-                    retrained[seed] = rec
-                runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
-                bar.update(1)
-        bar.close()
-        order = [s.name for s in specs]
-        summary = summarize(runs)
-        table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget, band=band)
-        if reused:
-            table += "\n\n" + cached_note(reused, cache.root)
-        res = ComparisonResult(table=table, summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
-                               hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget,
-                               band=band)
-        if out_dir is not None and write_tables:
-            _write(res, Path(out_dir), fp)
-        return res
+    # one disjoint_scope for the whole comparison: its own check, every run and every scoring
+    # check the splits; identical rows in two splits warn once per compare call
+    with disjoint_scope():
+        band = check_band(band)
+        seeds, specs, budget = _checked_arguments(
+            splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,
+            model_fn=model_fn, retrain_recipe=retrain_recipe, relearn=relearn, batch_size=batch_size, budget=budget,
+            mia_max_samples=mia_max_samples)
+        # one live comparison per out dir (OutDirInUseError otherwise); write_tables=False (the --jobs
+        # workers) only adds to the per-run cache, atomically, under the lock of the parent
+        from .unlearn.metrics import require_metric_dependencies
+        require_metric_dependencies()   # before any run: MIA-efficacy needs scikit-learn
+        with out_dir_lock(out_dir if write_tables else None):
+            device = model_device(model, device)
+            model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
+            rl = _relearn_settings(relearn, model, splits, device, batch_size)
+            metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
+            fp, cache = fingerprint(model, splits), ResultCache(out_dir, device)
+            dtype = model_dtype(model)   # with the device, what an amp of "auto" runs as (its cache key)
+            runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
+            retrained: Dict[int, dict] = {}
+            failures: Dict[str, Dict[int, str]] = {}
+            reused: Dict[str, List[int]] = {}   # the (method, seed) results taken from the cache
+            bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
+            for spec in specs:
+                hp = resolved_amp_fields(spec.hparams, device, dtype)
+                for seed in seeds:
+                    ref = retrained.get(seed)
+                    key = cache_key(CACHE_FORMAT, spec.name, seed, hp, fp, metric_kw, ref and ref["key"])
+                    bar.set_postfix_str(f"{spec.name} seed {seed}")
+                    rec = cache.load(spec.name, seed, key)
+                    if rec is None:
+                        rec = _run_and_cache(spec, model, splits, seed, key, cache, device=device, session=session,
+                                             retrained=ref and ref["metrics"], metric_kw=metric_kw)
+                    elif session is None or rec.get("session") != session:   # made before this invocation
+                        reused.setdefault(spec.name, []).append(seed)
+                    if rec.get("failed"):
+                        failures.setdefault(spec.name, {})[seed] = rec["failed"]
+                    elif spec.name == "retrain":
+                        retrained[seed] = rec
+                    runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
+                    bar.update(1)
+            bar.close()
+            order = [s.name for s in specs]
+            summary = summarize(runs)
+            table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget, band=band)
+            if reused:
+                table += "\n\n" + cached_note(reused, cache.root)
+            res = ComparisonResult(table=table, summary=summary, runs=runs, seeds=seeds, methods=order, relearn=rl,
+                                   hparams={s.name: s.hparams for s in specs}, failures=failures, budget=budget,
+                                   band=band)
+            if out_dir is not None and write_tables:
+                _write(res, Path(out_dir), fp)
+            return res
 
 
 def _checked_arguments(splits, methods, seeds, *, configs, setting, variant, hparams, model_fn, retrain_recipe,

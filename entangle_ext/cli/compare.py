@@ -163,9 +163,13 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
     from ..compare import compare
     from ..compare_jobs import die_with_parent, plan_tasks, run_workers, work, worker_command
     from ..settings import prepare
+    from ..unlearn.disjoint import disjoint_scope
     from ..unlearn.lock import out_dir_lock
 
     with contextlib.ExitStack() as stack:
+        # one disjoint_scope for prepare and every compare call of this process (a worker's tasks
+        # too): identical rows in two splits warn once per process
+        stack.enter_context(disjoint_scope())
         if args.worker is not None:
             die_with_parent(Path(args.worker))   # SIGTERM when the parent exits (Linux)
         else:   # one live comparison per --out (its workers share the parent's lock)

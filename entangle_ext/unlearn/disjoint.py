@@ -11,9 +11,9 @@ warns on the rest it can see:
   sample may be legitimate data, so this is not an error), naming the count and a few rows.
 
 One run checks its splits several times (the method, then each evaluation). Inside
-`disjoint_scope` (every `unlearn` call and CLI run opens one) each pair of tensor datasets is
-row-scanned and warned about once; outside one (e.g. a bare `Splits.check()`), every check scans
-and warns, so each run warns anew, under the warning filters in force at that run.
+`disjoint_scope` (every `unlearn` call, CLI run and `compare` call opens one) each pair of tensor
+datasets is row-scanned and warned about once; outside one (e.g. a bare `Splits.check()`), every
+check scans and warns, so each run warns anew, under the warning filters in force at that run.
 """
 from __future__ import annotations
 

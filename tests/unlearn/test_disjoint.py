@@ -124,3 +124,16 @@ def test_disjoint_scope_scans_a_pair_once_and_nests(small):
             s.check()
     assert len(_overlap_warnings(twice_in_scope)) == 1
     assert len(_overlap_warnings(twice_in_scope)) == 1            # a new scope scans again
+
+
+def test_a_comparison_warns_once_about_identical_rows(small):
+    """compare checks the splits itself, then each method run and each scoring checks them again:
+    one warning per compare call, not one per run or per check; the next call warns again."""
+    pytest.importorskip("sklearn")
+    pytest.importorskip("scipy")
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=_with_copies(small),
+                  adjacent_test=small.adjacent_test, remote_test=small.remote_test)
+    kw = dict(methods=["ga", "ssd"], seeds=[0, 1], setting="digits", relearn=False, progress=False)
+    for _ in range(2):
+        got = _overlap_warnings(lambda: ee.compare(mlp(), s, **kw))
+        assert len(got) == 1 and "'forget' and 'remote' hold 2 identical" in str(got[0].message)
