@@ -84,9 +84,12 @@ def _backward(ctx, grad_out, _grad_coeffs):
 
 class ProjectOrthogonalFunction(torch.autograd.Function):
     """The fused operator with the same autograd as its registration, as an autograd.Function with
-    ``setup_context`` and a generated vmap rule, so that the torch.func transforms (grad, vjp,
-    jacrev, functional_call + grad, vmap of a gradient) work on `project_orthogonal` too."""
-    generate_vmap_rule = True
+    ``setup_context`` and a vmap rule, so that the torch.func transforms (grad, vjp, jacrev,
+    jacfwd, hessian, functional_call + grad, vmap of a gradient) work on `project_orthogonal` too.
+
+    The vmap rule runs the Function once per batch entry. (torch's generated rule,
+    ``generate_vmap_rule = True``, fails under forward mode inside vmap (``jacfwd``, ``hessian``)
+    with an internal AssertionError, because the rcond/ridge arguments are not tensors.)"""
 
     @staticmethod
     def forward(g, basis, rcond, ridge):
@@ -103,6 +106,19 @@ class ProjectOrthogonalFunction(torch.autograd.Function):
         # linear in g with the basis constant: the tangent of out is the projection of the tangent
         tout, _ = ProjectOrthogonalFunction.apply(tg.contiguous(), ctx.basis, ctx.rcond, ctx.ridge)
         return tout, None
+
+    @staticmethod
+    def vmap(info, in_dims, g, basis, rcond, ridge):
+        gdim, bdim = in_dims[0], in_dims[1]
+        gs = g.movedim(gdim, 0) if gdim is not None else None
+        bs = basis.movedim(bdim, 0) if bdim is not None else None
+        outs, coeffs = [], []
+        for i in range(info.batch_size):
+            o, c = ProjectOrthogonalFunction.apply((g if gs is None else gs[i]).contiguous(),
+                                                   (basis if bs is None else bs[i]).contiguous(), rcond, ridge)
+            outs.append(o)
+            coeffs.append(c)
+        return (torch.stack(outs), torch.stack(coeffs)), (0, 0)
 
     @staticmethod
     def backward(ctx, grad_out, _grad_coeffs):
