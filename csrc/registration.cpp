@@ -7,6 +7,9 @@
 #include <torch/extension.h>
 #endif
 #include <string>
+#include <vector>
+
+#include <torch/csrc/autograd/variable.h>
 
 #include "wasserstein_autograd.h"
 
@@ -94,6 +97,43 @@ TORCH_LIBRARY(entangle_ext, m) {
 TORCH_LIBRARY_IMPL(entangle_ext, Autograd, m) {
   m.impl("wasserstein2_1d", &entangle_ext::w2::w2_autograd);
   m.impl("wasserstein2_1d_backward", &entangle_ext::w2::w2_backward_autograd);
+}
+
+// ADInplaceOrView kernel of the in-place operators (dual_update_, project_orthogonal_,
+// projection_apply_): run the operator below this key, then bump the version counter of every
+// argument its schema marks as written (Tensor(a!) and Tensor(a!)[]), as ATen's own in-place ops
+// do. Without it autograd cannot see the write: a backward through a tensor saved before it (a λ
+// saved by the penalty term, then updated by the dual step) would silently use the new values.
+namespace {
+void bump_written_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                           torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t start = stack->size() - args.size();
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* alias = args[i].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    const c10::IValue& value = (*stack)[start + i];
+    if (value.isTensor()) {
+      written.push_back(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorVector()) written.push_back(t);
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written) {
+    if (t.defined()) torch::autograd::impl::bump_version(t);
+  }
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(entangle_ext, ADInplaceOrView, m) {
+  for (const char* name : {"dual_update_", "project_orthogonal_", "projection_apply_"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
+  }
 }
 
 #ifdef TORCH_EXTENSION_NAME

@@ -50,7 +50,8 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
         lam: ``(m,)`` float32/float64 contiguous multipliers (CPU or CUDA); updated in place.
             Keep them in float32 even for a float16/bfloat16 model (a half lam is a TypeError).
             It must not require grad (the update is not differentiable), nor share memory with
-            g or mu. m = 0 is a no-op.
+            g or mu. m = 0 is a no-op. Its version counter is bumped, as by ATen's in-place ops:
+            a backward through a term that saved lam before this step raises RuntimeError.
         g: ``(m,)`` constraint values, same device as ``lam`` and its dtype, or float16/bfloat16
             (upcast to the dtype of lam); a 0-d tensor is accepted when m = 1. Units of the
             constraint (for Stage 1: nats, a cross-entropy difference). Detached; never

@@ -172,8 +172,9 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
         grads: non-empty sequence of T tensors (or ``None``) of any shapes (empty tensors allowed),
             one dtype (float32/float64/float16/bfloat16), one device (CPU or CUDA), each dense and
             non-overlapping (any memory format, e.g. channels_last or a transposed parameter),
-            modified in place; no two of them may share memory. They must not require grad while
-            grad mode is on (use ``p.grad`` or ``torch.no_grad()``).
+            modified in place (each one's version counter is bumped, as by ATen's in-place ops);
+            no two of them may share memory. They must not require grad while grad mode is on
+            (use ``p.grad`` or ``torch.no_grad()``).
         basis: k sequences (1 <= k <= `MAX_BASIS`), each of T tensors matching ``grads`` tensor
             by tensor in shape, memory layout (strides), dtype and device, sharing no memory with
             any tensor of ``grads`` (basis tensors may share memory with each other). When
