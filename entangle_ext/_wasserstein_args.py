@@ -43,7 +43,8 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
 
     Not cached while a CUDA graph is being captured (the tensor would live in the graph's pool),
     nor while torch.compile traces (a lookup keyed by the sizes would make Dynamo guard on them,
-    one graph per size).
+    one graph per size). The cached tensor is always a normal one, also when the first call
+    runs under `torch.inference_mode` (an inference tensor cannot be saved for a later backward).
     """
     if torch.compiler.is_compiling():
         return torch.arange(S + 1, device=device, dtype=torch.int64) * n
@@ -51,7 +52,8 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
     off = _OFFSETS_CACHE.get(key)
     if off is not None:
         return off
-    off = torch.arange(S + 1, device=device, dtype=torch.int64) * n
+    with torch.inference_mode(False):
+        off = torch.arange(S + 1, device=device, dtype=torch.int64) * n
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return off
     if len(_OFFSETS_CACHE) >= _OFFSETS_CACHE_MAX:

@@ -322,3 +322,18 @@ def test_max_seqlen_must_be_an_int(bad):
     np = pytest.importorskip("numpy")
     torch.testing.assert_close(ee.wasserstein2_1d(x, x + 1, [0, 4], [0, 4], max_seqlen=np.int64(4)),
                                torch.tensor([1.0]))
+
+
+def test_a_call_under_inference_mode_does_not_break_later_training_calls():
+    """The dense offsets are cached per (S, n): a first call under inference_mode must not leave
+    an inference tensor there, which a later call that needs a gradient has to save."""
+    from entangle_ext._wasserstein_args import _OFFSETS_CACHE
+    _OFFSETS_CACHE.clear()
+    with torch.inference_mode():
+        ee.wasserstein2_1d(torch.randn(4, 7, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64))
+    u = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(4, 3, dtype=torch.float64)
+    ee.wasserstein2_1d(u, v).sum().backward()
+    u_ref = u.detach().clone().requires_grad_()
+    ref.wasserstein2_1d(u_ref, v).sum().backward()
+    torch.testing.assert_close(u.grad, u_ref.grad)
