@@ -291,7 +291,11 @@ def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis,
     refuse_tangent(op, grads, basis, coeffs)
     check_tensor(op, "coeffs", coeffs)
     gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True, also_read=[("coeffs", coeffs)])
-    if not gs:
+    if not gs:   # nothing to write, but the coefficients are checked as the operator would
+        if coeffs.dtype != torch.float64:
+            raise TypeError(f"{op}: coeffs must be float64, got {coeffs.dtype}")
+        if tuple(coeffs.shape) != (k,):
+            raise ValueError(f"{op}: coeffs must have shape ({k},), got {tuple(coeffs.shape)}")
         return
     _ext.require(op, gs[0], flat[0])
     torch.ops.entangle_ext.projection_apply_(gs, flat, coeffs.detach())

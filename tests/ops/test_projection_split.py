@@ -130,6 +130,12 @@ def test_split_errors():
         ee.projection_apply_([a, b], basis, torch.zeros(1))
     with pytest.raises(TypeError, match="coeffs must be a torch.Tensor"):
         ee.projection_apply_([a, b], basis, [0.5])
+    # every gradient None: nothing is written, the coefficients are still checked
+    with pytest.raises(ValueError, match=r"coeffs must have shape \(1,\)"):
+        ee.projection_apply_([None, None], [[None, None]], torch.zeros(7, dtype=D))
+    with pytest.raises(TypeError, match="coeffs must be float64"):
+        ee.projection_apply_([None], [[None]], torch.zeros(1))
+    ee.projection_apply_([None], [[None]], torch.zeros(1, dtype=D))
     with pytest.raises(ValueError, match="scale must have shape"):
         torch.ops.entangle_ext.projection_gram([a], [a], torch.ones(1, dtype=D))
     with pytest.raises(ValueError, match="gram must be"):
