@@ -162,7 +162,12 @@ def schedule_args(mu_growth, shrink_ratio, mu_max, schedule_every):
     every = as_real(CLASS, "schedule_every", schedule_every)
     if not (math.isfinite(every) and every >= 1 and every == int(every)):
         raise ValueError(f"{CLASS}: schedule_every must be an integer >= 1, got {schedule_every!r}")
-    return growth, shrink, top, int(every)
+    # exact for a Python int (its float rounds 2**63 - 1 up to 2**63)
+    every = int(schedule_every) if isinstance(schedule_every, numbers.Integral) else int(every)
+    if every > 2**63 - 1:   # compared with the int64 step counter at every dual update
+        raise ValueError(f"{CLASS}: schedule_every must be at most 2**63 - 1 (the int64 step counter), "
+                         f"got {schedule_every!r}")
+    return growth, shrink, top, every
 
 
 def check_mu_max(op: str, mu_max: float, dtype: torch.dtype) -> None:

@@ -94,7 +94,7 @@ class AugmentedLagrangian:
             lam_min > lam_max; a NaN bound, lam_min = +inf or lam_max = -inf; lam_max < 0 with
             kind="inequality"; mu_growth not finite or < 1; shrink_ratio outside (0, 1]; mu_max
             not finite or <= 0 (an infinite one would let the schedule drive mu to inf mid-run);
-            schedule_every not an integer >= 1. "Finite" is in the state dtype: with float32
+            schedule_every not an integer in [1, 2**63 - 1]. "Finite" is in the state dtype: with float32
             state, c0, mu and mu_max above ~3.4e38 are refused too.
         TypeError: c0 neither a float nor a floating tensor (e.g. a string), a non-floating mu
             tensor, a non-number mu/bound/damping/schedule setting, dtype not float32/float64.
@@ -333,12 +333,21 @@ class AugmentedLagrangian:
            dtype: Optional[torch.dtype] = None) -> "AugmentedLagrangian":
         """Move (and optionally cast) every state tensor; returns self. New tensors: recapture
         any CUDA graph that used the old ones. TypeError for a dtype other than float32/float64,
-        ValueError (nothing moved) when mu_max is beyond the range of the new dtype."""
+        ValueError (nothing moved) when mu_max is beyond the range of the new dtype, or when a
+        finite c0, mu or multiplier lam would become Inf in it (float64 -> float32 above ~3.4e38;
+        one host sync when the state is on CUDA)."""
         fdt = self.dtype if dtype is None else dtype
         check_state_dtype(f"{_OP}.to", "dtype", fdt)
         check_mu_max(f"{_OP}.to", self.mu_max, fdt)
-        for name in ("c0", "lam", "_mu", "_last_violation", "_window_sum", "_prev_window"):
-            setattr(self, name, getattr(self, name).to(device=device, dtype=fdt))
+        names = ("c0", "lam", "_mu", "_last_violation", "_window_sum", "_prev_window")
+        new = {name: getattr(self, name).to(device=device, dtype=fdt) for name in names}
+        for name, what in (("c0", "c0"), ("lam", "the multipliers lam"), ("_mu", "mu")):
+            old = getattr(self, name)
+            if fdt != old.dtype and not bool(torch.isfinite(new[name]).all()) and bool(torch.isfinite(old).all()):
+                raise ValueError(f"{_OP}.to: {what} (|value| up to {float(old.abs().max()):.4g}) does not fit "
+                                 f"in {fdt}; nothing was moved")
+        for name in names:
+            setattr(self, name, new[name])
         self._steps = self._steps.to(device=device)
         self._last_g = None
         return self

@@ -80,9 +80,9 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     the gradient is the same projection of the incoming gradient of ``out``. ``basis`` is treated as
     a constant: no gradient flows to it (it is detached). ``coeffs`` is non-differentiable. The
     torch.func transforms work (``grad``, ``vjp``, ``jacrev``, ``jacfwd``, ``hessian``,
-    ``functional_call`` + ``grad``; ``vmap`` runs the operator once per batch entry). The in-place and split operators
-    (`project_orthogonal_`, `projection_gram`, ...) have no autograd and are for gradients, not
-    inside a differentiated function. Forward mode (``torch.func.jvp``, ``jacfwd``, dual tensors)
+    ``functional_call`` + ``grad``; ``vmap`` runs the operator once per batch entry). The in-place
+    and split operators (`project_orthogonal_`, `projection_gram`, ...) have no autograd and are
+    for gradients, not inside a differentiated function. Forward mode (``torch.func.jvp``, ``jacfwd``, dual tensors)
     works: the tangent of ``out`` is the projection of the tangent of ``g``. The in-place and split
     operators raise NotImplementedError on an argument that carries a forward-mode tangent.
 

@@ -226,6 +226,37 @@ def test_infinite_mu_max_is_refused_up_front_not_after_39_steps():
     assert al.dtype == torch.float64
 
 
+@pytest.mark.parametrize("state", ["c0", "mu", "lam"])
+def test_to_a_narrower_dtype_refuses_state_that_would_become_inf(state):
+    """The constructor refuses c0 / mu beyond the state dtype; .to(float32) must not let them
+    (or a grown multiplier) become Inf either: ValueError, nothing moved."""
+    kw = {"c0": dict(c0=1e300), "mu": dict(c0=1.0, mu=1e100), "lam": dict(c0=1.0)}[state]
+    c0 = kw.pop("c0")
+    al = ee.AugmentedLagrangian(c0, dtype=torch.float64, **kw)
+    if state == "lam":
+        al.update(torch.tensor([1e200], dtype=torch.float64))      # lam = mu * g = 1e201
+    before = {k: v.clone() for k, v in al.state_dict().items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=r"^AugmentedLagrangian.to: .* does not fit in torch.float32"):
+        al.to(dtype=torch.float32)
+    assert al.dtype == torch.float64 and al.c0.dtype == torch.float64
+    for k, v in al.state_dict().items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, before[k]), k
+    small = ee.AugmentedLagrangian(2.5, mu=3.0, dtype=torch.float64).to(dtype=torch.float32)
+    assert small.c0.dtype == torch.float32 and small.c0.item() == 2.5 and small.mu.item() == 3.0
+
+
+def test_schedule_every_beyond_the_int64_step_counter_is_refused_up_front():
+    """10**30 was accepted and the first update() raised OverflowError (after an optimizer step);
+    2**63 - 1, the largest the int64 counter holds, works."""
+    for bad in (2**63, 10**30, 1e30):
+        with pytest.raises(ValueError, match=r"schedule_every must be at most 2\*\*63 - 1"):
+            ee.AugmentedLagrangian(1.0, mu_growth=2.0, schedule_every=bad)
+    al = ee.AugmentedLagrangian(1.0, mu_growth=2.0, schedule_every=2**63 - 1)
+    al.update(torch.tensor([1.0]))
+    assert al.schedule_every == 2**63 - 1 and al.mu.item() == 10.0
+
+
 def test_c0_float_beyond_the_state_dtype_is_refused():
     with pytest.raises(ValueError, match="c0 must be finite"):
         ee.AugmentedLagrangian(1e300, dtype=torch.float32)
