@@ -57,6 +57,27 @@ def check_dual_args(op: str, kind: str, lam_min, lam_max, damping
     return lo, hi, damping
 
 
+def check_fits(op: str, dtype: torch.dtype, *, mu: Optional[float] = None, lam_min: Optional[float] = None,
+               lam_max: Optional[float] = None) -> None:
+    """ValueError for host floats that would become Inf in the multipliers' ``dtype``: a finite
+    mu above its largest value, a lam_min above it (every multiplier clipped to +inf) or a
+    lam_max below its lowest. (A lam_min below the lowest or a lam_max above the largest is no
+    bound, as -inf / +inf are.) Not checked while torch.compile traces (a comparison would
+    specialise a symbolic float)."""
+    if torch.compiler.is_compiling():
+        return
+    top = torch.finfo(dtype).max
+    if mu is not None and top < mu < math.inf:
+        raise ValueError(f"{op}: the penalty mu={mu:g} is beyond the range of the multipliers' dtype "
+                         f"{dtype} (largest {top:.4g})")
+    if lam_min is not None and lam_min > top:
+        raise ValueError(f"{op}: lam_min={lam_min:g} is beyond the range of the multipliers' dtype {dtype} "
+                         f"(largest {top:.4g}): every multiplier would be clipped to +inf")
+    if lam_max is not None and lam_max < -top:
+        raise ValueError(f"{op}: lam_max={lam_max:g} is beyond the range of the multipliers' dtype {dtype} "
+                         f"(lowest {-top:.4g}): every multiplier would be clipped to -inf")
+
+
 def check_state_dtype(op: str, name: str, dtype: torch.dtype) -> None:
     """Multipliers (and mu, c0) are float32 or float64 whatever the model dtype."""
     if dtype not in _STATE_DTYPES:
@@ -98,6 +119,7 @@ def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tens
     if (finite and not is_finite) or (is_finite and mu <= 0):
         need = "> 0 and finite" if finite else "> 0"
         raise ValueError(f"{op}: the penalty mu must be {need}, got {mu}")
+    check_fits(op, lam.dtype, mu=mu)
     # torch.full is a device fill (capturable), but the value is baked into a captured CUDA graph.
     return torch.full((), mu, dtype=lam.dtype, device=lam.device)
 

@@ -95,8 +95,9 @@ def _as_offsets(op: str, off: OffsetsLike, name: str, device: torch.device) -> t
 
 
 def check_max_seqlen(op: str, max_seqlen) -> None:
-    """None or an int >= 0 (TypeError for anything else, bool and float included: int() would
-    truncate 4.7 or read '4'); a SymInt while torch.compile traces."""
+    """None or an int in [0, 2**63 - 1] (the operator's int64 argument; TypeError for anything
+    else, bool and float included: int() would truncate 4.7 or read '4'); a SymInt while
+    torch.compile traces."""
     if max_seqlen is None:
         return
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (numbers.Integral, torch.SymInt)):
@@ -104,6 +105,9 @@ def check_max_seqlen(op: str, max_seqlen) -> None:
                         f"{max_seqlen!r}")
     if max_seqlen < 0:
         raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
+    if isinstance(max_seqlen, numbers.Integral) and max_seqlen > 2**63 - 1:
+        raise ValueError(f"{op}: max_seqlen must be at most 2**63 - 1 (an int64 bound on the segment "
+                         f"lengths), got {max_seqlen}")
 
 
 def _host_longest(*offsets) -> Optional[int]:

@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 
 from . import _ext, _fwad
-from ._augmented_lagrangian_args import (Scalar, as_g, as_mu, check_dual_args, check_kind, check_same_device,
-                       check_shapes, check_state_dtype, check_tensors)
+from ._augmented_lagrangian_args import (Scalar, as_g, as_mu, check_dual_args, check_fits, check_kind,
+                                         check_same_device, check_shapes, check_state_dtype, check_tensors)
 from ._overlap import check_disjoint
 
 __all__ = ["dual_update_", "augmented_lagrangian_term"]
@@ -89,8 +89,10 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
             lam, device mismatch (a meta tensor among real ones too), lam sharing memory with g or
             mu (eager calls; not checked while torch.compile traces), unknown kind, damping
             outside [0, 1], lam_min > lam_max, a NaN bound, lam_min = +inf, lam_max = -inf,
-            lam_max < 0 for inequality, mu <= 0 (Python float or CPU tensor, eager calls),
-            non-finite g or mu (with check_finite; lam unchanged).
+            lam_max < 0 for inequality, mu <= 0 (Python float or CPU tensor, eager calls), a
+            Python-float mu, lam_min above or lam_max below the range of lam's dtype (e.g. 1e300
+            for float32 lam: it would become Inf; eager calls), non-finite g or mu (with
+            check_finite; lam unchanged).
         RuntimeError: extension not loaded / CUDA tensor with a CPU-only build / lam requires grad
             / check_finite=True during CUDA-graph capture.
         NotImplementedError: lam, g or mu carries a forward-mode tangent (``torch.func.jvp``,
@@ -101,6 +103,7 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
     _fwad.refuse(op, lam, g, mu)   # an in-place state update: no autograd in either mode
     check_state_dtype(op, "lam", lam.dtype)
     lam_min, lam_max, damping = check_dual_args(op, kind, lam_min, lam_max, damping)
+    check_fits(op, lam.dtype, lam_min=lam_min, lam_max=lam_max)
     if lam.requires_grad:
         raise RuntimeError(f"{op}: lam requires grad; multipliers are constants (use a tensor "
                            "created without requires_grad, or lam.detach())")

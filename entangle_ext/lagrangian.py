@@ -12,8 +12,9 @@ from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
-from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_mu_max,
-                       check_state_dtype, checked_state, schedule_args, state_dtype)
+from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_fits,
+                                         check_mu_max, check_state_dtype, checked_state, schedule_args,
+                                         state_dtype)
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 
 __all__ = ["AugmentedLagrangian"]
@@ -94,10 +95,12 @@ class AugmentedLagrangian:
             lam_min > lam_max; a NaN bound, lam_min = +inf or lam_max = -inf; lam_max < 0 with
             kind="inequality"; mu_growth not finite or < 1; shrink_ratio outside (0, 1]; mu_max
             not finite or <= 0 (an infinite one would let the schedule drive mu to inf mid-run);
-            schedule_every not an integer in [1, 2**63 - 1]. "Finite" is in the state dtype: with float32
-            state, c0, mu and mu_max above ~3.4e38 are refused too.
+            schedule_every not an integer in [1, 2**63 - 1]. "Finite" is in the state dtype:
+            with float32 state, c0, mu and mu_max above ~3.4e38 are refused too, and so are a
+            lam_min above / lam_max below that range.
         TypeError: c0 neither a float nor a floating tensor (e.g. a string), a non-floating mu
-            tensor, a non-number mu/bound/damping/schedule setting, dtype not float32/float64.
+            tensor, a non-number mu/bound/damping/schedule setting, dtype not float32/float64,
+            check_finite not None/True/False.
 
     A captured CUDA graph keeps the addresses of lam, mu and the buffers: `load_state_dict` (unless
     it changes the shape of mu) and the ``mu`` setter copy in place and stay valid; `to` allocates
@@ -118,8 +121,11 @@ class AugmentedLagrangian:
                                                                    damping)
         self.mu_growth, self.shrink_ratio, self.mu_max, self.schedule_every = schedule_args(
             mu_growth, shrink_ratio, mu_max, schedule_every)
+        if check_finite is not None and not isinstance(check_finite, bool):
+            raise TypeError(f"{_OP}: check_finite must be None, True or False, got {check_finite!r}")
         self.c0 = c0_t = as_c0(c0, device, state_dtype(c0, dtype))
         check_mu_max(_OP, self.mu_max, c0_t.dtype)
+        check_fits(_OP, c0_t.dtype, lam_min=self.lam_min, lam_max=self.lam_max)
         m = c0_t.numel()
         self._mu = mu_t = as_state_mu(mu, c0_t)
         self.kind = kind
@@ -339,6 +345,7 @@ class AugmentedLagrangian:
         fdt = self.dtype if dtype is None else dtype
         check_state_dtype(f"{_OP}.to", "dtype", fdt)
         check_mu_max(f"{_OP}.to", self.mu_max, fdt)
+        check_fits(f"{_OP}.to", fdt, lam_min=self.lam_min, lam_max=self.lam_max)
         names = ("c0", "lam", "_mu", "_last_violation", "_window_sum", "_prev_window")
         new = {name: getattr(self, name).to(device=device, dtype=fdt) for name in names}
         for name, what in (("c0", "c0"), ("lam", "the multipliers lam"), ("_mu", "mu")):

@@ -47,7 +47,7 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
             CPU offsets with CUDA values are copied to the device (meta offsets with real values
             are a ValueError).
         reduction: ``"none"`` (per segment), ``"mean"`` or ``"sum"`` over segments.
-        max_seqlen: optional upper bound (an int >= 0) on every segment length, as in
+        max_seqlen: optional upper bound (an int in [0, 2**63 - 1]) on every segment length, as in
             variable-length attention APIs; on CUDA it selects the shared-memory kernel without a
             host read of the offsets. Known automatically in the dense form, from offsets given
             as a list or CPU tensor, and when validating; while torch.compile traces, only the
@@ -82,7 +82,7 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets, a
             max_seqlen that is not an int (a float, str or bool is not truncated).
         ValueError: mismatched devices/shapes, empty distributions, empty or malformed offsets,
-            a max_seqlen below 0 or below the longest segment, NaN/Inf values (when
+            a max_seqlen below 0, above 2**63 - 1 or below the longest segment, NaN/Inf values (when
             ``validate``), unknown reduction.
         RuntimeError: the native extension is not built/loaded, a CUDA tensor with a CPU-only
             build, or ``validate=True`` during CUDA-graph capture.

@@ -486,3 +486,28 @@ def test_cuda_graph_non_finite_entries_keep_lam():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(lam.cpu(), torch.tensor([6.0, 0.0, 0.0, -12.0]))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(mu=1e300), r"the penalty mu=1e\+300 is beyond the range"),
+    (dict(mu=1.0, lam_min=1e300), r"lam_min=1e\+300 is beyond the range .* clipped to \+inf"),
+    (dict(mu=1.0, lam_max=-1e300), r"lam_max=-1e\+300 is beyond the range .* clipped to -inf"),
+])
+def test_host_floats_beyond_a_float32_multipliers_range_are_value_errors(kw, match):
+    """A Python-float mu of 1e300 with float32 lam raised "RuntimeError: value cannot be converted
+    to type float without overflow"; a lam_min of 1e300 set lam to inf silently. Both are
+    ValueErrors now, lam untouched; the same values work with float64 lam, and a lam_min below
+    (lam_max above) the range is no bound, as -inf (+inf) is."""
+    lam = torch.zeros(1)
+    with pytest.raises(ValueError, match=f"^dual_update_: {match}"):
+        ee.dual_update_(lam, torch.ones(1), **kw)
+    assert lam.item() == 0.0
+    lam64 = torch.zeros(1, dtype=torch.float64)
+    ee.dual_update_(lam64, torch.ones(1, dtype=torch.float64), **kw)
+    assert torch.isfinite(lam64).all()
+    lam = torch.zeros(1)
+    ee.dual_update_(lam, torch.ones(1), 2.0, lam_min=-1e300, lam_max=1e300)
+    assert lam.item() == 2.0
+    if "lam_min" not in kw and "lam_max" not in kw:
+        with pytest.raises(ValueError, match=match):
+            ee.augmented_lagrangian_term(torch.ones(1), torch.zeros(1), kw["mu"])

@@ -511,3 +511,14 @@ def test_penalty_compiles_with_fullgraph_and_matches_eager(kind):
     with pytest.raises(ValueError, match="mu must be"):
         ee.augmented_lagrangian_term(torch.zeros(2, dtype=torch.float64), al.lam,
                                      torch.tensor(-1.0, dtype=torch.float64))
+
+
+def test_bounds_beyond_the_state_dtype_and_a_non_bool_check_finite_are_refused_up_front():
+    with pytest.raises(ValueError, match=r"^AugmentedLagrangian: lam_min=1e\+300 is beyond the range"):
+        ee.AugmentedLagrangian(1.0, lam_min=1e300)                            # float32 state
+    al = ee.AugmentedLagrangian(1.0, lam_min=1e300, dtype=torch.float64)       # fits in float64
+    with pytest.raises(ValueError, match=r"^AugmentedLagrangian.to: lam_min=1e\+300"):
+        al.to(dtype=torch.float32)
+    assert al.dtype == torch.float64
+    with pytest.raises(TypeError, match="check_finite must be None, True or False, got 'no'"):
+        ee.AugmentedLagrangian(1.0, check_finite="no")

@@ -256,6 +256,20 @@ def test_a_max_seqlen_below_the_longest_segment_is_refused_in_every_form(validat
                                    ee.wasserstein2_1d(x, y, uo, vo))
 
 
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_max_seqlen_beyond_int64_is_a_value_error_in_every_form(validate):
+    """2**70 reached the operator's int64 argument in the offsets form and raised a confusing
+    RuntimeError ("Expected a value of type 'int' ... found type 'int'") while the dense form
+    accepted it; both now refuse it, and 2**63 - 1 works in both."""
+    u, v = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
+    x, y = torch.randn(9, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    for args in ((u, v), (x, y, [0, 2, 9], [0, 3, 6]), (x, y, torch.tensor([0, 2, 9]), torch.tensor([0, 3, 6]))):
+        with pytest.raises(ValueError, match=r"max_seqlen must be at most 2\*\*63 - 1"):
+            ee.wasserstein2_1d(*args, max_seqlen=2**70, validate=validate)
+        torch.testing.assert_close(ee.wasserstein2_1d(*args, max_seqlen=2**63 - 1, validate=validate),
+                                   ee.wasserstein2_1d(*args))
+
+
 def test_raw_op_rejects_malformed_inputs():
     op = torch.ops.entangle_ext.wasserstein2_1d
     x = torch.randn(8)
