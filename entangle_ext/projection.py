@@ -251,6 +251,10 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output (a
     non-finite entry gives non-finite G or b, and `projection_solve` then NaN coefficients).
+    G and b are plain sums of products, not rescaled: with float64 rows whose squared norm
+    exceeds the float64 range (entries beyond ~1e154) they overflow to Inf, and the solve gives
+    NaN coefficients. `project_orthogonal_` (also with ``process_group``) scales each row by a
+    power of two first and handles such rows; scale them yourself before calling this pass.
 
     Raises:
         TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge; nothing is
