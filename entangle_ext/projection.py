@@ -186,11 +186,15 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
             tensors each passes (FSDP passes a shard of every parameter on every rank: T is the
             parameter count). 0 (default): the exact projection.
         process_group: a ``torch.distributed.ProcessGroup`` (e.g. ``dist.group.WORLD``), or None
-            (one process).
+            (one process). Every rank must then pass at least one tensor (an empty one, e.g. a
+            rank's empty shard, is fine; every entry ``None`` is a ValueError): the collectives
+            depend on the device and dtype, which a rank with only ``None`` entries cannot know.
+            That error is raised on that rank only, before its first collective, so the other
+            ranks wait in theirs until the group's timeout: call it the same way on every rank.
 
     Returns:
         coeffs = c, ``(k,)`` float64 on the device of ``grads`` (not synchronised to the host;
-        zeros when every gradient is ``None``).
+        zeros when every gradient is ``None``, without ``process_group``).
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
     non-finite entry in ``grads`` or ``basis`` makes every coefficient and every gradient entry
@@ -213,7 +217,7 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
             shares memory with a ``grads`` entry (checked on the host from the tensors' data
             pointers and sizes, no device sync, eager calls only; the message names both
             entries), ``grads`` requiring grad in grad mode, ``rcond`` outside [1e-15, 1), a
-            negative ridge.
+            negative ridge, every entry ``None`` with a ``process_group``.
         RuntimeError: the native extension is not built/loaded, or a CUDA tensor with a CPU-only
             build.
     """
