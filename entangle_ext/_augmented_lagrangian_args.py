@@ -284,6 +284,10 @@ def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int) -> 
     constraints, finite lam (>= 0 for inequality constraints), mu finite and > 0, c0 finite,
     window sums >= 0, steps a 0-d integer >= 0 (values not checked during CUDA-graph capture)."""
     _state_keys(op, state, kind, version)
+    meta = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_meta]
+    if meta:   # no data to restore (e.g. a state_dict of a model built on the meta device)
+        raise ValueError(f"{op}: state has meta tensors (no data) for {sorted(meta)}; load a state "
+                         "saved from real tensors")
     m = c0.numel()
     for key in ("lam", "c0", "last_violation", "window_sum"):
         if tuple(state[key].shape) != (m,):

@@ -275,6 +275,8 @@ def test_c0_float_beyond_the_state_dtype_is_refused():
     ("window_sum", torch.zeros(1), ValueError, r"window_sum of shape \(1,\)"),
     ("last_violation", torch.zeros(3), ValueError, r"last_violation of shape \(3,\)"),
     ("lam", [0.0, 1.0], TypeError, "lam must be a tensor, got list"),
+    ("c0", torch.zeros(2, device="meta"), ValueError, r"meta tensors \(no data\) for \['c0'\]"),
+    ("lam", torch.zeros(2, device="meta"), ValueError, r"meta tensors \(no data\) for \['lam'\]"),
 ])
 def test_load_state_dict_checks_like_the_constructor(key, value, exc, match):
     """A state is checked before anything is copied, with the constructor's / mu setter's messages:
