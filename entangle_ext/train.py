@@ -25,7 +25,7 @@ from .unlearn.data import BatchStream, has_batchnorm, loss_logits, split_batch, 
 from .unlearn.files import atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
-from .unlearn.precision import AMP_CHOICES, amp_scope, model_dtype, resolve_amp
+from .unlearn.precision import AMP_CHOICES, amp_scope, master_weight_optimizer, model_dtype, resolve_amp
 
 __all__ = ["TrainRecipe", "train_original", "fit", "load_model_file", "cifar_augment"]
 
@@ -136,11 +136,14 @@ def cifar_augment(x: torch.Tensor, generator: Optional[torch.Generator] = None, 
 
 
 def _optimizer(model: torch.nn.Module, r: TrainRecipe) -> torch.optim.Optimizer:
-    params = model.parameters()
+    """The recipe's optimizer; float16/bfloat16 parameters are stepped through float32 master
+    copies (`master_weight_optimizer`)."""
+    params = list(model.parameters())
     if r.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=r.lr, momentum=r.momentum, weight_decay=r.weight_decay)
+        return master_weight_optimizer(torch.optim.SGD, params, lr=r.lr, momentum=r.momentum,
+                                       weight_decay=r.weight_decay)
     cls = torch.optim.Adam if r.optimizer == "adam" else torch.optim.AdamW
-    return cls(params, lr=r.lr, weight_decay=r.weight_decay)
+    return master_weight_optimizer(cls, params, lr=r.lr, weight_decay=r.weight_decay)
 
 
 def _state_dict_of(obj, path: Path) -> dict:

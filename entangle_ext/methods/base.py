@@ -29,6 +29,7 @@ import torch
 
 from ..unlearn.fields import at_least, require
 from ..unlearn.data import BatchStream, Source, Splits, union_source
+from ..unlearn.precision import master_weight_optimizer
 # the registry and the base classes live below the run (entangle_ext/unlearn/method.py); the
 # baselines import them from here, with what they share
 from ..unlearn.method import (HPARAMS, METHODS, PAPER_SETTINGS, MethodConfig, UnlearningMethod,  # noqa: F401
@@ -160,8 +161,10 @@ class ZipStream:
 
 # --------------------------------------------------------------------------------- training
 def make_optimizer(params: Sequence[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The `torch.optim` optimizer of ``cfg`` over ``params``."""
+    """The `torch.optim` optimizer of ``cfg`` over ``params``, stepping float32 master copies of
+    float16/bfloat16 parameters (`master_weight_optimizer`: used as a plain optimizer)."""
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return master_weight_optimizer(torch.optim.SGD, params, lr=cfg.lr, momentum=cfg.momentum,
+                                       weight_decay=cfg.weight_decay)
     cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
-    return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return master_weight_optimizer(cls, params, lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -10,6 +10,7 @@ import torch
 
 from ..unlearn.fields import require
 from ..unlearn.losses import grads_of, mean_ce, trainable_params
+from ..unlearn.precision import optimizer_tensor
 from .base import ZipStream, every, make_optimizer, make_presets, register_method
 from .rl import RandomLabel, RLConfig
 
@@ -97,8 +98,11 @@ class MaskedUpdate:
     @torch.no_grad()
     def restore(self) -> None:
         for p, m, p0 in zip(self.params, self.mask, self.theta0):
-            p.copy_(torch.where(m, p, p0))
-            for v in self.opt.state.get(p, {}).values():
+            t = optimizer_tensor(self.opt, p)   # the float32 master copy of a half parameter
+            t.copy_(torch.where(m, t, p0.to(t.dtype)))
+            if t is not p:
+                p.copy_(t)
+            for v in self.opt.state.get(t, {}).values():
                 if isinstance(v, torch.Tensor) and v.shape == p.shape:
                     v.masked_fill_(~m, 0)
 

@@ -18,7 +18,8 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 
 __all__ = ["LOW_PRECISION", "AMP_DTYPES", "AMP_CHOICES", "state_dtype", "model_dtype", "amp_scope",
-           "autocast_for", "MasterParams", "cpu_has_bf16_matmul", "resolve_amp", "resolve_amp_for"]
+           "autocast_for", "MasterParams", "master_weight_optimizer", "optimizer_tensor", "cpu_has_bf16_matmul",
+           "resolve_amp", "resolve_amp_for"]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: The autocast dtype each resolved ``amp`` value selects (``amp_scope`` takes these keys).
@@ -140,3 +141,96 @@ class MasterParams:
                 for p, m in zip(self.params, self.tensors):
                     if m is not p:
                         p.copy_(m)
+
+
+_MASTER_KEY = "entangle_master_weights"
+
+
+def master_weight_optimizer(cls, params: Sequence[torch.Tensor], **kw) -> torch.optim.Optimizer:
+    """``cls(tensors, **kw)`` (a `torch.optim` optimizer class) over `MasterParams` ``(params)``:
+    float32 master copies of the float16/bfloat16 entries, the parameters themselves otherwise
+    (then it is exactly ``cls(params, **kw)``). Used by the baselines and `train_original`, which
+    call ``zero_grad`` / ``backward`` / ``step`` as usual:
+
+    * ``step()`` first moves each low-precision parameter's ``.grad`` to its master copy (as
+      float32; the parameter's ``.grad`` is cleared), steps, then writes the masters back into
+      the parameters (rounded). Adam's ``eps = 1e-8`` (0 in float16: 0/0 = NaN on a zero
+      gradient) and small steps (rounded away in float16/bfloat16) then act in float32.
+    * ``zero_grad()`` also clears the parameters' gradients.
+    * ``state_dict()`` carries the master copies, ``load_state_dict()`` restores them (and the
+      parameters from them), so a resumed run continues from the same float32 weights; a state
+      without them (written by a plain optimizer) makes the next ``step()`` take the masters
+      from the parameters as they are then.
+
+    ``opt.entangle_master`` is the `MasterParams` (absent when no copy exists)."""
+    master = MasterParams(params)
+    opt = cls(master.tensors, **kw)
+    if not master.low:
+        return opt
+    pairs = [(p, m) for p, m in zip(master.params, master.tensors) if m is not p]
+    opt.entangle_master = master
+
+    resync = [False]   # a state without master copies was loaded: take them from the parameters
+
+    def to_masters(_opt, _args, _kwargs):
+        for p, m in pairs:
+            if resync[0]:
+                with torch.no_grad():
+                    m.copy_(p)
+            m.grad = None if p.grad is None else p.grad.detach().to(m.dtype)
+            p.grad = None
+        resync[0] = False
+
+    @torch.no_grad()
+    def from_masters(_opt, _args, _kwargs):
+        for p, m in pairs:
+            p.copy_(m)
+            m.grad = None
+
+    plain_zero_grad = opt.zero_grad
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        plain_zero_grad(set_to_none=set_to_none)
+        for p, _ in pairs:
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+
+    def save_masters(_opt, state):
+        state[_MASTER_KEY] = [m.detach().clone() for _, m in pairs]
+        return state
+
+    @torch.no_grad()
+    def load_masters(_opt, state):
+        state = dict(state)
+        saved = state.pop(_MASTER_KEY, None)
+        resync[0] = saved is None   # e.g. a checkpoint written before master copies existed
+        if saved is not None:
+            if len(saved) != len(pairs) or any(s.shape != m.shape for s, (_, m) in zip(saved, pairs)):
+                raise ValueError("optimizer state: its float32 master weights do not match this model's "
+                                 "float16/bfloat16 parameters")
+            for s, (p, m) in zip(saved, pairs):
+                m.copy_(s)
+                p.copy_(m)
+        return state
+
+    opt.register_step_pre_hook(to_masters)
+    opt.register_step_post_hook(from_masters)
+    opt.register_state_dict_post_hook(save_masters)
+    opt.register_load_state_dict_pre_hook(load_masters)
+    opt.zero_grad = zero_grad
+    return opt
+
+
+def optimizer_tensor(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
+    """The tensor ``opt`` updates for parameter ``p``: its float32 master copy under
+    `master_weight_optimizer`, ``p`` itself otherwise."""
+    master = getattr(opt, "entangle_master", None)
+    if master is None:
+        return p
+    for q, m in zip(master.params, master.tensors):
+        if q is p:
+            return m
+    return p

@@ -59,6 +59,63 @@ def test_baselines_on_a_bfloat16_model(small, name):
     _same_run(a, _run(mlp().to(torch.bfloat16), _with(small, _inputs_as(torch.bfloat16)), name))
 
 
+@pytest.mark.parametrize("name", BASELINES)
+def test_every_baseline_on_a_float16_model_tracks_its_float32_run(small, name):
+    """The baselines step float32 master copies of float16 weights (`master_weight_optimizer`):
+    Adam's eps = 1e-8 is 0 in float16, so a zero gradient gave 0/0 = NaN and every Adam-based
+    baseline (and Retrain) stopped with a non-finite loss at step 0-1, leaving NaN weights. Now
+    the float16 run stays finite, keeps the dtype and lands on its float32 run's accuracies."""
+    torch.manual_seed(0)
+    init = mlp().state_dict()
+    m32, m16 = mlp(), mlp()
+    m32.load_state_dict(init)
+    m16.load_state_dict(init)
+    a = _run(m32, small, name)
+    b = _run(m16.half(), small, name)
+    assert all(p.dtype == torch.float16 and torch.isfinite(p).all() for p in b.model.parameters())
+    fa, fb = a.report["evals"]["final"], b.report["evals"]["final"]
+    assert fa.keys() == fb.keys()
+    for split in fa:
+        assert abs(fa[split]["acc"] - fb[split]["acc"]) <= 0.03, (split, fa[split]["acc"], fb[split]["acc"])
+
+
+def test_master_weight_optimizer_round_trips_its_float32_copies():
+    """A resumed half-precision run continues from the same float32 weights: the optimizer's
+    state_dict carries the master copies, load_state_dict restores them and the parameters."""
+    from entangle_ext.unlearn.precision import master_weight_optimizer
+    torch.manual_seed(0)
+    net = mlp().half()
+    opt = master_weight_optimizer(torch.optim.Adam, list(net.parameters()), lr=1e-3)
+    x = torch.randn(8, 64).half()
+    for _ in range(3):
+        opt.zero_grad()
+        net(x).float().square().mean().backward()
+        opt.step()
+        assert all(p.grad is None for p in net.parameters())
+    state = opt.state_dict()
+    masters = [m.clone() for m in opt.entangle_master.tensors]
+    assert all(m.dtype == torch.float32 for m in masters)
+    net2 = mlp().half()
+    opt2 = master_weight_optimizer(torch.optim.Adam, list(net2.parameters()), lr=1e-3)
+    opt2.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(opt2.entangle_master.tensors, masters))
+    assert all(torch.equal(p, q) for p, q in zip(net2.parameters(), net.parameters()))
+    with pytest.raises(ValueError, match="master weights do not match"):
+        master_weight_optimizer(torch.optim.Adam, [torch.nn.Parameter(torch.zeros(3).half())]).load_state_dict(state)
+    # a plain optimizer's state (no master copies): the next step starts from the parameters as
+    # they are then (e.g. a model loaded from a checkpoint after the optimizer state)
+    net3 = mlp().half()
+    opt3 = master_weight_optimizer(torch.optim.SGD, list(net3.parameters()), lr=0.0)
+    opt3.load_state_dict(torch.optim.SGD(list(mlp().half().parameters()), lr=0.0).state_dict())
+    net3.load_state_dict(net.state_dict())
+    opt3.zero_grad()
+    net3(x).float().sum().backward()
+    opt3.step()                                    # lr 0: the parameters stay what was loaded
+    assert all(torch.equal(p, q) for p, q in zip(net3.parameters(), net.parameters()))
+    plain = master_weight_optimizer(torch.optim.SGD, list(mlp().parameters()), lr=0.1)   # float32: a plain SGD
+    assert type(plain) is torch.optim.SGD and not hasattr(plain, "entangle_master")
+
+
 def test_metrics_on_a_float64_model(small):
     pytest.importorskip("sklearn")
     model, s64 = mlp().double(), _with(small, _inputs_as(torch.float64))
