@@ -248,8 +248,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         no seeds, repeated seeds or a seed outside torch.manual_seed's [-2**63, 2**64 - 1]; a ``configs`` entry for a method not compared; an unknown
         ``relearn`` key or a bad relearn value; ``batch_size`` < 1; ``budget`` <= 0;
         ``mia_max_samples`` < 1; a negative or non-finite ``band``; a missing or empty forget / adjacent / remote train split; no
-        held-out retain split), TypeError (a config of another method; ``seeds`` not a sequence of
-        integers, e.g. a bare int; a budget that is not a number). Later: the other errors of the methods and metrics
+        held-out retain split; an ``out_dir`` that exists and is not a directory, cannot be created
+        or is not writable), TypeError (a config of another method; ``seeds`` not a sequence of
+        integers, e.g. a bare int; a budget that is not a number; an ``out_dir`` that is not a
+        path). Later: the other errors of the methods and metrics
         (ImportError without scikit-learn / scipy); a ValueError for a model without
         parameters or buffers when ``device`` is None.
     Warns: `OverlappingSplitsWarning` once per call (not per run) when two train splits hold

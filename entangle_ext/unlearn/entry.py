@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -123,7 +124,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             state within its bounds; the model keeps its final state.
     Raises:
         TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first);
-            a ``model_fn`` that is not callable or (Retrain) returns no `torch.nn.Module`.
+            a ``model_fn`` that is not callable or (Retrain) returns no `torch.nn.Module`; an
+            ``out_dir`` that is not a path (str or os.PathLike).
         ValueError: an unknown method, setting or hparams (checked before anything else, also
             when a config is given), ``model_fn`` for a method other than "retrain",
             missing/empty splits, labels outside the model's classes or not integer,
@@ -135,7 +137,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             (names both), or whose splits or config differ, or whose model state does not fit
             ``model`` (another architecture or number of classes: names the mismatching
             parameters; checked before anything is loaded, ``model`` stays untouched)
-            (TypeError for a wrong field type).
+            (TypeError for a wrong field type); an ``out_dir`` that exists and is not a
+            directory, cannot be created (a parent is a file, no permission; the OS's reason is
+            given) or is not writable.
         OutDirInUseError (a ValueError; ``entangle_ext.OutDirInUseError``): another
             live run (another process, or another thread) holds ``out_dir``; raised after the
             input checks, before any training or file written; names its pid, host, start time
@@ -151,6 +155,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     """
     with disjoint_scope():   # the splits are checked again by the method and each evaluation
         check_model_and_splits(model, splits, "unlearn")
+        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+            raise TypeError(f"unlearn: out_dir must be a path (str or os.PathLike) or None, got "
+                            f"{type(out_dir).__name__} {out_dir!r}")
         spec = get_method(method)
         spec.check_arguments(setting, hparams, model_fn)
         if not inplace:

@@ -27,7 +27,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError"]
+__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError", "make_out_dir"]
 
 #: The file under ``{out_dir}/checkpoints/`` that names the run's latest checkpoint: {"path": str}.
 POINTER_NAME = "latest.pt"
@@ -145,6 +145,32 @@ def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[
         p = _follow(p, obj["path"])
         obj = read_torch_file(p, map_location)
     return p, obj
+
+
+def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir") -> Path:
+    """``out_dir`` as a `Path`, created with its parents when missing: the one check of every
+    output folder a run, a comparison or a cache writes into (``what`` names it in messages, e.g.
+    "--out" on the command line).
+
+    Raises:
+        TypeError: ``out_dir`` is not a str or ``os.PathLike`` (e.g. an int).
+        ValueError: it exists and is not a directory; it cannot be created (a parent is a file,
+            no permission, a read-only file system: the OS's reason is given); it is not
+            writable by this user.
+    """
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (str or os.PathLike), got {type(out_dir).__name__} {out_dir!r}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{what} {str(out)!r} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{what} {str(out)!r} cannot be created: {e.strerror or e}"
+                         + (f" ({e.filename})" if e.filename and str(e.filename) != str(out) else "")) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {str(out)!r} is not writable by this user")
+    return out
 
 
 class WriteError(OSError):

@@ -34,6 +34,8 @@ try:
 except ImportError:   # Windows: no lock (the package targets Linux)
     fcntl = None
 
+from .files import make_out_dir
+
 __all__ = ["OutDirInUseError", "OutDirLock", "out_dir_lock", "LOCK_NAME"]
 
 #: The lock file under an out dir.
@@ -74,6 +76,9 @@ class OutDirLock:
     checks (what `entangle_ext.unlearn` does)."""
 
     def __init__(self, out_dir: Optional[Union[str, Path]]):
+        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+            raise TypeError(f"out_dir must be a path (str or os.PathLike) or None, got "
+                            f"{type(out_dir).__name__} {out_dir!r}")
         self.dir = None if out_dir is None else Path(out_dir)
         self._key: Optional[str] = None
 
@@ -130,9 +135,9 @@ def out_dir_lock(out_dir: Optional[Union[str, Path]], d=None) -> Iterator[OutDir
 
 def _take(out: Path) -> Optional[str]:
     """Lock ``out`` for this thread; returns the registry key (None without fcntl)."""
+    make_out_dir(out)   # a clear ValueError for a path that is a file, cannot be made or written
     if fcntl is None:
         return None
-    out.mkdir(parents=True, exist_ok=True)
     key = os.path.realpath(out)
     me = (os.getpid(), threading.get_ident())
     with _GUARD:

@@ -24,6 +24,7 @@ from .distributed import current, scope
 from .evaluate import evaluate
 from .inputs import (check_model_and_splits, check_resume_model, model_device, preflight, probe_channels_last,
                      require_trainable)
+from .files import make_out_dir
 from .lock import OutDirLock
 from .memory_format import channels_last_scope
 from .loop import check_final_losses
@@ -127,9 +128,7 @@ class Run:
         self.method, self.model, self.splits, self.config, self.device = method, model, splits, config, device
         self.num_classes, self.progress, self.amp, self.stages = num_classes, progress, amp, tuple(stages)
         self.channels_last = False   # what the config's channels_last runs as (set by run_method)
-        self.out = Path(out_dir) if out_dir is not None else None
-        if self.out is not None:
-            self.out.mkdir(parents=True, exist_ok=True)
+        self.out = make_out_dir(out_dir) if out_dir is not None else None
         self.ckpt = ckpt or {}
         self.evals: Dict[str, Dict[str, dict]] = dict(self.ckpt.get("evals", {}))
         self.done: Dict[str, Any] = copy.deepcopy(self.ckpt.get("done", {"history": [], "lambda_final": None}))

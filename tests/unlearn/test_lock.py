@@ -201,3 +201,38 @@ def test_compare_into_a_held_out_is_refused(held, small, capsys, monkeypatch):
     assert rc == 2
     _one_line(capsys.readouterr().err, "entangle-unlearn compare", out, pid)
     _no_run_files(out)
+
+
+@needs_ext
+def test_an_unusable_out_dir_is_a_clear_error_before_any_training(tmp_path, small, capsys):
+    """A file, a path under a file, a folder that cannot be created and a non-path gave raw
+    FileExistsError / NotADirectoryError / PermissionError / pathlib TypeError (and on the command
+    line a traceback, exit 1); now a ValueError (TypeError for a non-path) naming the out dir and
+    the OS's reason, and one line with exit 2 on the command line."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    model = mlp()
+    before = params(model).clone()
+    cases = [(afile, ValueError, "exists and is not a directory"),
+             (afile / "sub", ValueError, "cannot be created: Not a directory"),
+             (123, TypeError, "out_dir must be a path")]
+    if os.geteuid() != 0:   # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        cases.append((ro / "sub", ValueError, "cannot be created: Permission denied"))
+    for out, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            ee.unlearn(model, small, tiny_config(), out_dir=out, progress=False)
+        with pytest.raises(exc, match=match):
+            ee.unlearn(model, small, method="ga", setting="digits", out_dir=out, progress=False)
+        with pytest.raises(exc, match=match):
+            ee.compare(model, small, ["ga"], seeds=[0], setting="digits", out_dir=out, relearn=False, progress=False)
+    assert torch.equal(params(model), before)
+    for argv in (["--setting", "digits", "--out", str(afile / "sub"), "--device", "cpu", "--no-progress"],
+                 ["compare", "--setting", "digits", "--methods", "ga", "--seeds", "1", "--out", str(afile / "x"),
+                  "--device", "cpu", "--no-progress"]):
+        capsys.readouterr()
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "cannot be created: Not a directory" in err[0], err
