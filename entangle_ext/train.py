@@ -12,6 +12,7 @@ the datasets at each epoch and the augmentation randomness, so a run is a pure f
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence, Union
@@ -22,12 +23,12 @@ from torch.utils.data import Dataset
 
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, split_batch, union_source
-from .unlearn.files import atomic_write, open_checkpoint
+from .unlearn.files import WriteError, atomic_write, open_checkpoint
 from .unlearn.inputs import model_device
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
 from .unlearn.precision import AMP_CHOICES, amp_scope, master_weight_optimizer, model_dtype, resolve_amp
 
-__all__ = ["TrainRecipe", "train_original", "fit", "load_model_file", "cifar_augment"]
+__all__ = ["TrainRecipe", "train_original", "fit", "load_model_file", "cifar_augment", "CacheNotWrittenWarning"]
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "cosine"]
@@ -230,6 +231,10 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         ValueError: ``datasets`` empty or holding no sample; labels that are not integer class
             indices; no ``device`` for a model without parameters or buffers; a ``cache`` file
             that does not fit ``model`` (see `load_model_file`).
+    Warns:
+        CacheNotWrittenWarning: the trained weights could not be written to ``cache`` (disk
+            full, a file-size limit, permissions: the `WriteError`'s message); the trained model
+            is returned all the same, and the next call trains it again.
     """
     device = model_device(model, device)
     model.to(device)
@@ -239,9 +244,17 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         state = model.state_dict()
-        atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",
-                     hint="the trained model is returned but not cached: free space, or pass cache=None")
+        try:
+            atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",
+                         hint="the trained model is returned but not cached (the next run trains it "
+                              "again): free space or raise the file-size limit")
+        except WriteError as e:   # the training is not lost to a full disk: warn and go on
+            warnings.warn(str(e), CacheNotWrittenWarning, stacklevel=2)
     return model
+
+
+class CacheNotWrittenWarning(UserWarning):
+    """`train_original` trained the model but could not write it to its cache file."""
 
 
 def fit(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe, *, device, seed: int = 0,

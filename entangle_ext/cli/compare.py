@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..unlearn.files import WriteError
 from .common import fail, resolve_device, sigterm_interrupts
 
 __all__ = ["main", "build_parser"]
@@ -209,7 +210,8 @@ def main(argv=None) -> int:
     """Entry point of ``entangle-unlearn compare``. Returns the exit code: 0 success; 2 bad input
     (one ``entangle-unlearn compare: error: ...`` line on stderr: a ValueError / TypeError /
     FileNotFoundError / missing package; flags are checked before any data is loaded); 1 a
-    ``--jobs`` worker failed (its log is named); 130 interrupted (rerunning the same command resumes
+    ``--jobs`` worker failed (its log is named) or a file could not be written (`WriteError`,
+    one line naming the file); 130 interrupted (rerunning the same command resumes
     from the per-run cache)."""
     from ..compare_jobs import ParentExited, WorkerFailed
     from ..threads import torch_threads
@@ -228,7 +230,7 @@ def main(argv=None) -> int:
             res = _compare(args, out, device, variant, data, model, methods, threads)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e, "entangle-unlearn compare")
-    except (WorkerFailed, ParentExited) as e:
+    except (WorkerFailed, ParentExited, WriteError) as e:   # a failed write: disk full, file-size limit
         print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

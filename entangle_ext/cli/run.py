@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..unlearn.files import WriteError
 from .common import PROG, command_prefix, fail, resolve_device, sigterm_interrupts
 from .config import build_config, check_conflicts, flag_tables, parse_overrides
 
@@ -261,7 +262,9 @@ def main(argv=None) -> int:
     """``entangle-unlearn [flags]`` (one run; `entangle_ext.cli.main` dispatches here for every
     command line but ``compare ...``). ``argv``: the flags (None: ``sys.argv[1:]``). Returns the exit code:
     0 success; 2 bad input (one ``entangle-unlearn: error: ...`` line on stderr, before any
-    training when the flags are at fault); 130 interrupted (the resume command is printed)."""
+    training when the flags are at fault); 1 a file could not be written (`WriteError`: disk
+    full, a file-size limit; one line naming the file); 130 interrupted (the resume command is
+    printed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.given_flags = _typed_flags(argv)
@@ -276,6 +279,9 @@ def main(argv=None) -> int:
             return _run(args, plan)
         except (ValueError, FileNotFoundError, ImportError) as e:
             return fail(e)
+        except WriteError as e:   # disk full, file-size limit: one line (it names the file), exit 1
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             return _interrupted(argv, args.out)
 

@@ -95,7 +95,33 @@ def test_every_writer_goes_through_atomic_write(writer, tmp_path, monkeypatch):
         monkeypatch.setattr(train, "atomic_write", full)
         from torch.utils.data import TensorDataset
         data = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
-        with pytest.raises(WriteError, match="could not write the original-model cache"):
-            train.train_original(torch.nn.Linear(4, 2), [data], train.TrainRecipe("adam", epochs=1, batch_size=4),
-                                 device="cpu", cache=tmp_path / "m.pt", progress=False)
+        # the trained model is not lost to a failed cache write: a warning, and the model is returned
+        net = torch.nn.Linear(4, 2)
+        before = net.weight.detach().clone()
+        with pytest.warns(train.CacheNotWrittenWarning, match="could not write the original-model cache .*"
+                                                              "the trained model is returned but not cached"):
+            out = train.train_original(net, [data], train.TrainRecipe("adam", epochs=1, batch_size=4),
+                                       device="cpu", cache=tmp_path / "m.pt", progress=False)
+        assert out is net and not torch.equal(net.weight, before)
+        assert list(tmp_path.iterdir()) == []
     assert list(tmp_path.rglob("*.tmp")) == []
+
+
+def test_the_command_line_reports_a_failed_write_in_one_line_with_exit_1(tmp_path):
+    """A file-size limit on a CLI run: the original model's cache is skipped with a warning, then
+    the first checkpoint fails: one error line naming it (no traceback), exit 1."""
+    pytest.importorskip("sklearn")
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150 * 1024, resource.RLIM_INFINITY))
+    r = subprocess.run([sys.executable, "-m", "entangle_ext", "--setting", "digits", "--original-epochs", "1",
+                        "--out", str(tmp_path / "w"), "--no-progress", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=300, preexec_fn=limit,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [x for x in r.stderr.splitlines() if x.startswith("entangle-unlearn: error:")]
+    assert len(errors) == 1 and "could not write the checkpoint" in errors[0] and "EFBIG" in errors[0], r.stderr
+    assert "CacheNotWrittenWarning" in r.stderr
+    assert list((tmp_path / "w").rglob("*.tmp")) == []
