@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 from .config import UnlearnConfig
 from .data import Splits
 from .disjoint import disjoint_scope
+from .files import check_out_dir_type
 from .distributed import unwrap
 from .inputs import check_model_and_splits, training_flags_kept
 from .method import get_method
@@ -155,9 +155,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     """
     with disjoint_scope():   # the splits are checked again by the method and each evaluation
         check_model_and_splits(model, splits, "unlearn")
-        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
-            raise TypeError(f"unlearn: out_dir must be a path (str or os.PathLike) or None, got "
-                            f"{type(out_dir).__name__} {out_dir!r}")
+        check_out_dir_type(out_dir, "unlearn: out_dir")
         spec = get_method(method)
         spec.check_arguments(setting, hparams, model_fn)
         if not inplace:

@@ -147,6 +147,14 @@ def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[
     return p, obj
 
 
+def check_out_dir_type(out_dir: Any, what: str = "out_dir") -> None:
+    """TypeError unless ``out_dir`` is None, a str or an ``os.PathLike`` (checked before any use
+    of it, so a wrong type is not a pathlib error from deep inside a run)."""
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (str or os.PathLike) or None, got "
+                        f"{type(out_dir).__name__} {out_dir!r}")
+
+
 def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir") -> Path:
     """``out_dir`` as a `Path`, created with its parents when missing: the one check of every
     output folder a run, a comparison or a cache writes into (``what`` names it in messages, e.g.
@@ -158,8 +166,7 @@ def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir")
             no permission, a read-only file system: the OS's reason is given); it is not
             writable by this user.
     """
-    if not isinstance(out_dir, (str, os.PathLike)):
-        raise TypeError(f"{what} must be a path (str or os.PathLike), got {type(out_dir).__name__} {out_dir!r}")
+    check_out_dir_type(out_dir, what)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{what} {str(out)!r} exists and is not a directory")

@@ -34,7 +34,7 @@ try:
 except ImportError:   # Windows: no lock (the package targets Linux)
     fcntl = None
 
-from .files import make_out_dir
+from .files import check_out_dir_type, make_out_dir
 
 __all__ = ["OutDirInUseError", "OutDirLock", "out_dir_lock", "LOCK_NAME"]
 
@@ -76,9 +76,7 @@ class OutDirLock:
     checks (what `entangle_ext.unlearn` does)."""
 
     def __init__(self, out_dir: Optional[Union[str, Path]]):
-        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
-            raise TypeError(f"out_dir must be a path (str or os.PathLike) or None, got "
-                            f"{type(out_dir).__name__} {out_dir!r}")
+        check_out_dir_type(out_dir)
         self.dir = None if out_dir is None else Path(out_dir)
         self._key: Optional[str] = None
 
