@@ -246,7 +246,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     """
     from .unlearn.inputs import check_device_usable, probe_channels_last
     s = get_setting(name)
-    check_device_usable(torch.device(device))
+    check_device_usable(device)
     data, model = _given(data), _given(model)
     s.check_options(data, model)
     v = s.variant(variant, given=set(data) | set(model))

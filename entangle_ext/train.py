@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from .unlearn.checkpoint import preserved_rng, seed_everything
-from .unlearn.data import BatchStream, has_batchnorm, loss_logits, split_batch, union_source
+from .unlearn.data import BatchStream, has_batchnorm, loss_logits, require_graph, split_batch, union_source
 from .unlearn.files import WriteError, atomic_write, open_checkpoint
-from .unlearn.inputs import model_device
+from .unlearn.inputs import model_device, training_grad_mode
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
 from .unlearn.precision import AMP_CHOICES, amp_scope, master_weight_optimizer, model_dtype, resolve_amp
 
@@ -208,6 +208,7 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
     return model
 
 
+@training_grad_mode()
 def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe = TrainRecipe(), *,
                    device=None, seed: int = 0, cache: Optional[Union[str, Path]] = None,
                    progress: bool = True) -> torch.nn.Module:
@@ -257,6 +258,7 @@ class CacheNotWrittenWarning(UserWarning):
     """`train_original` trained the model but could not write it to its cache file."""
 
 
+@training_grad_mode()
 def fit(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe, *, device, seed: int = 0,
         progress: bool = True) -> int:
     """The training of `train_original` without its cache: ``model`` (already on ``device``) trained
@@ -302,7 +304,7 @@ def _train_epochs(model, stream, recipe: TrainRecipe, opt, sched, gen, bar) -> i
                 inputs = cifar_augment(inputs, gen, recipe.crop_padding)
             loss = F.cross_entropy(loss_logits(model, inputs), y)   # float32 for bf16/half logits
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            require_graph(loss).backward()
             opt.step()
             if sched is not None:
                 sched.step()

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
+from entangle_ext.data.seeds import numpy_seed
 from entangle_ext.data.cifar100 import CIFAR100_MEAN, CIFAR100_STD, load_cifar100, resnet18_cifar
 from entangle_ext.data.tinyimagenet import images_to_tensor
 from entangle_ext.data.vit import vit_classifier
@@ -73,7 +74,7 @@ def main(argv=None):
         most = int(np.bincount(fine, minlength=100).min())
         if not 1 <= args.per_class <= most:
             raise ValueError(f"--per-class must be 1..{most} (train images per fine class), got {args.per_class}")
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(numpy_seed(args.seed, '--seed'))
     sel = np.concatenate([rng.choice(np.flatnonzero(fine == k), args.per_class, replace=False) for k in range(100)])
     aq, fish = d["fine_names"].index("aquarium_fish"), d["coarse_names"].index("fish")
     forget, retain = sel[fine[sel] == aq], sel[fine[sel] != aq]

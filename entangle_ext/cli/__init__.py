@@ -8,12 +8,14 @@
     python -m entangle_ext --setting cifar100 --variant reduced --out runs/cifar
     python -m entangle_ext --setting cifar100 --data-root path/to/cifar100.npz --out runs/cifar \\
         --superclasses fish,flowers,insects --max-train-per-class 100 --original-epochs 5 --epochs 2
-    python -m entangle_ext --setting tinyimagenet --weights vit_b_32.pth --out runs/tin   # also celeba, toxigen
+    python -m entangle_ext --setting tinyimagenet --weights vit_b_32.pth --out runs/tin   # also celeba
+    python -m entangle_ext --setting toxigen --model-path path/to/hf_model_dir --out runs/toxigen
     torchrun --nproc_per_node 4 -m entangle_ext --setting cifar100 --out runs/cifar   # 4 ranks, global batches
 
 The settings, their variants and options come from the registry `entangle_ext.settings`; the flags
 below are mapped onto it by the tables `OPTION_FLAGS` and `STAGE_FLAGS` (``entangle_ext/cli/config.py``),
-and ``--set KEY=VALUE`` reaches any other field of the chosen method's config. ``--method`` is any
+and ``--set KEY=VALUE`` reaches any other field of the chosen method's config; a setting flag the
+setting does not take (e.g. ``--weights`` with digits) is refused, naming the settings that take it. ``--method`` is any
 name of `entangle_ext.available_methods()` and runs through ``entangle_ext.unlearn(...,
 method=NAME)`` with the config its ``resolve_config`` gives it (``entangle_ext/unlearn/method.py``;
 the same config ``from entangle_ext.compare import method_config`` names; docs/algorithm.md §10); the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage

@@ -1,5 +1,5 @@
 """What the command lines (``entangle_ext/cli/run.py``, ``entangle_ext/cli/compare.py``, ``python_examples/``)
-share: the device flag, the one-line bad-input exit and SIGTERM/SIGHUP as Ctrl-C."""
+share: the device and seed flags, the one-line bad-input exit and SIGTERM/SIGHUP as Ctrl-C."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "default_device", "fail", "sigterm_interrupts",
-           "exit_on_bad_input"]
+__all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "seed_arg", "default_device", "fail",
+           "sigterm_interrupts", "exit_on_bad_input"]
 
 PROG = "entangle-unlearn"
 
@@ -74,6 +74,38 @@ def device_arg(spec: str) -> str:
         return str(resolve_device(spec, label=repr(spec)))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def seed_arg(text: str) -> int:
+    """``type=`` of the seed options (``--seed``; ``compare``'s ``--first-seed`` and ``--model-seed``).
+
+    Args:
+        text: the command-line text: an integer written in digits, e.g. ``0``, ``-1`` or ``5000000000``.
+
+    Returns:
+        the seed (``int``), in [-2**63, 2**64 - 1] (torch.manual_seed's range, that of a run
+        config's ``seed``); the data loaders take every seed of it (`entangle_ext.data.seeds`).
+
+    Raises:
+        argparse.ArgumentTypeError: text that is not an integer in digits (``5e9``, ``1.5``) or a
+            seed outside that range; argparse turns it into one ``PROG: error: argument --seed: ...``
+            line and exit code 2.
+    """
+    from ..unlearn.fields import SEED_MAX, SEED_MIN
+    try:
+        seed = int(text)
+    except ValueError:
+        import decimal
+        try:
+            d = decimal.Decimal(text.strip())
+            hint = f" (write {int(d)})" if d.is_finite() and d == d.to_integral_value() else ""
+        except decimal.InvalidOperation:
+            hint = ""
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer written in digits{hint}; a seed is an "
+                                         f"integer in [{SEED_MIN}, {SEED_MAX}]") from None
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{seed} is outside [{SEED_MIN}, {SEED_MAX}] (torch.manual_seed's range)")
+    return seed
 
 
 def default_device() -> str:

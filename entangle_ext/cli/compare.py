@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..unlearn.files import WriteError
-from .common import fail, resolve_device, sigterm_interrupts
+from .common import fail, resolve_device, seed_arg, sigterm_interrupts
 
 __all__ = ["main", "build_parser"]
 
@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", default="all", help="'all' or a comma list of: " + ", ".join(available_methods())
                     + " (entangle_ext.available_methods())")
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. N-1, shifted by --first-seed)")
-    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--first-seed", type=seed_arg, default=0, help="the first seed of the runs (default 0); every "
+                    "seed, up to first + N - 1, is an integer in [-2**63, 2**64 - 1] (torch.manual_seed's range)")
     ap.add_argument("--hparams", choices=HPARAMS, default="paper_code",
                     help="presets: paper_code (the paper's released code; the reference recipe of the two-stage "
                     "family) or original (the baseline authors' defaults; the paper's own recipe)")
@@ -58,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--weights", default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict")
     ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir")
-    ap.add_argument("--model-seed", type=int, default=0, help="seed of the data selection and original model")
-    ap.add_argument("--relearn-steps", type=int, default=None, help="cap of the relearn-time fine-tuning")
+    ap.add_argument("--model-seed", type=seed_arg, default=0, help="seed of the data selection and original model, "
+                    "an integer in [-2**63, 2**64 - 1] (default 0)")
+    ap.add_argument("--relearn-steps", type=int, default=None, help="cap of the relearn-time fine-tuning (not with "
+                    "--no-relearn)")
     ap.add_argument("--no-relearn", action="store_true", help="skip relearn time")
     ap.add_argument("--mia-max-samples", type=int, default=None)
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
@@ -97,6 +100,7 @@ def _methods(spec: str):
 def _check_flags(args, out: str) -> None:
     """The flags that need no data, checked before anything is loaded or trained (ValueError)."""
     from ..compare import check_budget
+    from ..unlearn.fields import SEED_MAX
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
@@ -104,6 +108,13 @@ def _check_flags(args, out: str) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.relearn_steps is not None and args.relearn_steps < 1:
         raise ValueError(f"--relearn-steps must be >= 1, got {args.relearn_steps}")
+    if args.no_relearn and args.relearn_steps is not None:
+        raise ValueError(f"--relearn-steps {args.relearn_steps} caps the relearn-time fine-tuning, which --no-relearn "
+                         "skips: give one of them")
+    last = args.first_seed + args.seeds - 1
+    if last > SEED_MAX:
+        raise ValueError(f"--first-seed {args.first_seed} with --seeds {args.seeds} runs seeds up to {last}, past "
+                         f"{SEED_MAX} (torch.manual_seed's range): give a smaller --first-seed")
     if args.mia_max_samples is not None and args.mia_max_samples < 1:
         raise ValueError(f"--mia-max-samples must be >= 1, got {args.mia_max_samples}")
     if args.jobs < 1:
@@ -127,11 +138,13 @@ def _plan(args, out: str):
     from ..compare import method_spec
     from ..settings import get_setting
     from ..threads import default_threads
+    from .config import check_option_flags
 
     _check_flags(args, out)
     device = resolve_device(args.device)
     setting = get_setting(args.setting)
     opts = {"weights": args.weights, "model_path": args.model_path}
+    check_option_flags(setting, opts)   # e.g. --weights with digits: refused, as by entangle-unlearn
     data = {k: v for k, v in opts.items() if v is not None and k in setting.data_options}
     model = {k: v for k, v in opts.items() if v is not None and k in setting.model_options}
     variant = setting.variant(args.variant, given=set(data) | set(model))

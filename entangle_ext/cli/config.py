@@ -10,8 +10,8 @@ import dataclasses
 import typing
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "parse_overrides", "hparams_and_recipe",
-           "build_config", "check_conflicts", "has_stages", "named_recipe"]
+__all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "check_option_flags", "parse_overrides",
+           "hparams_and_recipe", "build_config", "check_conflicts", "has_stages", "named_recipe"]
 
 OPTION_FLAGS = {"max_train_per_class": "data", "max_test_per_class": "data", "superclasses": "data",
                 "forget": "data", "model_path": "data", "weights": "model"}
@@ -44,6 +44,21 @@ def flag_tables(args):
         if getattr(args, dest) is not None:
             stages[stage].update({f: getattr(args, dest) for f in fields})
     return opts["data"], opts["model"], stages["stage1"], stages["stage2"]
+
+
+def check_option_flags(setting, given: Dict[str, Any]) -> None:
+    """ValueError (one line naming the flag and the settings that take it) for a setting-option flag
+    of `OPTION_FLAGS` given (not None) that ``setting`` does not take, e.g. ``--weights`` (the
+    tinyimagenet / celeba ViT-B/32 backbone) or ``--model-path`` (toxigen's model) with digits.
+    ``given``: {flag destination: value}; ``entangle-unlearn`` and ``entangle-unlearn compare``
+    (which would otherwise ignore such a flag) both check their flags here."""
+    from ..settings import SETTINGS
+
+    for dest, value in given.items():
+        if value is not None and dest not in setting.options:
+            takers = [s.name for s in SETTINGS.values() if dest in s.options]
+            raise ValueError(f"{flag_name(dest)} does not apply to setting {setting.name!r}; it applies to "
+                             f"{', '.join(takers)} only")
 
 
 def _literal(text: str) -> Any:

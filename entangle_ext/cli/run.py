@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..unlearn.files import WriteError
-from .common import PROG, command_prefix, fail, resolve_device, sigterm_interrupts
-from .config import build_config, check_conflicts, flag_tables, parse_overrides
+from .common import PROG, command_prefix, fail, resolve_device, seed_arg, sigterm_interrupts
+from .config import build_config, check_conflicts, check_option_flags, flag_tables, parse_overrides
 
 __all__ = ["main", "build_parser"]
 
@@ -75,7 +75,8 @@ def _add_run_flags(ap, settings, variants, hparams, methods) -> None:
     ap.add_argument("--recipe", choices=["reference", "paper"], default=None,
                     help="two-stage family: the reference code's loops (default) or the paper's text "
                     "(docs/algorithm.md §7); the same choice as --hparams paper_code / original")
-    ap.add_argument("--seed", type=int, default=0, help="seeds the data selection, the original model and the run")
+    ap.add_argument("--seed", type=seed_arg, default=0, help="seeds the data selection, the original model and the "
+                    "run: an integer in [-2**63, 2**64 - 1] (torch.manual_seed's range; default 0)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
     ap.add_argument("--resume", default=None, help="checkpoint file, OUT/checkpoints/latest.pt or out dir OUT "
@@ -152,6 +153,7 @@ def _plan(args) -> _Plan:
     data, model, s1, s2 = flag_tables(args)
     sets = parse_overrides(args.overrides, args.method)   # also: ValueError for an unknown method
     check_conflicts(args, sets, getattr(args, "given_flags", None))
+    check_option_flags(setting, {**data, **model})
     setting.check_options(data, model)
     variant = setting.variant(args.variant, given=set(data) | set(model))
     train = {"epochs": args.original_epochs, **sets["train"]}

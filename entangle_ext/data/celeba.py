@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_attributes
 from ..unlearn.data import Splits
+from .seeds import numpy_seed
 from .root import data_dirs
 from .tinyimagenet import images_to_tensor
 
@@ -175,7 +176,7 @@ def celeba_splits(root: Union[str, Path, None] = None, *, target_attrs: Sequence
         (see `read_celeba_attributes` / `load_celeba_images`).
     """
     a = read_celeba_attributes(root)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(numpy_seed(seed))
     kw, idx_splits, files_out = {}, {}, {}
     parts = [("train", train_partition, max_train_per_class, "")]
     if test_partition is not None:
@@ -238,7 +239,7 @@ def write_celeba_miniature(root: Union[str, Path], n: int = 48, *, seed: int = 0
 
     if n < 1:
         raise ValueError("n must be >= 1")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(numpy_seed(seed))
     d = Path(root) / "celeba"
     (d / "img_align_celeba").mkdir(parents=True, exist_ok=True)
     vals = rng.choice([-1, 1], (n, len(ATTRIBUTES)))

@@ -25,6 +25,7 @@ from torch.utils.data import TensorDataset
 from .._optional import optional_import
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn.data import Splits
+from .seeds import numpy_seed
 from .root import find_data_file, read_npz
 from .tinyimagenet import images_to_tensor
 
@@ -227,7 +228,7 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
     f2k = np.full(len(fine_names), -1, dtype=np.int64)   # fine class -> kept coarse index (-1: dropped)
     for i, c in enumerate(keep):
         f2k[f2c == c] = i
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(numpy_seed(seed))
     kw, idx_splits = {}, {}
     for split, cap, suffix in (("train", max_train_per_class, ""), ("test", max_test_per_class, "_test")):
         x, fine, coarse = d[f"x_{split}"], d[f"y_{split}_fine"], d[f"y_{split}_coarse"]

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..unlearn.data import Splits
+from .seeds import sklearn_random_state
 
 __all__ = ["digits_splits", "DigitsMLP", "SETTING_DTYPE", "load_setting", "setting_model"]
 
@@ -35,8 +36,10 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
 
     Returns (splits, info): TensorDatasets of x (N, 64) ``dtype`` in [0, 1] and y (N,) int64 parity
     labels on ``device``; info has the digit of each split and the sizes.
-    Raises TypeError when ``forget_digit`` is not an int (a float or bool is not coerced) and
-    ValueError when it is not in 0..9.
+    ``seed``: any int of torch.manual_seed's range [-2**63, 2**64 - 1] (the run's seed); one in
+    [0, 2**32 - 1] goes to scikit-learn's split as it is, any other as `sklearn_random_state` maps it.
+    Raises TypeError when ``forget_digit`` or ``seed`` is not an int (a float or bool is not coerced)
+    and ValueError when ``forget_digit`` is not in 0..9 or ``seed`` outside that range.
     """
     from .._optional import optional_import
     load_digits = optional_import("sklearn.datasets", "the digits setting (scikit-learn's bundled digits)",
@@ -47,11 +50,12 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
         raise TypeError(f"forget_digit must be an int 0..9, got {forget_digit!r} ({type(forget_digit).__name__})")
     if forget_digit not in range(10):
         raise ValueError(f"forget_digit must be in 0..9, got {forget_digit}")
+    random_state = sklearn_random_state(seed)
     d = load_digits()
     x = (d.data / 16.0).astype(np.float64)
     digit = d.target.astype(np.int64)
     idx_tr, idx_te = train_test_split(np.arange(len(digit)), test_size=test_fraction,
-                                      random_state=seed, stratify=digit)
+                                      random_state=random_state, stratify=digit)
     if max_train_per_digit is not None:
         idx_tr = np.concatenate([idx_tr[digit[idx_tr] == k][:max_train_per_digit] for k in range(10)])
     parity = forget_digit % 2

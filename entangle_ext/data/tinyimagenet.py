@@ -34,6 +34,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn.data import Splits
+from .seeds import numpy_seed
 from .root import data_dirs, find_data_file, read_npz
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
@@ -150,7 +151,7 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
             message names the file).
     """
     src = _locate(root)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(numpy_seed(seed))
     read = _read_npz_source if src.suffix == ".npz" else _read_standard_layout
     return read(src, classes, max_train_per_class, max_val_per_class, rng, wordnet_csv=wordnet_csv)
 

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from ..splits import IndexSplit, split_by_group
 from ..unlearn.data import Splits
+from .seeds import numpy_seed
 from .hf_text import hf_model_dir, load_hf_classifier, load_hf_tokenizer, minilm_path, sentence_embeddings
 from .root import find_data_file
 
@@ -153,7 +154,7 @@ def _column(rows, name: str, src) -> np.ndarray:
 
 def _stratified_holdout(strata: np.ndarray, test_fraction: float, seed: int, keep: np.ndarray) -> np.ndarray:
     """Held-out mask: round(test_fraction · n) random rows of every stratum, among the ``keep`` rows."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(numpy_seed(seed))
     test = np.zeros(len(strata), bool)
     for s in np.unique(strata):
         idx = np.flatnonzero((strata == s) & keep)
@@ -192,7 +193,7 @@ def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", 
     strata = np.char.add(np.char.add(g.astype(str), "/"), y.astype(str))
     keep = np.ones(len(g), bool)
     if max_per_group_label is not None:
-        rng = np.random.default_rng(seed + 1)
+        rng = np.random.default_rng(numpy_seed(seed) + 1)
         keep[:] = False
         for s in np.unique(strata):
             idx = np.flatnonzero(strata == s)

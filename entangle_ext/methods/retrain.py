@@ -10,6 +10,7 @@ import torch
 from ..settings import SETTINGS
 from ..train import TrainRecipe, fit
 from ..unlearn.checkpoint import seed_everything
+from ..unlearn.inputs import state_dict_mismatch
 from ..unlearn.loop import StageResult
 from ..unlearn.memory_format import channels_last_active
 from .base import MethodConfig, UnlearningMethod, register_method
@@ -111,6 +112,13 @@ class Retrain(UnlearningMethod):
             reset_parameters_(model)
         elif not isinstance(fresh, torch.nn.Module):
             raise TypeError(f"model_fn must return a fresh torch.nn.Module, it returned {type(fresh).__name__}")
+        else:   # before any training: its weights must load into ``model`` afterwards
+            parts = state_dict_mismatch(fresh.state_dict(), model.state_dict(), saved_name="model_fn()'s model",
+                                        own_name="the model given")
+            if parts:
+                raise ValueError("model_fn() built a model whose state dict does not fit the given model (another "
+                                 "architecture or number of classes), so its retrained weights could not replace "
+                                 "the model's: " + "; ".join(parts))
         target = model if fresh is None else fresh
         target.to(device)
         ran = channels_last_active()   # what the run's channels_last resolved to (the config's bool, if any)

@@ -13,7 +13,7 @@ from .memory_format import to_channels_last
 from .precision import LOW_PRECISION, autocast_for
 
 __all__ = ["concat_batches", "slice_batch", "move_batch", "split_batch", "cast_floating", "prepare_batch",
-           "forward_logits", "loss_logits", "batch_size_of", "LABEL_DTYPES"]
+           "forward_logits", "loss_logits", "batch_size_of", "require_graph", "LABEL_DTYPES"]
 
 #: Label dtypes accepted (cast to int64 where batches are made).
 LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16,
@@ -165,6 +165,20 @@ def loss_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
     half-precision model; the cast is differentiable), the logits' own dtype otherwise."""
     logits = forward_logits(model, inputs)
     return logits.float() if logits.dtype in LOW_PRECISION else logits
+
+
+def require_graph(loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` itself when autograd can differentiate it (``requires_grad``), else ValueError: the
+    model's logits carry no graph to its trainable parameters, because its forward detaches them
+    (``.detach()``, ``torch.no_grad()``, ``.item()`` or a NumPy round trip inside ``forward``) or
+    the loss was computed with gradients off. Checked before every backward pass of the package's
+    training loops, in place of autograd's "element 0 of tensors does not require grad"."""
+    if not loss.requires_grad:
+        raise ValueError("the loss has no autograd graph to the model's trainable parameters, so there is no "
+                         "gradient to train with: the model's forward detaches its output (.detach(), "
+                         "torch.no_grad(), .item() or a NumPy round trip inside forward), or gradients were off "
+                         f"where the loss was computed (torch.is_grad_enabled() is {torch.is_grad_enabled()})")
+    return loss
 
 
 def batch_size_of(batch) -> int:

@@ -16,85 +16,23 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
-import numbers
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
-from torch.utils.data import ConcatDataset, DataLoader, IterableDataset, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import DataLoader, TensorDataset
 
 from .batch import (LABEL_DTYPES, batch_size_of, cast_floating, concat_batches, forward_logits,  # noqa: F401
-                    loss_logits, move_batch, prepare_batch, slice_batch, split_batch)  # (re-exported)
+                    loss_logits, move_batch, prepare_batch, require_graph, slice_batch, split_batch)  # (re-exported)
 from .disjoint import check_disjoint
 from .distributed import Dist, current
+from .source import Source, as_source, check_batch_size, check_loader_options, union_source  # noqa: F401  (re-exported)
 
 __all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "forward_logits", "loss_logits", "move_batch", "batch_size_of",
            "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
-           "check_batch_size", "has_batchnorm"]
+           "check_batch_size", "check_loader_options", "has_batchnorm", "require_graph"]
 
-
-
-class Source(NamedTuple):
-    """How to load one split: a map-style dataset, its collate function and DataLoader options."""
-    dataset: Any
-    collate_fn: Callable = default_collate
-    loader_kwargs: Dict[str, Any] = {}
-
-
-def as_source(data, collate_fn: Optional[Callable] = None, num_workers: int = 0) -> Source:
-    """`Source` of a Dataset (with ``collate_fn``/``num_workers``), a DataLoader or a Source.
-
-    Raises ValueError for an iterable-style dataset (the streams need indexing and a length).
-    """
-    if isinstance(data, Source):
-        return data
-    if isinstance(data, DataLoader):
-        if data.batch_size is None:
-            raise ValueError("a DataLoader split needs automatic batching (batch_size not None): "
-                             "the stages draw their own batches of its dataset's items")
-        kw = {"num_workers": data.num_workers, "pin_memory": data.pin_memory,
-              "worker_init_fn": data.worker_init_fn, "timeout": data.timeout,
-              "multiprocessing_context": data.multiprocessing_context}
-        if data.num_workers > 0:
-            kw["prefetch_factor"] = data.prefetch_factor
-        src = Source(data.dataset, data.collate_fn or default_collate, kw)
-    else:
-        src = Source(data, collate_fn or default_collate, {"num_workers": int(num_workers)})
-    if isinstance(src.dataset, IterableDataset) or not hasattr(src.dataset, "__getitem__"):
-        raise ValueError(f"a split must be a map-style Dataset (indexable, with a length) or a "
-                         f"DataLoader over one; got {type(src.dataset).__name__}")
-    return src
-
-
-def union_source(parts: Sequence[Any]) -> Source:
-    """One `Source` over several splits (Datasets, DataLoaders or Sources, `as_source`), in order:
-    item i of part k is item ``len(part 0) + ... + len(part k-1) + i`` of the union. When every
-    dataset exposes ``.tensors``: a `TensorDataset` of the concatenated tensors (batched by
-    indexing); otherwise a `ConcatDataset`. The union is batched with the collate function and
-    DataLoader options of the first part (its batches mix items of every part, so the parts must
-    collate alike, as the splits of one `Splits` do).
-
-    Raises ValueError for no parts or an iterable-style part (as `as_source`).
-    """
-    if not parts:
-        raise ValueError("union_source needs at least one split")
-    srcs = [as_source(p) for p in parts]
-    data = [s.dataset for s in srcs]
-    if all(getattr(d, "tensors", None) is not None for d in data):
-        union = TensorDataset(*[torch.cat([d.tensors[i] for d in data]) for i in range(len(data[0].tensors))])
-    else:
-        union = ConcatDataset(data)
-    return Source(union, srcs[0].collate_fn, srcs[0].loader_kwargs)
-
-
-def check_batch_size(value, what: str) -> int:
-    """``value`` as an int when it is an integer >= 1 (not a bool); else ValueError naming ``what``
-    (e.g. "evaluate: batch_size")."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1 (samples per batch), got {value!r}")
-    return int(value)
 
 
 @dataclass
@@ -112,6 +50,9 @@ class Splits:
             its own.
         num_workers: DataLoader worker processes for the Dataset splits (0 = in process).
     Each split is a map-style Dataset or a DataLoader (see the module docstring).
+
+    Raises TypeError / ValueError at construction for a ``collate_fn`` that is not callable or a
+    ``num_workers`` that is not an integer >= 0 (`check_loader_options`).
     """
     forget: Any = None
     adjacent: Any = None
@@ -124,6 +65,9 @@ class Splits:
 
     TRAIN = ("forget", "adjacent", "remote")
     TEST = ("forget_test", "adjacent_test", "remote_test")
+
+    def __post_init__(self):
+        check_loader_options(self.collate_fn, self.num_workers)
 
     def named(self) -> Dict[str, Any]:
         """All present splits by name (train first, then held-out), as given."""

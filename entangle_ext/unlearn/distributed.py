@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from .batch import concat_batches
+from .batch import concat_batches, require_graph
 from .precision import state_dtype
 
 __all__ = ["Dist", "SINGLE", "current", "scope", "unwrap", "GradSum", "init_from_env", "process_group_from_env",
@@ -224,7 +224,9 @@ class GradSum:
         self._owned = False   # acc is our own buffer (else autograd's first result)
 
     def add(self, loss: torch.Tensor, last: bool = True) -> None:
-        """Accumulate ∇ ``loss``; ``last`` marks the final pass (FSDP syncs its gradients then)."""
+        """Accumulate ∇ ``loss``; ``last`` marks the final pass (FSDP syncs its gradients then).
+        ValueError for a ``loss`` without an autograd graph (`require_graph`)."""
+        require_graph(loss)
         if self.d.kind == "sharded":
             for m in self.d.fsdp:
                 m.set_requires_gradient_sync(last, recurse=False)

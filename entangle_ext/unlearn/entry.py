@@ -17,7 +17,7 @@ from .data import Splits
 from .disjoint import disjoint_scope
 from .files import check_out_dir_type
 from .distributed import unwrap
-from .inputs import check_model_and_splits, training_flags_kept
+from .inputs import check_model_and_splits, check_resume_arguments, training_flags_kept
 from .method import get_method
 from .report import UnlearnResult
 from .run import run_method
@@ -51,8 +51,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             (a baseline may train some steps in train mode), and every submodule's ``training``
             flag is set back to what it was when ``unlearn`` returns or raises. float32/float64,
             or float16/bfloat16 (two-stage family: float32 master weights, optimizer state, λ,
-            c0, μ; a baseline's torch optimizer updates the weights in their own dtype); floating
-            inputs are cast to the model's dtype; any memory format (e.g. channels_last).
+            c0, μ; a baseline's torch optimizer steps float32 master copies of the weights too,
+            `master_weight_optimizer`); floating inputs are cast to the model's dtype; any memory
+            format (e.g. channels_last). Autograd is on for the call whatever the caller's mode
+            (a call inside ``torch.no_grad()`` or ``torch.inference_mode()`` trains as outside).
         splits: `Splits` (forget/adjacent/remote train + optional held-out; Datasets or
             DataLoaders; ``adjacent`` may be None when ``config.run_stage2`` is False).
         config: `UnlearnConfig` (None: the preset of ``setting``, else ``UnlearnConfig()``, i.e.
@@ -85,10 +87,11 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             baseline), the splits must be those of the checkpoint, and the config too (except
             logging/checkpoint intervals, histogram bins, run_stage2); ``report["resume"]``
             records where the run resumed from.
-        allow_config_change: accept a config that differs from the checkpoint's (the differences
-            are recorded in ``report["resume"]["config_changes"]``) and apply it from the resume
-            point on (run objects saved in the checkpoint, e.g. optimizer state, a SalUn mask,
-            keep their saved values; optimizer hyperparameters are the new config's).
+        allow_config_change: with ``resume`` only (a ValueError without it): accept a config that
+            differs from the checkpoint's (the differences are recorded in
+            ``report["resume"]["config_changes"]``) and apply it from the resume point on (run
+            objects saved in the checkpoint, e.g. optimizer state, a SalUn mask, keep their saved
+            values; optimizer hyperparameters are the new config's).
         inplace: True (default): ``model`` itself is updated (its weights change); False: a deep
             copy is unlearned and returned, ``model`` is left untouched (not for FSDP models,
             which cannot be copied). When the call raises, ``model`` (with inplace=True) holds
@@ -125,15 +128,22 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     Raises:
         TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first);
             a ``model_fn`` that is not callable or (Retrain) returns no `torch.nn.Module`; an
-            ``out_dir`` that is not a path (str or os.PathLike).
+            ``out_dir`` that is not a path (str or os.PathLike); an ``allow_config_change`` that is
+            not a bool.
         ValueError: an unknown method, setting or hparams (checked before anything else, also
             when a config is given), ``model_fn`` for a method other than "retrain",
+            ``allow_config_change=True`` without ``resume``,
             missing/empty splits, labels outside the model's classes or not integer,
             non-finite losses of the original model (every method, before any training; names
-            split and samples), non 2-D logits, a split whose inputs the model cannot take (wrong
-            feature width, integer features; names the split, the input shape and dtype), a
-            ``device`` this process cannot use (e.g. "cuda" without a GPU), no trainable parameters (also a model without
-            any parameter), an invalid config, a resume from a checkpoint of another method
+            split and samples), non 2-D logits, logits that are not real floating, have another
+            number of rows than samples or fewer than 2 classes, a forward that detaches its
+            logits (at the first gradient, before any parameter changes), a split whose inputs
+            the model cannot take (wrong feature width, integer features; names the split, the
+            input shape and dtype), a ``device`` this process cannot use (e.g. "cuda" without a
+            GPU, "tpu", "meta") or torch does not know, a model with a tensor on the meta device
+            or a parameter made under ``torch.inference_mode``, no trainable parameters (also a
+            model without any parameter), a Retrain ``model_fn`` whose model's state dict does not
+            fit ``model`` (before any training), an invalid config, a resume from a checkpoint of another method
             (names both), or whose splits or config differ, or whose model state does not fit
             ``model`` (another architecture or number of classes: names the mismatching
             parameters; checked before anything is loaded, ``model`` stays untouched)
@@ -158,6 +168,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         check_out_dir_type(out_dir, "unlearn: out_dir")
         spec = get_method(method)
         spec.check_arguments(setting, hparams, model_fn)
+        check_resume_arguments(resume, allow_config_change)
         if not inplace:
             model = _copy(model)
         # warned once the configuration and splits are known to be valid, at the caller's line

@@ -15,7 +15,8 @@ from .memory_format import resolve_channels_last
 from .precision import amp_scope, model_dtype
 
 __all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "probe_channels_last",
-           "require_trainable", "training_flags_kept", "check_resume_model"]
+           "require_trainable", "training_flags_kept", "training_grad_mode", "check_resume_arguments",
+           "check_resume_model", "state_dict_mismatch"]
 
 
 def check_model_and_splits(model, splits, where: str) -> None:
@@ -28,11 +29,18 @@ def check_model_and_splits(model, splits, where: str) -> None:
 
 
 def model_device(model: torch.nn.Module, device=None) -> torch.device:
-    """``device`` as a `torch.device`; None: the device of the model's first parameter, else of its
-    first buffer. Raises ValueError when ``device`` is None and the model has neither (a module
-    without state has no device of its own: pass ``device=``)."""
+    """``device`` as a `torch.device` (`check_device_usable`); None: the device of the model's first
+    parameter, else of its first buffer. Raises ValueError when ``device`` is None and the model has
+    neither (a module without state has no device of its own: pass ``device=``), when ``device`` is
+    not a device this process can run on, and when the model holds a parameter or buffer on the
+    meta device (no values: nothing to unlearn from)."""
+    meta = next((n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta), None)
+    if meta is not None:
+        raise ValueError(f"the model ({type(model).__name__}) has tensors on the meta device (e.g. {meta!r}), "
+                         "which hold no values: materialise it first (model.to_empty(device='cpu') and then "
+                         "load_state_dict of the trained weights)")
     if device is not None:
-        return check_device_usable(torch.device(device))
+        return check_device_usable(device)
     for t in model.parameters():
         return t.device
     for t in model.buffers():
@@ -41,10 +49,18 @@ def model_device(model: torch.nn.Module, device=None) -> torch.device:
                      "device to run on: pass device= (e.g. device='cpu')")
 
 
-def check_device_usable(device: torch.device) -> torch.device:
-    """``device`` itself, or ValueError naming it when this process cannot run on it: a CUDA device
-    without a usable GPU (or an index past the GPUs visible), an MPS device without MPS — instead
-    of the run's error at the first tensor moved there."""
+def check_device_usable(device) -> torch.device:
+    """``device`` (a `torch.device`, a string such as "cpu", "cuda:1", or a CUDA index) as a
+    `torch.device`, or ValueError naming it when it is not a device string torch knows (e.g.
+    "gpu", "tpu:0"), or this process cannot run on it: a CUDA device without a usable GPU (or an
+    index past the GPUs visible), an MPS device without MPS, the meta device (no values), any
+    other device type whose torch backend is absent or reports no device (e.g. "xla" without
+    torch_xla) — instead of the run's error at the first tensor moved there."""
+    try:
+        device = device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"device {device!r} is not a device torch knows (e.g. 'cpu', 'cuda', 'cuda:1'): "
+                         f"{str(e).splitlines()[0]}") from None
     if device.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
@@ -55,17 +71,44 @@ def check_device_usable(device: torch.device) -> torch.device:
             raise ValueError(f"device {str(device)!r}: only {n} CUDA GPU(s) are visible (cuda:0..cuda:{n - 1})")
     elif device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise ValueError(f"device {str(device)!r}: MPS is not available here: pass device='cpu'")
+    elif device.type == "meta":
+        raise ValueError(f"device {str(device)!r}: the meta device holds no values, so nothing can be trained "
+                         "or evaluated on it: pass device='cpu' or a GPU")
+    elif device.type != "cpu":
+        backend = getattr(torch, device.type, None)
+        available = getattr(backend, "is_available", None)
+        if not callable(available) or not available():
+            raise ValueError(f"device {str(device)!r}: this torch ({torch.__version__}) cannot run on "
+                             f"{device.type!r} devices here (no torch.{device.type} backend, or it reports no "
+                             "device): pass device='cpu' or a GPU")
     return device
+
+
+@contextlib.contextmanager
+def training_grad_mode() -> Iterator[None]:
+    """Context manager (also a function decorator): autograd on inside, whatever the caller's mode
+    — a training entry point (`entangle_ext.unlearn`, `stage1`, `stage2`, `train_original`,
+    `relearn_time`) called under ``torch.no_grad()`` or ``torch.inference_mode()`` still computes
+    its gradients (``torch.inference_mode(False)`` + ``torch.enable_grad()``); the caller's mode is
+    back on exit. The evaluation passes inside turn gradients off themselves."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
 
 
 def require_trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
     """The trainable parameters of ``model`` (`trainable_params`). Raises ValueError when there are
-    none (a model without parameters, or with ``requires_grad`` False for all of them)."""
+    none (a model without parameters, or with ``requires_grad`` False for all of them), or when
+    one was created under ``torch.inference_mode`` (an inference tensor cannot be trained)."""
     params = trainable_params(model)
     if not params:
         why = "it has no parameters at all" if next(model.parameters(), None) is None else \
             "requires_grad is False for all of them"
         raise ValueError(f"the model has no trainable parameters ({why}): nothing for unlearning to change")
+    frozen = next((n for n, p in model.named_parameters() if p.requires_grad and p.is_inference()), None)
+    if frozen is not None:
+        raise ValueError(f"the model's parameter {frozen!r} is an inference tensor (the model was built or loaded "
+                         "under torch.inference_mode), which autograd cannot train: build or load the model "
+                         "outside inference_mode")
     return params
 
 
@@ -84,20 +127,37 @@ def training_flags_kept(model: Optional[torch.nn.Module]) -> Iterator[None]:
 
 @torch.no_grad()
 def preflight(model, splits: Splits, device, amp=None) -> int:
-    """Probe one batch per split (every entry point: the two-stage family and the baselines) (integer 1-D labels, 2-D logits) before any compute (the caller
-    has checked the trainable parameters, `require_trainable`). Returns C."""
+    """Probe one batch of two samples per split (every entry point: the two-stage family and the
+    baselines) before any compute; the caller has checked the trainable parameters
+    (`require_trainable`) and put the model in eval mode (so no batch-norm statistics move). Each
+    probe (no autograd) checks: the model takes the split's inputs; its output is (B, C) logits
+    with one row per sample, C >= 2, of a floating dtype. The labels themselves (integer 1-D class
+    indices within C) are checked by the batches and the evaluation; logits without an autograd
+    graph (a forward that detaches) by the first gradient (`require_graph`). Returns C; raises
+    ValueError naming the split otherwise."""
     C = None
     with amp_scope(amp):
         for name in splits.named():
             probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
                                 device=device, input_dtype=model_dtype(model))
-            inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))), name)
+            inputs, y = split_batch(probe.fetch(torch.arange(min(2, probe.n))), name)
             try:
                 logits = forward_logits(model, inputs)
             except (RuntimeError, TypeError, IndexError) as e:
                 raise ValueError(f"split {name!r}: the model ({type(model).__name__}) cannot take this split's "
                                  f"inputs ({_describe_inputs(inputs)}; the model's parameters are "
                                  f"{model_dtype(model)}): {str(e).splitlines()[0]}") from e
+            what = f"split {name!r}: the model ({type(model).__name__}) returned logits of shape " \
+                   f"{tuple(logits.shape)} and dtype {logits.dtype} for {len(y)} samples"
+            if logits.shape[0] != len(y):
+                raise ValueError(f"{what}: expected one row per sample ({len(y)}, classes); a forward that "
+                                 "reshapes, pools or indexes across the batch dimension cannot be trained per sample")
+            if not (logits.is_floating_point() and not logits.is_complex()):
+                raise ValueError(f"{what}: logits must be a real floating dtype (the unnormalised class scores "
+                                 "the cross-entropy takes), not class indices or integer scores")
+            if logits.shape[1] < 2:
+                raise ValueError(f"{what}: a classifier needs at least 2 classes (a single-logit binary head "
+                                 "is not supported: return two logits, e.g. torch.cat([-z, z], 1) / 2)")
             C = logits.shape[1] if C is None else C
     return C
 
@@ -130,6 +190,41 @@ def _describe_inputs(inputs) -> str:
     return type(inputs).__name__
 
 
+def check_resume_arguments(resume, allow_config_change) -> None:
+    """The ``allow_config_change`` of `unlearn` and `run_method` (every method, the baselines too):
+    TypeError unless a bool; ValueError when True without ``resume`` (it only changes what a resume
+    accepts), as the command line refuses ``--allow-config-change`` without ``--resume``."""
+    if not isinstance(allow_config_change, bool):
+        raise TypeError(f"allow_config_change must be True or False, got {allow_config_change!r} "
+                        f"({type(allow_config_change).__name__})")
+    if allow_config_change and resume is None:
+        raise ValueError("allow_config_change=True applies to a resumed run only: give resume= too (a checkpoint "
+                         "file, an out dir or a loaded checkpoint; command line: --allow-config-change with --resume)")
+
+
+def state_dict_mismatch(saved: Dict[str, Any], own: Dict[str, Any], *, saved_name: str, own_name: str) -> List[str]:
+    """What keeps state dict ``saved`` from loading into one shaped as ``own`` (names of the two in
+    the messages, e.g. "the checkpoint" / "the model"): entries of other shapes, entries missing
+    from ``own``, entries of ``own`` not in ``saved`` (each list cut to 8, with a count of the
+    rest). Empty when they fit."""
+    shown = lambda names: ", ".join(repr(n) for n in names[:8]) + (f" (+{len(names) - 8} more)"
+                                                                  if len(names) > 8 else "")
+    parts = []
+    shapes = [f"{k!r}: {tuple(v.shape)} in {saved_name} vs {tuple(own[k].shape)} in {own_name}"
+              for k, v in saved.items() if k in own and isinstance(v, torch.Tensor)
+              and isinstance(own[k], torch.Tensor) and tuple(v.shape) != tuple(own[k].shape)]
+    if shapes:
+        parts.append("other shapes: " + "; ".join(shapes[:8]) +
+                     (f" (+{len(shapes) - 8} more)" if len(shapes) > 8 else ""))
+    missing = sorted(set(saved) - set(own))
+    if missing:
+        parts.append(f"missing from {own_name}: " + shown(missing))
+    extra = sorted(set(own) - set(saved))
+    if extra:
+        parts.append(f"not in {saved_name}: " + shown(extra))
+    return parts
+
+
 def check_resume_model(ckpt: Dict[str, Any], model: torch.nn.Module) -> None:
     """ValueError when the model state a checkpoint holds (its ``model`` and ``selected_model``
     entries) does not fit ``model``: a parameter or buffer missing on either side, or of another
@@ -141,21 +236,7 @@ def check_resume_model(ckpt: Dict[str, Any], model: torch.nn.Module) -> None:
         saved = ckpt.get(entry)
         if not isinstance(saved, dict):
             continue
-        shown = lambda names: ", ".join(repr(n) for n in names[:8]) + (f" (+{len(names) - 8} more)"
-                                                                      if len(names) > 8 else "")
-        parts = []
-        shapes = [f"{k!r}: {tuple(v.shape)} in the checkpoint vs {tuple(own[k].shape)} in the model"
-                  for k, v in saved.items() if k in own and isinstance(v, torch.Tensor)
-                  and isinstance(own[k], torch.Tensor) and tuple(v.shape) != tuple(own[k].shape)]
-        if shapes:
-            parts.append("other shapes: " + "; ".join(shapes[:8]) +
-                         (f" (+{len(shapes) - 8} more)" if len(shapes) > 8 else ""))
-        missing = sorted(set(saved) - set(own))
-        if missing:
-            parts.append("missing from the model: " + shown(missing))
-        extra = sorted(set(own) - set(saved))
-        if extra:
-            parts.append("not in the checkpoint: " + shown(extra))
+        parts = state_dict_mismatch(saved, own, saved_name="the checkpoint", own_name="the model")
         if parts:
             raise ValueError(f"resume: the checkpoint's model does not fit the model given (another architecture "
                              f"or number of classes; checkpoint entry {entry!r}): " + "; ".join(parts) +

@@ -13,7 +13,7 @@ import torch
 
 from .checkpoint import optimizer_entry
 from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields, check_seed
-from .data import BatchStream, Splits, has_batchnorm
+from .data import BatchStream, Splits, has_batchnorm, require_graph
 from .distributed import current
 from .loop import StageLoop
 from .config import Amp, ChannelsLast
@@ -274,9 +274,10 @@ class UnlearningMethod:
     def descend(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], loss: torch.Tensor,
                 cfg, before_step: Optional[Callable[[], None]] = None) -> None:
         """zero_grad → loss.backward() → gradients averaged over the ranks (several processes) →
-        ``before_step()`` → gradient clipping → opt.step()."""
+        ``before_step()`` → gradient clipping → opt.step(). ValueError for a ``loss`` without an
+        autograd graph (`require_graph`)."""
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        require_graph(loss).backward()
         current().average_grads_(params)
         if before_step is not None:
             before_step()

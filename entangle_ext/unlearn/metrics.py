@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
 from .._optional import optional_import
-from .data import BatchStream, Source, Splits, as_source, check_batch_size, loss_logits, split_batch
+from .data import BatchStream, Source, Splits, as_source, check_batch_size, loss_logits, require_graph, split_batch
 from .evaluate import NonFiniteOutputError, evaluate, per_sample
 from .mia import MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features
-from .inputs import model_device
+from .inputs import model_device, training_grad_mode
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
@@ -206,13 +206,13 @@ def relearn_time(model: torch.nn.Module, forget, *, threshold: float, subset: Un
 
     a, steps = acc(), 0
     while a < threshold and steps < max_steps:
-        with torch.enable_grad():
+        with training_grad_mode():
             inputs, y = split_batch(stream.next())
             for group in opt.param_groups:
                 group["lr"] = lr * lr_growth ** steps
             loss = F.cross_entropy(loss_logits(m, inputs), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            require_graph(loss).backward()
             opt.step()
         steps += 1
         a = acc()

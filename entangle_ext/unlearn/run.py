@@ -22,8 +22,8 @@ from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_res
 from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
-from .inputs import (check_model_and_splits, check_resume_model, model_device, preflight, probe_channels_last,
-                     require_trainable)
+from .inputs import (check_model_and_splits, check_resume_arguments, check_resume_model, model_device, preflight,
+                     probe_channels_last, require_trainable, training_grad_mode)
 from .files import make_out_dir
 from .lock import OutDirLock
 from .memory_format import channels_last_scope
@@ -62,8 +62,10 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     warm_imports()   # before any clock starts
     check_model_and_splits(model, splits, "unlearn")
     cls.check_arguments(setting, hparams, model_fn)
+    check_resume_arguments(resume, allow_config_change)
     lock = OutDirLock(out_dir)   # taken once the checks passed (re-entrant under `entangle_ext.unlearn`)
-    with lock, preserved_global_state(), scope(model) as (d, model), contextlib.ExitStack() as stack:
+    with lock, preserved_global_state(), training_grad_mode(), scope(model) as (d, model), \
+            contextlib.ExitStack() as stack:
         ckpt = load_resume(resume, cls.name)
         preset = {"hparams": hparams, "setting": setting} if config is None and ckpt is None else \
             {"hparams": None, "setting": None}

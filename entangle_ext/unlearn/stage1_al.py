@@ -13,7 +13,7 @@ from .checkpoint import Reconfigured, optimizer_entry
 from .config import Stage1Config
 from .data import BatchStream, Splits, batch_size_of
 from .distributed import Dist, current, scope
-from .inputs import model_device, require_trainable
+from .inputs import model_device, require_trainable, training_grad_mode
 from .loop import StageLoop, StageResult, updating
 from .losses import mean_ce, per_sample_ce
 from .precision import MasterParams, amp_scope, resolve_amp_for, state_dtype
@@ -81,6 +81,7 @@ def _stage1_step(model, params, master: MasterParams, opt, al: AugmentedLagrangi
     return step
 
 
+@training_grad_mode()
 def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
            device: Optional[torch.device] = None, seed: int = 0, c0: Optional[float] = None,
            eval_batch_size: int = 512, log_every: int = 10, checkpoint_every: int = 0,

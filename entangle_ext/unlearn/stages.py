@@ -23,7 +23,7 @@ from .checkpoint import optimizer_entry
 from .config import Stage2Config
 from .data import Splits
 from .distributed import Dist, scope
-from .inputs import model_device, require_trainable
+from .inputs import model_device, require_trainable, training_grad_mode
 from .loop import NonFiniteLossError, StageLoop, StageResult, updating
 from .losses import auto_micro_batch, forget_grad, grads_of, mean_ce, per_sample_ce, remote_grad, trainable_params
 from .precision import MasterParams, amp_scope, resolve_amp_for, state_dtype
@@ -174,6 +174,7 @@ def _stage2_step(model, ref: torch.Tensor, params, master: MasterParams, opt, v,
     return step
 
 
+@training_grad_mode()
 def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
            device: Optional[torch.device] = None, seed: int = 0, eval_batch_size: int = 512,
            log_every: int = 10,

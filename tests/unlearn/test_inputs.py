@@ -60,3 +60,144 @@ def test_integer_features_name_the_split(small):
     bad = ee.Splits(forget=TensorDataset((x * 16).long(), y), adjacent=small.adjacent, remote=small.remote)
     with pytest.raises(ValueError, match=r"split 'forget': .*shape \(2, 64\) torch.int64"):
         _unlearn(mlp(), bad, "two_stage")
+
+
+# --- the model's output, grad mode, the meta device, device strings, loader options (review of
+# the driver, stop 40): each one clear ValueError/TypeError before any training, model untouched.
+
+class _Wrapped(torch.nn.Module):
+    """`mlp` whose logits go through ``post`` (a forward a user may write wrong)."""
+
+    def __init__(self, post):
+        super().__init__()
+        self.net, self.post = mlp(), post
+
+    def forward(self, x):
+        return self.post(self.net(x))
+
+
+@pytest.mark.parametrize("method", ["two_stage", "ft", "retrain"])
+def test_a_forward_that_detaches_is_named_at_the_first_gradient(small, method):
+    model = _Wrapped(lambda z: z.detach())
+    before = params(model)
+    kw = {"model_fn": lambda: _Wrapped(lambda z: z.detach())} if method == "retrain" else {}
+    with pytest.raises(ValueError, match=r"^the loss has no autograd graph to the model's trainable parameters.*"
+                                         r"detaches its output \(\.detach\(\), .*torch.is_grad_enabled\(\) is True\)$"):
+        _unlearn(model, small, method, **kw)
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+
+
+def test_relearn_time_and_grads_of_name_a_detaching_forward(small):
+    from entangle_ext.unlearn.losses import grads_of
+    from entangle_ext.unlearn.metrics import relearn_time
+    x, y = small.forget.tensors
+    wrong = torch.nn.functional.one_hot(1 - y, 2).float()   # every forget sample misclassified: relearning runs
+    model = _Wrapped(lambda z: (z * 0 + wrong[:len(z)]).detach())
+    with pytest.raises(ValueError, match=r"^the loss has no autograd graph"):
+        relearn_time(model, small.forget, threshold=1.0, max_steps=2)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    with pytest.raises(ValueError, match=r"^the loss has no autograd graph"):
+        grads_of(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize("method", ["two_stage", "ft"])
+@pytest.mark.parametrize("post, match", [
+    (lambda z: z[:1], r"split 'forget': .* shape \(1, 2\) .* for 2 samples: expected one row per sample"),
+    (lambda z: z.round().long(), r"split 'forget': .* dtype torch.int64 .*: logits must be a real floating dtype"),
+    (lambda z: z[:, :1], r"split 'forget': .* shape \(2, 1\) .*: a classifier needs at least 2 classes"),
+])
+def test_logits_that_cannot_be_trained_are_named(small, method, post, match):
+    model = _Wrapped(post)
+    before = params(model)
+    with pytest.raises(ValueError, match=match):
+        _unlearn(model, small, method)
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_unlearn_under_no_grad_or_inference_mode_trains_as_outside(small, mode):
+    """A call inside torch.no_grad() / torch.inference_mode() (the model built outside) runs as
+    it would outside, and the caller's mode is back afterwards."""
+    ref, model = mlp(), mlp()
+    _unlearn(ref, small, "two_stage")
+    with mode():
+        _unlearn(model, small, "two_stage")
+        assert not torch.is_grad_enabled()
+    torch.testing.assert_close(params(model), params(ref), rtol=0, atol=0)
+    assert not torch.equal(params(model), params(mlp()))
+
+
+def test_stage_functions_and_training_under_no_grad(small):
+    from entangle_ext.train import TrainRecipe, train_original
+    cfg = tiny_config()
+    ref, model = mlp(), mlp()
+    ee.stage1(ref, small, cfg.stage1, progress=False)
+    with torch.no_grad():
+        ee.stage1(model, small, cfg.stage1, progress=False)
+    torch.testing.assert_close(params(model), params(ref), rtol=0, atol=0)
+    recipe = TrainRecipe("adam", lr=1e-2, epochs=1, batch_size=32)
+    ref, model = mlp(), mlp()
+    train_original(ref, [small.remote], recipe, progress=False)
+    with torch.inference_mode():
+        train_original(model, [small.remote], recipe, progress=False)
+    torch.testing.assert_close(params(model), params(ref), rtol=0, atol=0)
+
+
+def test_a_model_built_under_inference_mode_is_named(small):
+    with torch.inference_mode():
+        model = mlp()
+    with pytest.raises(ValueError, match=r"parameter '0.weight' is an inference tensor .*outside inference_mode"):
+        _unlearn(model, small, "two_stage")
+
+
+@pytest.mark.parametrize("method", ["two_stage", "ft"])
+def test_a_meta_model_is_named(small, method):
+    with torch.device("meta"):
+        model = mlp()
+    with pytest.raises(ValueError, match=r"tensors on the meta device \(e.g. '0.weight'\).*to_empty"):
+        _unlearn(model, small, method)
+
+
+@pytest.mark.parametrize("device, match", [
+    ("tpu:0", r"device 'tpu:0' is not a device torch knows"),
+    ("gpu", r"device 'gpu' is not a device torch knows"),
+    (3.5, r"device 3.5 is not a device torch knows"),
+    ("meta", r"device 'meta': the meta device holds no values"),
+    ("xla", r"device 'xla': this torch .* cannot run on 'xla' devices here"),
+])
+def test_a_device_this_process_cannot_run_on_is_named(small, device, match):
+    model = mlp()
+    before = params(model)
+    with pytest.raises(ValueError, match=match):
+        _unlearn(model, small, "two_stage", device=device)
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+    from entangle_ext.unlearn.evaluate import evaluate
+    with pytest.raises(ValueError, match=match):
+        evaluate(mlp(), small, device=device)
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    ({"num_workers": -1}, ValueError, r"^Splits: num_workers must be >= 0 .*got -1$"),
+    ({"num_workers": 1.5}, TypeError, r"^Splits: num_workers must be an int .*got float 1.5$"),
+    ({"num_workers": True}, TypeError, r"^Splits: num_workers must be an int .*got bool True$"),
+    ({"collate_fn": 3}, TypeError, r"^Splits: collate_fn must be a function .*got int 3$"),
+])
+def test_loader_options_of_splits_are_checked_when_made(small, kw, err, match):
+    with pytest.raises(err, match=match):
+        ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=small.remote, **kw)
+
+
+def test_retrain_checks_model_fn_against_the_model_before_training(small):
+    built = []
+
+    def model_fn():
+        built.append(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)))
+        return built[-1]
+    model = mlp()
+    before = params(model)
+    with pytest.raises(ValueError, match=r"model_fn\(\) built a model whose state dict does not fit the given model "
+                                         r".*other shapes: '2.weight': \(3, 32\) in model_fn\(\)'s model vs \(2, 32\)"):
+        ee.unlearn(model, small, method="retrain", setting="digits", model_fn=model_fn, progress=False)
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+    # refused before training: model_fn's model still has its initial weights
+    assert all(p.grad is None for p in built[0].parameters())

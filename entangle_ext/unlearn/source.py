@@ -1,0 +1,91 @@
+"""Where a split's items come from: `Source` (a map-style dataset, its collate function and
+DataLoader options) made from a Dataset, a DataLoader or a Source (`as_source`), the union of
+several splits (`union_source`), and the checks of the batch size and loader options that every
+entry point shares. The streams of entangle_ext/unlearn/data.py are built on these (and it re-exports them)."""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
+
+import torch
+from torch.utils.data import ConcatDataset, DataLoader, IterableDataset, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+__all__ = ["Source", "as_source", "union_source", "check_batch_size", "check_loader_options"]
+
+
+class Source(NamedTuple):
+    """How to load one split: a map-style dataset, its collate function and DataLoader options."""
+    dataset: Any
+    collate_fn: Callable = default_collate
+    loader_kwargs: Dict[str, Any] = {}
+
+
+def check_loader_options(collate_fn, num_workers, where: str = "Splits") -> None:
+    """TypeError unless ``collate_fn`` is None or callable and ``num_workers`` an integer (not a
+    bool); ValueError for ``num_workers`` < 0. ``where`` names the caller in the message."""
+    if collate_fn is not None and not callable(collate_fn):
+        raise TypeError(f"{where}: collate_fn must be a function building a batch from a list of items (or None "
+                        f"for torch's default_collate), got {type(collate_fn).__name__} {collate_fn!r}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral):
+        raise TypeError(f"{where}: num_workers must be an int (DataLoader worker processes; 0 = load in this "
+                        f"process), got {type(num_workers).__name__} {num_workers!r}")
+    if num_workers < 0:
+        raise ValueError(f"{where}: num_workers must be >= 0 (DataLoader worker processes; 0 = load in this "
+                         f"process), got {num_workers}")
+
+
+def as_source(data, collate_fn: Optional[Callable] = None, num_workers: int = 0) -> Source:
+    """`Source` of a Dataset (with ``collate_fn``/``num_workers``), a DataLoader or a Source.
+
+    Raises ValueError for an iterable-style dataset (the streams need indexing and a length), and
+    as `check_loader_options` for ``collate_fn`` / ``num_workers``.
+    """
+    check_loader_options(collate_fn, num_workers, "as_source")
+    if isinstance(data, Source):
+        return data
+    if isinstance(data, DataLoader):
+        if data.batch_size is None:
+            raise ValueError("a DataLoader split needs automatic batching (batch_size not None): "
+                             "the stages draw their own batches of its dataset's items")
+        kw = {"num_workers": data.num_workers, "pin_memory": data.pin_memory,
+              "worker_init_fn": data.worker_init_fn, "timeout": data.timeout,
+              "multiprocessing_context": data.multiprocessing_context}
+        if data.num_workers > 0:
+            kw["prefetch_factor"] = data.prefetch_factor
+        src = Source(data.dataset, data.collate_fn or default_collate, kw)
+    else:
+        src = Source(data, collate_fn or default_collate, {"num_workers": int(num_workers)})
+    if isinstance(src.dataset, IterableDataset) or not hasattr(src.dataset, "__getitem__"):
+        raise ValueError(f"a split must be a map-style Dataset (indexable, with a length) or a "
+                         f"DataLoader over one; got {type(src.dataset).__name__}")
+    return src
+
+
+def union_source(parts: Sequence[Any]) -> Source:
+    """One `Source` over several splits (Datasets, DataLoaders or Sources, `as_source`), in order:
+    item i of part k is item ``len(part 0) + ... + len(part k-1) + i`` of the union. When every
+    dataset exposes ``.tensors``: a `TensorDataset` of the concatenated tensors (batched by
+    indexing); otherwise a `ConcatDataset`. The union is batched with the collate function and
+    DataLoader options of the first part (its batches mix items of every part, so the parts must
+    collate alike, as the splits of one `Splits` do).
+
+    Raises ValueError for no parts or an iterable-style part (as `as_source`).
+    """
+    if not parts:
+        raise ValueError("union_source needs at least one split")
+    srcs = [as_source(p) for p in parts]
+    data = [s.dataset for s in srcs]
+    if all(getattr(d, "tensors", None) is not None for d in data):
+        union = TensorDataset(*[torch.cat([d.tensors[i] for d in data]) for i in range(len(data[0].tensors))])
+    else:
+        union = ConcatDataset(data)
+    return Source(union, srcs[0].collate_fn, srcs[0].loader_kwargs)
+
+
+def check_batch_size(value, what: str) -> int:
+    """``value`` as an int when it is an integer >= 1 (not a bool); else ValueError naming ``what``
+    (e.g. "evaluate: batch_size")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1 (samples per batch), got {value!r}")
+    return int(value)

@@ -1,0 +1,121 @@
+"""Flags that the command lines must not accept silently: a seed outside what the data loaders took
+(``--seed -1`` now runs; ``--seed 5e9`` names the flag), a setting-option flag on a setting that
+ignores it (``--weights`` / ``--model-path`` with digits, in ``entangle-unlearn`` and ``compare``
+alike) and a flag whose feature another flag turns off (``--no-relearn --relearn-steps N``). Each
+is one ``...: error: ...`` line and exit code 2, before any data is loaded."""
+import json
+
+import pytest
+import torch
+
+import entangle_ext as ee
+from entangle_ext import cli
+from entangle_ext import settings as settings_mod
+from entangle_ext.unlearn.fields import SEED_MAX, SEED_MIN
+
+TINY = ["--max-train-per-class", "10", "--original-epochs", "2", "--no-progress", "--epochs", "1",
+        "--stage1-epochs", "1", "--batch-limit", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _no_prepare(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("prepare() was reached: the input was not validated up front")
+    monkeypatch.setattr(settings_mod, "prepare", boom)
+
+
+def _one_line(capsys, prog="entangle-unlearn"):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith(f"{prog}: error: ") and "Traceback" not in "\n".join(err), err
+    return err[-1]
+
+
+# ------------------------------------------------------------------------------------ seeds
+@pytest.mark.skipif(not ee.available(), reason="extension not loaded")
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 40)])
+def test_a_documented_seed_outside_scikit_learns_range_runs(seed, tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    out = tmp_path / "run"
+    rc = cli.main(["--setting", "digits", "--out", str(out), "--device", "cpu", f"--seed={seed}", *TINY])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["config"]["seed"] == int(seed)
+
+
+@pytest.mark.parametrize("flag", ["--seed"])
+@pytest.mark.parametrize("value, msg", [("5e9", "(write 5000000000)"), ("1.5", "is not an integer"),
+                                        (str(SEED_MAX + 1), "is outside"), (str(SEED_MIN - 1), "is outside")])
+def test_a_seed_that_is_not_an_integer_of_the_range_names_the_flag(flag, value, msg, tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--setting", "digits", "--out", str(tmp_path), f"{flag}={value}"])
+    line = _one_line(capsys)
+    assert e.value.code == 2 and f"argument {flag}:" in line and msg in line, line
+    assert f"[{SEED_MIN}, {SEED_MAX}]" in line
+
+
+@pytest.mark.parametrize("flag", ["--first-seed", "--model-seed"])
+def test_compare_seed_flags_name_themselves(flag, tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compare", "--setting", "digits", "--out", str(tmp_path / "o"), f"{flag}=5e9"])
+    line = _one_line(capsys, "entangle-unlearn compare")
+    assert e.value.code == 2 and f"argument {flag}:" in line and "5000000000" in line, line
+
+
+def test_compare_seeds_past_the_range_are_refused_before_any_data(tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    rc = cli.main(["compare", "--setting", "digits", "--out", str(tmp_path / "o"), "--first-seed", str(SEED_MAX - 1),
+                   "--seeds", "3"])
+    line = _one_line(capsys, "entangle-unlearn compare")
+    assert rc == 2 and "--first-seed" in line and "--seeds 3" in line, line
+
+
+# ------------------------------------------------------------- setting-option flags: one shared check
+@pytest.mark.parametrize("flag, takers", [("--weights", "tinyimagenet, celeba"), ("--model-path", "toxigen")])
+@pytest.mark.parametrize("command", [[], ["compare"]])
+def test_a_model_flag_the_setting_ignores_is_refused(command, flag, takers, tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    rc = cli.main([*command, "--setting", "digits", "--out", str(tmp_path / "o"), flag, "X"])
+    line = _one_line(capsys, "entangle-unlearn compare" if command else "entangle-unlearn")
+    assert rc == 2 and f"{flag} does not apply to setting 'digits'; it applies to {takers} only" in line, line
+
+
+@pytest.mark.parametrize("command", [[], ["compare"]])
+def test_weights_on_toxigen_is_refused_too(command, tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    assert cli.main([*command, "--setting", "toxigen", "--out", str(tmp_path / "o"), "--weights", "X"]) == 2
+    assert "--weights does not apply to setting 'toxigen'" in _one_line(
+        capsys, "entangle-unlearn compare" if command else "entangle-unlearn")
+
+
+def test_a_data_flag_the_setting_ignores_names_the_flag(tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    assert cli.main(["--setting", "digits", "--out", str(tmp_path / "o"), "--max-test-per-class", "3"]) == 2
+    assert "--max-test-per-class does not apply to setting 'digits'; it applies to cifar100, tinyimagenet, " \
+           "celeba only" in _one_line(capsys)
+
+
+def test_model_flags_still_reach_the_settings_that_take_them(tmp_path):
+    from entangle_ext.cli import compare as cli_compare
+    args = cli_compare.build_parser().parse_args(["--setting", "toxigen", "--model-path", "m", "--variant", "reduced"])
+    _, _, _, data, model, _, _ = cli_compare._plan(args, str(tmp_path / "o"))
+    assert data == {"model_path": "m"} and model == {}
+    args = cli_compare.build_parser().parse_args(["--setting", "celeba", "--weights", "w.pth"])
+    _, _, variant, data, model, _, _ = cli_compare._plan(args, str(tmp_path / "o"))
+    assert model == {"weights": "w.pth"} and variant.name == "full"
+
+
+# ------------------------------------------------- a flag whose feature another flag turns off
+def test_no_relearn_with_relearn_steps_is_refused(tmp_path, capsys, monkeypatch):
+    _no_prepare(monkeypatch)
+    rc = cli.main(["compare", "--setting", "digits", "--out", str(tmp_path / "o"), "--no-relearn",
+                   "--relearn-steps", "5"])
+    line = _one_line(capsys, "entangle-unlearn compare")
+    assert rc == 2 and "--relearn-steps 5" in line and "--no-relearn" in line, line
+    assert not (tmp_path / "o").exists()
