@@ -45,7 +45,8 @@ from .unlearn.fingerprint import fingerprint
 from .unlearn.inputs import model_device
 from .unlearn.precision import model_dtype
 from .unlearn.lock import out_dir_lock
-from .compare_report import BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize
+from .compare_report import (BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize,
+                             warn_undefined_mia)
 from .unlearn.files import atomic_write
 from .compare_specs import (MethodSpec, available_methods, build_specs, check_budget, check_method_names,
                             effective_config, method_config, method_spec, scale_budget)
@@ -54,7 +55,7 @@ from .compare_cache import (CACHE_FORMAT, ResultCache, cache_key, cached_note, j
 from .unlearn.report import plot_available
 from .unlearn.evaluate import NonFiniteOutputError
 from .unlearn.metrics import (METRICS, RELEARN_LR, RELEARN_LR_GROWTH, RELEARN_MAX_STEPS, check_relearn_args,
-                              unlearning_metrics)
+                              mia_undefined_scope, unlearning_metrics)
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "scale_budget", "check_method_names", "available_methods", "fingerprint",
@@ -255,13 +256,16 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         (ImportError without scikit-learn / scipy); a ValueError for a model without
         parameters or buffers when ``device`` is None.
     Warns: `OverlappingSplitsWarning` once per call (not per run) when two train splits hold
-        identical input rows.
+        identical input rows. `MIAUndefinedWarning` once per call (not per run), naming every run
+        scored in it (by this call, or by the ``--jobs`` workers of its ``session``; not the
+        results reused from the cache) whose MIA-efficacy is undefined, and the splits.
     """
     from ._progress import progress_bar
 
     # one disjoint_scope for the whole comparison: its own check, every run and every scoring
-    # check the splits; identical rows in two splits warn once per compare call
-    with disjoint_scope():
+    # check the splits; identical rows in two splits warn once per compare call. Likewise an MIA
+    # attack without signal warns once per call (after the runs), not once per scored model.
+    with disjoint_scope(), mia_undefined_scope():
         band = check_band(band)
         seeds, specs, budget = _checked_arguments(
             splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,
@@ -302,6 +306,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                     runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
                     bar.update(1)
             bar.close()
+            warn_undefined_mia(runs, skip=reused)   # the runs scored now (and by this session's workers)
             order = [s.name for s in specs]
             summary = summarize(runs)
             table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget, band=band)

@@ -1,22 +1,24 @@
 """The outputs of `entangle_ext.compare`: the per-seed summary (mean ± std; no std for one seed), the
 markdown table with the direction of every metric and the best value per column in bold (among the
 unlearning methods that keep the adjacent and remote splits within a band of the original model,
-`BOLD_BAND`; when two or more of them have the metric), and the bar-chart PNG."""
+`BOLD_BAND`; when two or more of them have the metric), the bar-chart PNG, and the one
+`MIAUndefinedWarning` of a comparison (`warn_undefined_mia`)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 
 from .unlearn.files import atomic_write
 from .unlearn.metrics import METRICS
-from .unlearn.mia import MIA_MIN_BALANCED_ACCURACY
+from .unlearn.mia import MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning
 
 __all__ = ["summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "REFERENCE_ROWS", "BOLD_BAND",
-           "BAND_SPLITS", "check_band"]
+           "BAND_SPLITS", "check_band", "warn_undefined_mia"]
 
 REFERENCE_ROWS = ("original", "retrain")   # shown, never marked best
 TABLE_COLUMNS = ("acc_forget_test", "acc_adjacent_test", "acc_remote_test", "UA", "RA", "TA", "mia_forget",
@@ -212,12 +214,22 @@ def error_bar_caption(summary: Mapping[str, Mapping[str, Mapping[str, float]]], 
     return f"bars: mean over {seeds} seeds; error bars: ± 1 sample standard deviation over the seeds"
 
 
+TICK_CHARS = 40
+"""The longest method name `plot_comparison` writes under its bars whole: a longer one (a
+`MethodSpec` of one's own) left tight_layout no room for the axes ("Tight layout not applied")."""
+
+
+def _tick(name: str) -> str:
+    return name if len(name) <= TICK_CHARS else name[:TICK_CHARS - 1] + "…"
+
+
 def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], path: str,
                     order: Optional[Sequence[str]] = None) -> str:
     """PNG (matplotlib, Agg): per-method bars of forget / adjacent / remote held-out accuracy and of
     MIA-efficacy per split, with ± std error bars (none for one seed), said under the figure
     (`error_bar_caption`); no bar where a value is absent or undefined (an MIA attack without
-    signal on every seed). Returns ``path``."""
+    signal on every seed). A method name longer than `TICK_CHARS` is cut to that many characters,
+    ending in "…", on the axis (the table has it whole). Returns ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -233,7 +245,7 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
             keep = [i for i, v in enumerate(s) if _defined(v)]   # no bar for an absent / undefined value
             ax.bar(x[keep] + (j - 1) * w, [s[i]["mean"] for i in keep], w, yerr=[s[i]["std"] or 0.0 for i in keep],
                    capsize=2, color=color, label=k.split("_")[1])
-        ax.set_xticks(x, order, rotation=30, ha="right")
+        ax.set_xticks(x, [_tick(m) for m in order], rotation=30, ha="right")
         ax.set_ylim(0, 105)
         ax.set_title(title)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8, frameon=False)
@@ -244,3 +256,27 @@ def plot_comparison(summary: Mapping[str, Mapping[str, Mapping[str, float]]], pa
     finally:
         plt.close(fig)
     return path
+
+
+def warn_undefined_mia(runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+                       skip: Optional[Mapping[str, Sequence[int]]] = None) -> None:
+    """The one `MIAUndefinedWarning` of a `compare` call (whose runs warned none themselves, inside
+    `mia_undefined_scope`): it names every run of ``runs`` = {method: {seed: metrics}} with an
+    undefined (NaN) "mia_<split>", but those of ``skip`` = {method: [seeds]} (results reused from
+    the cache), and the splits. No such run: no warning."""
+    bad: Dict[str, List[int]] = {}
+    splits = set()
+    for m, by in runs.items():
+        for seed, r in by.items():
+            nan = {k[len("mia_"):] for k, v in r.items()
+                   if k.startswith("mia_") and isinstance(v, float) and math.isnan(v)}
+            if nan and seed not in (skip or {}).get(m, ()):
+                bad.setdefault(m, []).append(seed)
+                splits |= nan
+    if bad:
+        names = "; ".join(f"{m} seed{'s' if len(k) > 1 else ''} {','.join(map(str, k))}" for m, k in bad.items())
+        warnings.warn(f"MIA-efficacy undefined (NaN) for {sorted(splits)} in {sum(map(len, bad.values()))} run(s) of "
+                      f"this comparison ({names}): the attack's balanced accuracy on its own members vs non-members "
+                      f"was <= {MIA_MIN_BALANCED_ACCURACY} (no signal), so its verdict on a split would only say on "
+                      "which side of an arbitrary boundary it lies; the table shows \"–\" (or the mean over the "
+                      "seeds where it is defined)", MIAUndefinedWarning, stacklevel=3)

@@ -129,9 +129,9 @@ class StageProbe:
     step), **``measure()``} to ``records``, passes it to ``observe`` (when given; the model is
     still at that state) and returns True when the
     stopping ``rule`` (a predicate on that record, named ``rule_name``) holds, i.e. the stage
-    ends after this step (``stopped_at`` = step). A run object: its records travel in every
-    mid-stage checkpoint (`state_dict` / `load_state_dict`), so a resumed stage's curve equals the
-    uninterrupted one's."""
+    ends after this step (``stopped_at`` = step; `stop_reason` says why). A run object: its
+    records travel in every mid-stage checkpoint (`state_dict` / `load_state_dict`), so a resumed
+    stage's curve equals the uninterrupted one's."""
 
     def __init__(self, measure: Callable[[], Dict[str, float]], *, stage, offset: int = 0,
                  rule: Optional[Callable[[Dict[str, Any]], bool]] = None, rule_name: Optional[str] = None,
@@ -152,6 +152,15 @@ class StageProbe:
             return True
         return False
 
+    def stop_reason(self) -> str:
+        """Which rule ended the stage and why, for the console: "stopping rule '<rule_name>' held"
+        and, when the rule has an ``explain(record)`` (the rules of this module do), its values at
+        the step it held (``stopped_at``)."""
+        rec = next((r for r in reversed(self.records) if r["step"] == self.stopped_at), None)
+        explain = getattr(self.rule, "explain", None)
+        why = f": {explain(rec)}" if explain is not None and rec is not None else ""
+        return f"stopping rule {self.rule_name!r} held{why}"
+
     def state_dict(self) -> Dict[str, Any]:
         return {"records": [dict(r) for r in self.records], "stopped_at": self.stopped_at}
 
@@ -168,9 +177,13 @@ ACC_TOL = 1e-9
 def forget_margin_rule(fraction: float, tolerance: float) -> Callable[[Dict[str, Any]], bool]:
     """Stage 1's "forget_margin" rule: True when a share >= ``fraction`` (q) of the forget train
     subsample has CE >= m (the record's "forget_margin_share") and |violation| <= ``tolerance``
-    nats. Reads train data only."""
+    nats. Reads train data only. ``rule.explain(record)``: the values it compared, in words."""
     def rule(r: Dict[str, Any]) -> bool:
         return r["forget_margin_share"] >= fraction and abs(r["violation"]) <= tolerance
+    rule.explain = lambda r: (
+        f"{100 * r['forget_margin_share']:.1f}% of the forget train subsample has CE >= the margin m "
+        f"(needed: >= {100 * fraction:.1f}%) and the constraint violation |g| = {abs(r['violation']):.4f} "
+        f"nats (<= {tolerance:g})")
     return rule
 
 
@@ -178,9 +191,14 @@ def adjacent_recovered_rule(original_acc: float, delta: float, eps: float) -> Ca
     """Stage 2's "adjacent_recovered" rule: True when the adjacent train subsample's accuracy is
     at most ``delta`` (a fraction) below ``original_acc`` (the original model's on the same
     subsample; a gap of exactly ``delta`` counts, `ACC_TOL`) and the forget profile's W2 distance
-    to θ̄ is <= ``eps`` nats. Train data only."""
+    to θ̄ is <= ``eps`` nats. Train data only. ``rule.explain(record)``: the values it compared,
+    in words."""
     def rule(r: Dict[str, Any]) -> bool:
         return original_acc - r["adjacent_acc"] <= delta + ACC_TOL and r["w2"] <= eps
+    rule.explain = lambda r: (
+        f"the adjacent train subsample's accuracy {100 * r['adjacent_acc']:.2f}% is within "
+        f"{100 * delta:.2f} points of the original model's {100 * original_acc:.2f}% and the forget-loss "
+        f"W2 to θ̄ is {r['w2']:.4g} nats (<= {eps:g})")
     return rule
 
 
@@ -224,10 +242,11 @@ def curves_figure(records: List[Dict[str, Any]], marks: Optional[Dict[str, Any]]
     the global step (``records``: the curve records, every stage), a dotted line at each stage
     boundary, and ``marks`` = {split: [(global step, accuracy fraction), ...]} (the held-out
     evaluations at the stage ends and, with ``select``, at the kept step) as markers in the
-    split's colour."""
+    split's colour. Laid out by matplotlib's constrained layout (no layout warning whatever the
+    accuracies); each boundary's label sits at the bottom of the axes."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8.0, 4.0))
+    fig = Figure(figsize=(8.0, 4.0), layout="constrained")
     ax = fig.add_subplot()
     colors = {"forget": "tab:red", "adjacent": "tab:orange", "remote": "tab:blue"}
     steps = [r["global_step"] for r in records]
@@ -243,12 +262,14 @@ def curves_figure(records: List[Dict[str, Any]], marks: Optional[Dict[str, Any]]
             ends[r["stage"]] = r["global_step"]
     for stage, x in list(ends.items())[:-1]:
         ax.axvline(x, color="k", ls=":", lw=1)
-        ax.text(x, 1, f" end of {stage if not isinstance(stage, int) else f'Stage {stage}'}", fontsize="small")
+        # x in data, y in axes fractions: inside the axes whatever the accuracies (at y = 1 % it lay
+        # far below axes spanning e.g. 95-100 %, and tight_layout could not fit it)
+        ax.text(x, 0.02, f" end of {stage if not isinstance(stage, int) else f'Stage {stage}'}", fontsize="small",
+                transform=ax.get_xaxis_transform())
     ax.set_xlabel("global step")
     ax.set_ylabel("accuracy %")
     ax.set_title("curves (lines: train subsamples; open diamonds: held-out evaluations)", fontsize="medium")
     ax.legend(fontsize="small")
-    fig.tight_layout()
     return fig
 
 

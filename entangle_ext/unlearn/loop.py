@@ -226,8 +226,10 @@ class StageLoop:
         extra: plain values stored in every checkpoint of this stage (e.g. Stage 1's c0).
         probe, probe_every: every ``probe_every`` steps and after the last step, ``probe(step,
             final)`` (final: the budget's last step; before that step's checkpoint); it returning
-            True ends the stage after this step
-            (a stopping rule). A probe with ``state_dict`` (`StageProbe` of
+            True ends the stage after this step (a stopping rule): the bar closes at that step,
+            its total still the budget, labelled "<desc> [stopped early]", and (where the bar
+            shows) one line on stderr says why: "<desc>: stopped early after step k of n:
+            <probe.stop_reason()>". A probe with ``state_dict`` (`StageProbe` of
             ``entangle_ext/unlearn/curves.py``) is saved in every checkpoint as ``"curves"`` and
             restored on resume. None (default): nothing is called.
     """
@@ -272,7 +274,7 @@ class StageLoop:
         total = total if max_steps is None else min(total, int(max_steps))
         mon = _Monitor(self.stage, self.keys, device or torch.device("cpu"), start, history)
         bar = _bar(total, start, self.desc, self.progress and d.is_main)
-        step = start
+        step, budget, stopped = start, total, False
         try:
             with _Interrupts() as intr:
                 while step < total:
@@ -287,8 +289,8 @@ class StageLoop:
                         mon.record(step, loss, values)
                         step += 1
                         if self._probed(step, total):   # a stopping rule ended the stage
-                            total = step
-                        flushed = self._end_step(step, total, mon, bar, objects)
+                            total, stopped = step, True
+                        flushed = self._end_step(step, total, mon, bar, objects, stopped)
                         if _stop(intr, d, flushed):
                             raise self._interrupted(step, mon, objects, _signal_name(intr))
                         if step >= total:
@@ -302,7 +304,16 @@ class StageLoop:
                                      no_checkpoint_note(self.checkpoint_fn, self.checkpoint_every)) from None
         finally:
             bar.close()
+        if stopped:
+            _note(self._stop_message(step, budget), self.progress and d.is_main)
         return step, mon.history
+
+    def _stop_message(self, step: int, budget: int) -> str:
+        """The console line of a stage its stopping rule ended after ``step`` of ``budget`` steps:
+        which rule and why (the probe's ``stop_reason()``, `StageProbe`'s), else a generic one."""
+        why = getattr(self.probe, "stop_reason", None)
+        return f"{self.desc}: stopped early after step {step} of {budget}: " + \
+            (why() if callable(why) else "its stopping rule held")
 
     def _probed(self, step: int, total: int) -> bool:
         """Probe after ``step`` steps when one is due (every ``probe_every`` steps, and at the
@@ -328,16 +339,19 @@ class StageLoop:
                               getattr(self.checkpoint_fn, "resume_hint", None) if path else None,
                               None if path else no_checkpoint_note(self.checkpoint_fn, self.checkpoint_every))
 
-    def _end_step(self, step: int, total: int, mon: _Monitor, bar, objects) -> bool:
+    def _end_step(self, step: int, total: int, mon: _Monitor, bar, objects, stopped: bool = False) -> bool:
         """Progress bar; at log points (and at a checkpoint or the last step) the host read that
         also detects non-finite values; a checkpoint every ``checkpoint_every`` steps. Returns
-        whether this was a log point."""
+        whether this was a log point. ``stopped``: a stopping rule ended the stage at this step
+        (the bar keeps the budget as its total; its label gains "[stopped early]")."""
         bar.update(1)
         ckpt_now = self.checkpoint_fn is not None and self.checkpoint_every > 0 \
             and step % self.checkpoint_every == 0
         flushed = step % self.log_every == 0 or step == total or ckpt_now
         if flushed:
             bar.set_postfix(refresh=False, **self.postfix(mon.flush()))
+        if stopped:
+            bar.set_description_str(f"{self.desc} [stopped early]", refresh=False)
         if ckpt_now and step < total:
             self.checkpoint_fn(step, self._state(step, mon, objects))
         return flushed
@@ -358,3 +372,8 @@ def _signal_name(intr: _Interrupts) -> str:
 def _bar(total: int, initial: int, desc: str, progress: bool):
     from .._progress import progress_bar
     return progress_bar(total=total, initial=initial, desc=desc, enabled=progress)
+
+
+def _note(message: str, progress: bool) -> None:
+    from .._progress import progress_note
+    progress_note(message, enabled=progress)

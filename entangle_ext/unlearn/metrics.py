@@ -28,12 +28,14 @@ from torch.utils.data import Subset, TensorDataset
 from .._optional import optional_import
 from .data import BatchStream, Source, Splits, as_source, check_batch_size, loss_logits, require_graph, split_batch
 from .evaluate import NonFiniteOutputError, evaluate, per_sample
-from .mia import MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features
+from .mia import (MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features,
+                  mia_undefined_scope)
 from .inputs import model_device, training_grad_mode
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
-           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "NonFiniteOutputError", "average_gap", "forget_quality_ks",
+           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "mia_undefined_scope", "NonFiniteOutputError",
+           "average_gap", "forget_quality_ks",
            "forget_ks_test", "relearn_time", "RELEARN_LR", "RELEARN_LR_GROWTH", "RELEARN_MAX_STEPS", "unlearning_metrics"]
 
 
@@ -254,7 +256,8 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
         seed: MIA member/non-member subsets and the relearn subset.
         keep_losses: add "forget_losses" (list of per-sample forget-train CE, nats).
     Returns: {metric key: float, or None where not computable}; percentages in [0, 100]; the
-        "mia_<split>" values NaN where the attack has no signal (`MIAUndefinedWarning`).
+        "mia_<split>" values NaN where the attack has no signal (one `MIAUndefinedWarning` per
+        attack; none inside `mia_undefined_scope`, where `compare` warns once for all its runs).
     Raises: ValueError without the forget train split; as `mia_efficacy`, `relearn_time`;
         ImportError without scikit-learn / scipy.
     """

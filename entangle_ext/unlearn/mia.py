@@ -1,13 +1,16 @@
 """Membership-inference efficacy (MIA-efficacy, docs/algorithm.md §10; Jia et al. 2023
 (Unlearn-Sparse) and Fan et al. 2024 (SalUn)): an RBF SVC fit on retain-train (members) vs held-out
 (non-members) features, then scored on each target split. An attack without signal gives NaN
-(undefined) and one `MIAUndefinedWarning`. scikit-learn is optional (ImportError naming the
+(undefined) and one `MIAUndefinedWarning` (none inside `mia_undefined_scope`: `compare` opens
+one and warns once for all its runs). scikit-learn is optional (ImportError naming the
 ``metrics`` extra). ``entangle_ext/unlearn/metrics.py`` re-exports every name here."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import warnings
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -17,7 +20,8 @@ from .data import Splits
 from .evaluate import per_sample
 from .inputs import model_device
 
-__all__ = ["mia_efficacy", "mia_efficacy_from_features", "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY"]
+__all__ = ["mia_efficacy", "mia_efficacy_from_features", "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY",
+           "mia_undefined_scope"]
 
 
 def _optional(module: str, what: str):
@@ -37,6 +41,23 @@ class MIAUndefinedWarning(UserWarning):
     SVC that predicts one class for all)."""
 
 
+#: True inside a `mia_undefined_scope` (its caller reports undefined attacks itself).
+_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("entangle_ext_mia_undefined_deferred", default=False)
+
+
+@contextlib.contextmanager
+def mia_undefined_scope() -> Iterator[None]:
+    """Within this context (one `compare` call) an attack without signal emits no
+    `MIAUndefinedWarning` (its scores are NaN as ever): the caller warns once for all its runs,
+    which it reads off their NaN scores. A scope opened inside another joins it; outside one, every
+    undefined attack warns."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
 def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
                                targets: Mapping[str, torch.Tensor], *,
                                min_balanced_accuracy: float = MIA_MIN_BALANCED_ACCURACY) -> Dict[str, float]:
@@ -48,7 +69,7 @@ def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
     on the members and non-members it was fit on is <= ``min_balanced_accuracy`` (default
     `MIA_MIN_BALANCED_ACCURACY` = 0.55; e.g. every feature identical, or one class predicted for
     all) - every target's score is NaN (undefined) and one `MIAUndefinedWarning` names the targets
-    and the balanced accuracy.
+    and the balanced accuracy (none inside `mia_undefined_scope`).
     Args: (N,) real tensors (any float dtype/device); targets: {name: (M,) tensor}.
     Returns: {name: percentage in [0, 100], or NaN}.
     Raises: ValueError for empty or non-finite inputs; ImportError without scikit-learn.
@@ -66,6 +87,8 @@ def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
     pred = clf.predict(x)
     bacc = 0.5 * (float((pred[y == 1] == 1).mean()) + float((pred[y == 0] == 0).mean()))
     if bacc <= min_balanced_accuracy:
+        if _DEFERRED.get():   # the open scope's caller (compare) warns once for all its runs
+            return {k: math.nan for k in targets}
         why = ("every member and non-member feature is the same" if np.ptp(x) == 0 else
                "it predicts one class for all" if np.unique(pred).size == 1 else "no better than chance")
         warnings.warn(f"MIA-efficacy undefined (NaN) for {sorted(targets)}: the attack's balanced accuracy on "
