@@ -55,12 +55,27 @@ def _shared_indices(a: Optional[torch.Tensor], b: Optional[torch.Tensor], n: int
     return a[torch.isin(a, b)].unique()
 
 
-def _row_keys(x: torch.Tensor) -> torch.Tensor:
-    """A float64 key per row of ``x`` (a fixed random projection of its values): equal rows have equal
-    keys; unequal ones almost never do (candidates are compared exactly afterwards)."""
-    flat = x.detach().reshape(x.shape[0], -1).cpu().double()
-    w = torch.rand(flat.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    return flat @ w
+def _row_keys(x: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """An int64 key per row of ``x``: a fixed random integer combination, modulo 2**64, of the
+    bits of its values read as integers (-0.0 read as 0.0). Integer arithmetic is exact, so a row's key does not
+    depend on the other rows or their number (a float projection did: BLAS rounded one row
+    differently in matrices of other sizes, and duplicates went unseen); equal rows have equal
+    keys, unequal ones almost never do (candidates are compared exactly afterwards)."""
+    flat = x.detach().reshape(x.shape[0], -1).cpu()
+    floating = flat.is_floating_point() or flat.is_complex()
+    size = flat.element_size()   # the values' bits as integers of their width (complex: two per value)
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(size, torch.int64)
+    w = None
+    keys = torch.empty(flat.shape[0], dtype=torch.int64)
+    for s in range(0, flat.shape[0], chunk):   # int64 products wrap modulo 2**64, in any order
+        part = flat[s:s + chunk]
+        part = part + 0 if floating else part.contiguous()   # -0.0 + 0 = 0.0: equal values, equal bits
+        raw = part.view(ints).reshape(part.shape[0], -1)
+        if w is None:
+            w = torch.randint(1, 2 ** 62, (raw.shape[1],), generator=torch.Generator().manual_seed(0),
+                              dtype=torch.int64)
+        keys[s:s + chunk] = (raw.long() * w).sum(1)
+    return keys
 
 
 def _duplicate_rows(a, b) -> Tuple[int, list]:
