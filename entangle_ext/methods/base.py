@@ -111,7 +111,7 @@ class IndexedStream(BatchStream):
         return super().fetch(idx), idx
 
     def _load(self, plan: Iterable[torch.Tensor]) -> Iterator[Any]:
-        if getattr(self.dataset, "tensors", None) is not None:
+        if self.tensors is not None:
             return super()._load(plan)          # batches come from `fetch`, with their indices
         sent: collections.deque = collections.deque()   # FIFO: the loader delivers in order
 

@@ -6,7 +6,9 @@ batch size and order are not: every stage draws its own batch sizes and seeded o
 item is an ``(x, y)`` tuple (``y`` an integer class index) or a dict with a ``"labels"`` (or
 Hugging Face ``"label"``) entry plus model keyword inputs (e.g. ``input_ids``, ``attention_mask``).
 Datasets exposing ``.tensors`` (e.g. `torch.utils.data.TensorDataset`, possibly already on the GPU)
-are batched by direct tensor indexing, without per-sample collation or workers.
+are batched by direct tensor indexing, without per-sample collation or workers, unless a collate
+function of one's own is given (``Splits(collate_fn=...)`` or the DataLoader's): then it builds
+their batches too, from the ``(x, y)`` items, as for any Dataset (`indexed_tensors`).
 
 Where a batch is made (`prepare_batch`), its labels are checked (integer dtype, shape (batch,)) and
 cast to int64, and its floating inputs are cast to the model's dtype.
@@ -27,7 +29,8 @@ from .batch import (LABEL_DTYPES, batch_size_of, cast_floating, concat_batches, 
                     loss_logits, move_batch, prepare_batch, require_graph, slice_batch, split_batch)  # (re-exported)
 from .disjoint import check_disjoint
 from .distributed import Dist, current
-from .source import Source, as_source, check_batch_size, check_loader_options, union_source  # noqa: F401  (re-exported)
+from .source import (Source, as_source, check_batch_size, check_loader_options, indexed_tensors,  # noqa: F401
+                     union_source)  # (re-exported)
 
 __all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "forward_logits", "loss_logits", "move_batch", "batch_size_of",
            "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
@@ -46,8 +49,9 @@ class Splits:
         remote: D_rem train (everything else).
         forget_test, adjacent_test, remote_test: optional held-out parts, evaluation only.
         collate_fn: builds a batch from a list of items for the Dataset splits (e.g. padding
-            variable-length token sequences); default `default_collate`. A DataLoader split uses
-            its own.
+            variable-length token sequences), TensorDatasets included (given one, their batches
+            are collated from (x, y) items instead of indexed); default `default_collate`. A
+            DataLoader split uses its own.
         num_workers: DataLoader worker processes for the Dataset splits (0 = in process).
     Each split is a map-style Dataset or a DataLoader (see the module docstring).
 
@@ -187,6 +191,8 @@ class BatchStream:
                  dist: Optional[Dist] = None, training: bool = False, fold_tail: Optional[bool] = None):
         self.source = as_source(data)
         self.dataset = self.source.dataset
+        #: the dataset's tensors when batches are made by indexing them (`indexed_tensors`), else None
+        self.tensors = indexed_tensors(self.source)
         self.batch_size = check_batch_size(batch_size, f"the batch size of stream {name!r}")
         self.shuffle, self.replay_first = shuffle, replay_first
         self.seed, self.name, self.device, self.input_dtype = seed, name, device, input_dtype
@@ -252,10 +258,9 @@ class BatchStream:
     def fetch(self, idx: torch.Tensor):
         """The batch of dataset indices ``idx`` (in process, no workers); a 0-sample batch of the
         split's structure when ``idx`` is empty."""
-        tensors = getattr(self.dataset, "tensors", None)
-        if tensors is not None:
-            dev_idx = idx.to(tensors[0].device, non_blocking=True)  # async H2D, no stream sync
-            return self._finish(tuple(t[dev_idx] for t in tensors))
+        if self.tensors is not None:
+            dev_idx = idx.to(self.tensors[0].device, non_blocking=True)  # async H2D, no stream sync
+            return self._finish(tuple(t[dev_idx] for t in self.tensors))
         if idx.numel() == 0:
             return slice_batch(self.fetch(torch.zeros(1, dtype=torch.long)), 0, 0)
         return self._finish(self.source.collate_fn([self.dataset[int(i)] for i in idx]))
@@ -263,7 +268,7 @@ class BatchStream:
     def _load(self, plan: Iterable[torch.Tensor]) -> Iterator[Any]:
         """Batches of the index batches of ``plan``, in order (a DataLoader when not tensors; an
         empty index batch loads sample 0 in its place, cut to 0 samples on delivery)."""
-        if getattr(self.dataset, "tensors", None) is not None:
+        if self.tensors is not None:
             return (self.fetch(idx) for idx in plan)
         empty: collections.deque = collections.deque()   # FIFO: the loader delivers in order
 

@@ -5,13 +5,13 @@ entry point shares. The streams of entangle_ext/unlearn/data.py are built on the
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
-__all__ = ["Source", "as_source", "union_source", "check_batch_size", "check_loader_options"]
+__all__ = ["Source", "as_source", "union_source", "indexed_tensors", "check_batch_size", "check_loader_options"]
 
 
 class Source(NamedTuple):
@@ -89,3 +89,12 @@ def check_batch_size(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{what} must be an integer >= 1 (samples per batch), got {value!r}")
     return int(value)
+
+
+def indexed_tensors(src: Source) -> Optional[Tuple[torch.Tensor, ...]]:
+    """The tensors of ``src``'s dataset when its batches are made by indexing them directly (a
+    dataset exposing ``.tensors``, e.g. `TensorDataset`, with torch's `default_collate`), else None:
+    a collate function of one's own (``Splits(collate_fn=...)``, a DataLoader's) builds the batches
+    of a tensor dataset too, from its ``(x, y)`` items, so it is never skipped."""
+    tensors = getattr(src.dataset, "tensors", None)
+    return tuple(tensors) if tensors is not None and src.collate_fn is default_collate else None

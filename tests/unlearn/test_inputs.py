@@ -201,3 +201,34 @@ def test_retrain_checks_model_fn_against_the_model_before_training(small):
     torch.testing.assert_close(params(model), before, rtol=0, atol=0)
     # refused before training: model_fn's model still has its initial weights
     assert all(p.grad is None for p in built[0].parameters())
+
+
+@pytest.mark.parametrize("form", ["collate_fn", "dataloader"])
+@pytest.mark.parametrize("method", ["two_stage", "ft"])
+def test_a_collate_function_of_ones_own_builds_tensor_dataset_batches(small, form, method):
+    """A TensorDataset was batched by indexing even when a collate function was given (Splits'
+    or a DataLoader's): it was never called, silently. Now it builds those batches: a counting
+    wrapper of default_collate is called and gives the indexing run's weights; one that zeroes
+    the inputs changes them."""
+    from torch.utils.data import DataLoader, default_collate
+    calls = []
+
+    def counting(items):
+        calls.append(len(items))
+        return default_collate(items)
+
+    def zeroing(items):
+        x, y = default_collate(items)
+        return torch.zeros_like(x), y
+
+    def splits(fn):
+        if form == "collate_fn":
+            return ee.Splits(**small.named(), collate_fn=fn)
+        return ee.Splits(**{k: DataLoader(v, batch_size=4, collate_fn=fn) for k, v in small.named().items()})
+    ref, counted, zeroed = mlp(), mlp(), mlp()
+    _unlearn(ref, small, method)
+    _unlearn(counted, splits(counting), method)
+    assert len(calls) > 0
+    torch.testing.assert_close(params(counted), params(ref), rtol=0, atol=0)
+    _unlearn(zeroed, splits(zeroing), method)
+    assert not torch.equal(params(zeroed), params(ref))
