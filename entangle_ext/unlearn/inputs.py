@@ -131,16 +131,25 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
     baselines) before any compute; the caller has checked the trainable parameters
     (`require_trainable`) and put the model in eval mode (so no batch-norm statistics move). Each
     probe (no autograd) checks: the model takes the split's inputs; its output is (B, C) logits
-    with one row per sample, C >= 2, of a floating dtype. The labels themselves (integer 1-D class
-    indices within C) are checked by the batches and the evaluation; logits without an autograd
-    graph (a forward that detaches) by the first gradient (`require_graph`). Returns C; raises
-    ValueError naming the split otherwise."""
-    C = None
+    with one row per sample, C >= 2, of a floating dtype; and the train splits' batches share one
+    form (`_batch_form`: the methods concatenate them, e.g. Stage 1's remote and forget batches).
+    The labels themselves (integer 1-D class indices within C) are checked by the batches and the
+    evaluation; logits without an autograd graph (a forward that detaches) by the first gradient
+    (`require_graph`). Returns C; raises ValueError naming the split otherwise."""
+    C, forms = None, {}
     with amp_scope(amp):
         for name in splits.named():
             probe = BatchStream(splits.source(name), 2, shuffle=False, seed=0, name=f"probe/{name}",
                                 device=device, input_dtype=model_dtype(model))
             inputs, y = split_batch(probe.fetch(torch.arange(min(2, probe.n))), name)
+            if name in Splits.TRAIN:
+                forms[name] = _batch_form(inputs)
+                if len(set(forms.values())) > 1:
+                    raise ValueError("the train splits give batches of different forms, which the methods cannot "
+                                     "concatenate (e.g. Stage 1's remote and forget batches): " +
+                                     "; ".join(f"split {n!r}: {f}" for n, f in forms.items()) +
+                                     ". Give every train split items of one form (all (x, y) tuples, or all "
+                                     "dicts with the same keys)")
             try:
                 logits = forward_logits(model, inputs)
             except (RuntimeError, TypeError, IndexError) as e:
@@ -177,6 +186,16 @@ def probe_channels_last(setting, model, splits: Splits, device, amp=None) -> boo
                             device=device, input_dtype=model_dtype(model))
         inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
         return resolve_channels_last(setting, model, inputs, device)
+
+
+def _batch_form(inputs) -> str:
+    """The form of a batch's inputs, as two batches that concatenate share it: "a tensor", "dict
+    keys [...]" or "a tuple of n"."""
+    if isinstance(inputs, dict):
+        return f"dict keys {sorted(inputs)}"
+    if isinstance(inputs, (tuple, list)):
+        return f"a {type(inputs).__name__} of {len(inputs)}"
+    return "a tensor" if torch.is_tensor(inputs) else type(inputs).__name__
 
 
 def _describe_inputs(inputs) -> str:

@@ -232,3 +232,28 @@ def test_a_collate_function_of_ones_own_builds_tensor_dataset_batches(small, for
     torch.testing.assert_close(params(counted), params(ref), rtol=0, atol=0)
     _unlearn(zeroed, splits(zeroing), method)
     assert not torch.equal(params(zeroed), params(ref))
+
+
+@pytest.mark.parametrize("method", ["two_stage", "rl", "ssd"])
+def test_train_splits_of_different_item_forms_are_refused_before_training(small, method):
+    """A dict-item forget split beside (x, y) ones passed the per-split probe and failed mid-method
+    (KeyError in concat_batches, torch's collate TypeError); a held-out split of another form is
+    fine (never concatenated)."""
+    from _tiny import DictDS
+
+    class Keyword(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, pixels):
+            return self.net(pixels)
+    model = Keyword()
+    before = params(model)
+    mixed = ee.Splits(**{**small.named(), "forget": DictDS(small.forget)})
+    with pytest.raises(ValueError, match=r"^the train splits give batches of different forms.*split 'forget': dict "
+                                         r"keys \['pixels'\]; split 'adjacent': a tensor"):
+        ee.unlearn(model, mixed, method=method, setting="digits", progress=False)
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+    ee.unlearn(Keyword(), ee.Splits(**{**small.named(), "forget_test": DictDS(small.forget_test)}),
+               tiny_config(), progress=False)
