@@ -260,11 +260,12 @@ class CacheNotWrittenWarning(UserWarning):
 
 @training_grad_mode()
 def fit(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe, *, device, seed: int = 0,
-        progress: bool = True) -> int:
+        progress: bool = True, desc: str = "original model") -> int:
     """The training of `train_original` without its cache: ``model`` (already on ``device``) trained
     on the union of ``datasets`` following ``recipe``, then left in eval mode. Returns the number
     of optimizer steps taken (``recipe.epochs`` × the batches of an epoch; `entangle_ext.unlearn`'s
-    Retrain reports it). Raises ValueError as `train_original`."""
+    Retrain reports it). ``desc``: the progress bar's label (Retrain: "retrain (from scratch)").
+    Raises ValueError as `train_original`."""
     from ._progress import progress_bar
 
     data = union_source(datasets) if datasets else None
@@ -278,7 +279,7 @@ def fit(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: TrainRecipe
     steps = len(stream)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(recipe.epochs * steps, 1)) \
         if recipe.schedule == "cosine" else None
-    bar = progress_bar(total=recipe.epochs * steps, desc="original model", enabled=progress)
+    bar = progress_bar(total=recipe.epochs * steps, desc=desc, enabled=progress)
     with amp_scope(resolve_amp(recipe.amp, device, model_dtype(model))):   # a float32 model only
         channels_last = False
         if recipe.channels_last is not False:   # the memory-format probe: two samples, no gradient, no
@@ -310,5 +311,5 @@ def _train_epochs(model, stream, recipe: TrainRecipe, opt, sched, gen, bar) -> i
                 sched.step()
             bar.update(1)
             taken += 1
-        bar.set_postfix(loss=f"{loss.item():.3f}", epoch=e + 1)  # one host read per epoch
+        bar.set_postfix(loss=f"{loss.item():.3f}", epoch=e + 1, refresh=False)  # one host read per epoch
     return taken

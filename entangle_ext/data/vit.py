@@ -16,6 +16,7 @@ from typing import Union
 import torch
 
 from .._optional import optional_import
+from ..unlearn.files import read_torch_file
 
 __all__ = ["setting_model", "vit_classifier", "IMAGENET_MEAN", "IMAGENET_STD"]
 
@@ -48,7 +49,8 @@ def vit_classifier(num_classes: int, *, arch: str = "small", weights: Union[str,
         image_size: "small" only: input side in pixels (divisible by 8).
     Raises:
         FileNotFoundError: ``weights`` does not exist. ValueError: unknown arch, weights with "small",
-        or a state dict that does not fit ViT-B/32.
+        a ``weights`` file that is not a readable torch file (corrupt, truncated, foreign:
+        `read_torch_file`) or a state dict, or a state dict that does not fit ViT-B/32.
     """
     torchvision = optional_import("torchvision", "the ViT of the tinyimagenet / celeba settings", "vision")
 
@@ -66,10 +68,12 @@ def vit_classifier(num_classes: int, *, arch: str = "small", weights: Union[str,
         p = Path(weights)
         if not p.is_file():
             raise FileNotFoundError(f"no ViT-B/32 weights at {p} (pass a local .pth; nothing is downloaded)")
-        sd = torch.load(p, map_location="cpu", weights_only=True)
+        sd = read_torch_file(p)   # ValueError, one line, for a corrupt, truncated or foreign file
         for key in ("model", "state_dict"):
             if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
                 sd = sd[key]
+        if not isinstance(sd, dict):
+            raise ValueError(f"{p} holds a {type(sd).__name__}, not a state dict of torchvision vit_b_32")
         sd = {k: v for k, v in sd.items() if not k.startswith("heads.")}
         missing, unexpected = m.load_state_dict(sd, strict=False)
         missing = [k for k in missing if not k.startswith("heads.")]

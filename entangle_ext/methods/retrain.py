@@ -124,7 +124,7 @@ class Retrain(UnlearningMethod):
         ran = channels_last_active()   # what the run's channels_last resolved to (the config's bool, if any)
         recipe = config.recipe.replace(channels_last=ran)
         steps = fit(target, [splits.source("adjacent"), splits.source("remote")], recipe, device=device,
-                    seed=seed, progress=progress)
+                    seed=seed, progress=progress, desc="retrain (from scratch)")
         if fresh is not None:
             try:
                 model.load_state_dict(fresh.state_dict())

@@ -14,6 +14,7 @@ import torch
 
 from ..unlearn import curves
 from ..unlearn.certificate import certificate
+from ..unlearn.inputs import require_one_dtype, require_trainable
 from ..unlearn.config import PRESETS, RECIPE_OF_HPARAMS, UnlearnConfig
 from ..unlearn.stage1_al import stage1
 from ..unlearn.stages import stage2
@@ -89,8 +90,12 @@ class TwoStage(UnlearningMethod):
         1) and the W2 drift to θ̄ (Stage 2), and the opt-in stopping rules (``stage1.until``,
         ``stage2.until``) are checked there. Returns c0, the final λ and the certificate
         (``entangle_ext/unlearn/certificate.py``). Raises ValueError when a rule needs the
-        original model's curve record and the resumed checkpoint was written without curves."""
+        original model's curve record and the resumed checkpoint was written without curves, and
+        (before Stage 1) when Stage 2 runs on trainable parameters of several dtypes
+        (`require_one_dtype`)."""
         cfg = run.config
+        if cfg.run_stage2:   # before Stage 1 changes anything
+            require_one_dtype(require_trainable(run.model), run.model)
         c0 = run.constraint_target()
         margin = cfg.stage1.margin if cfg.stage1.margin is not None else curves.default_margin(run.num_classes)
 

@@ -67,7 +67,7 @@ def _per_sample(model, source: Source, device, batch_size: int):
         inputs, y = split_batch(b)
         logits = loss_logits(model, inputs)
         ce.append(F.cross_entropy(logits, y.long(), reduction="none").double())
-        ok.append((logits.argmax(1) == y).double())
+        ok.append(((logits.argmax(1) == y) & torch.isfinite(ce[-1])).double())   # NaN logits: not correct
     sizes = [len(i) for i in s.global_batch_indices(0)]
     return d.gather(torch.cat(ce), sizes), d.gather(torch.cat(ok), sizes)
 

@@ -17,7 +17,7 @@ from .data import Splits
 from .disjoint import disjoint_scope
 from .files import check_out_dir_type
 from .distributed import unwrap
-from .inputs import check_model_and_splits, check_resume_arguments, training_flags_kept
+from .inputs import check_flags, check_model_and_splits, check_resume_arguments, training_flags_kept
 from .method import get_method
 from .report import UnlearnResult
 from .run import run_method
@@ -128,8 +128,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
     Raises:
         TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first);
             a ``model_fn`` that is not callable or (Retrain) returns no `torch.nn.Module`; an
-            ``out_dir`` that is not a path (str or os.PathLike); an ``allow_config_change`` that is
-            not a bool.
+            ``out_dir`` that is not a path (str or os.PathLike); an ``allow_config_change``,
+            ``inplace`` or ``progress`` that is not a bool (``inplace="False"`` is truthy).
         ValueError: an unknown method, setting or hparams (checked before anything else, also
             when a config is given), ``model_fn`` for a method other than "retrain",
             ``allow_config_change=True`` without ``resume``,
@@ -169,6 +169,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         spec = get_method(method)
         spec.check_arguments(setting, hparams, model_fn)
         check_resume_arguments(resume, allow_config_change)
+        check_flags("unlearn", inplace=inplace, progress=progress)
         if not inplace:
             model = _copy(model)
         # warned once the configuration and splits are known to be valid, at the caller's line

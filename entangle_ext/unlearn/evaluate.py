@@ -7,6 +7,7 @@ ranks each evaluates its part of every batch; the counts and sums are all-reduce
 losses gathered, so every rank reports each sample exactly once (docs/algorithm.md §11)."""
 from __future__ import annotations
 
+import numbers
 from typing import Dict, Optional
 
 import torch
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from .data import BatchStream, Splits, check_batch_size, forward_logits, loss_logits, split_batch
 from .distributed import Dist, scope
-from .inputs import check_model_and_splits, model_device, training_flags_kept
+from .inputs import check_flags, check_model_and_splits, model_device, training_flags_kept
 from .precision import amp_scope, model_dtype, resolve_amp_for
 
 __all__ = ["evaluate", "per_sample", "NonFiniteOutputError"]
@@ -50,7 +51,7 @@ def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], kee
         bad += ((y < 0) | (y >= C)).sum()
         yc = y.clamp(0, C - 1)
         ce = torch.nn.functional.cross_entropy(logits, yc, reduction="none")
-        correct += (logits.argmax(1) == yc).sum()
+        correct += ((logits.argmax(1) == yc) & torch.isfinite(ce)).sum()   # NaN logits are not class 0
         loss += ce.double().sum()
         if check_finite:
             mask = ~torch.isfinite(ce)
@@ -92,18 +93,25 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
         amp: None, "bf16" or "auto" (bf16 where the device has bfloat16 matrix units, for a float32
             model): forward passes under `torch.autocast`.
     Returns:
-        {split name: {"acc": fraction in [0,1], "loss": mean CE in nats, "n": int}}; the forget
+        {split name: {"acc": fraction in [0,1], "loss": mean CE in nats, "n": int}} (a sample
+        whose CE is NaN/Inf counts as misclassified, and makes "loss" NaN/Inf); the forget
         entry also has "retained" (fraction of forget samples still classified correctly, = acc)
         and, if requested, "losses" (list of floats, per-sample CE in dataset order).
     Raises:
         TypeError: ``model`` not a `torch.nn.Module`, ``splits`` not a `Splits` (e.g. a bare
-            Dataset: wrap it, ``Splits(forget=dataset)``).
+            Dataset: wrap it, ``Splits(forget=dataset)``); ``num_classes`` not None or an int
+            >= 2; ``check_finite`` not a bool.
         ValueError: a ``splits`` without any split, an empty split, ``batch_size`` not an
             integer >= 1, no ``device`` for a model without parameters or buffers, non 2-D
             logits, labels outside [0, C) or not integer, and with ``check_finite`` a non-finite
             per-sample CE (naming the split and the dataset indices of those samples).
     """
     check_model_and_splits(model, splits, "evaluate")
+    check_flags("evaluate", check_finite=check_finite)
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral)
+                                    or num_classes < 2):
+        raise TypeError(f"evaluate: num_classes must be None or an int >= 2 (the model's C), got "
+                        f"{type(num_classes).__name__} {num_classes!r}")
     batch_size = check_batch_size(batch_size, "evaluate: batch_size")
     splits.check(required=())
     if not splits.named():

@@ -113,11 +113,13 @@ def _is_pointer(obj: Any) -> bool:
 
 def _follow(pointer: Path, stored: str) -> Path:
     """The checkpoint a ``latest.pt`` names: the file of that name beside the pointer (where the
-    run wrote it, also after the out dir moved), else the stored path itself."""
-    for cand in (pointer.parent / Path(stored).name, Path(stored)):
-        if cand.is_file():
-            return cand
-    raise FileNotFoundError(f"{pointer} points to the checkpoint {stored}, which does not exist")
+    run wrote it, also after the out dir moved or was copied). Never the stored path itself: it is
+    relative to the writer's working directory, so in a copied out dir without that file it named
+    another run's checkpoint, which a resume then continued silently."""
+    cand = pointer.parent / Path(stored).name
+    if cand.is_file():
+        return cand
+    raise FileNotFoundError(f"{pointer} points to the checkpoint {stored}, which does not exist beside it ({cand})")
 
 
 def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[Path, Any]:
@@ -149,10 +151,15 @@ def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[
 
 def check_out_dir_type(out_dir: Any, what: str = "out_dir") -> None:
     """TypeError unless ``out_dir`` is None, a str or an ``os.PathLike`` (checked before any use
-    of it, so a wrong type is not a pathlib error from deep inside a run)."""
+    of it, so a wrong type is not a pathlib error from deep inside a run); ValueError for an
+    empty path ("", which pathlib reads as the current directory: a run would write its files
+    there unasked)."""
     if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
         raise TypeError(f"{what} must be a path (str or os.PathLike) or None, got "
                         f"{type(out_dir).__name__} {out_dir!r}")
+    if out_dir is not None and os.fspath(out_dir) == "":
+        raise ValueError(f"{what} is an empty path: pass None for no files, or a folder ('.' for the current "
+                         "directory)")
 
 
 def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir") -> Path:

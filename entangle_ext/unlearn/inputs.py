@@ -15,8 +15,9 @@ from .memory_format import resolve_channels_last
 from .precision import amp_scope, model_dtype
 
 __all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "probe_channels_last",
-           "require_trainable", "training_flags_kept", "training_grad_mode", "check_resume_arguments",
-           "check_resume_model", "state_dict_mismatch"]
+           "require_trainable", "require_one_dtype", "training_flags_kept", "training_grad_mode", "check_flags",
+           "check_stage_arguments", "check_resume_arguments", "check_changes_apply", "check_resume_model",
+           "state_dict_mismatch"]
 
 
 def check_model_and_splits(model, splits, where: str) -> None:
@@ -97,19 +98,42 @@ def training_grad_mode() -> Iterator[None]:
 
 def require_trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
     """The trainable parameters of ``model`` (`trainable_params`). Raises ValueError when there are
-    none (a model without parameters, or with ``requires_grad`` False for all of them), or when
-    one was created under ``torch.inference_mode`` (an inference tensor cannot be trained)."""
+    none (a model without parameters, or with ``requires_grad`` False for all of them), when one
+    was created under ``torch.inference_mode`` (an inference tensor cannot be trained), or when a
+    trainable `torch.nn.Embedding` / `EmbeddingBag` has ``sparse=True`` (sparse gradients)."""
     params = trainable_params(model)
     if not params:
         why = "it has no parameters at all" if next(model.parameters(), None) is None else \
             "requires_grad is False for all of them"
         raise ValueError(f"the model has no trainable parameters ({why}): nothing for unlearning to change")
+    sparse = next((n for n, m in model.named_modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+                   and m.sparse and m.weight.requires_grad), None)
+    if sparse is not None:
+        raise ValueError(f"the model's embedding {sparse!r} has sparse=True, whose sparse gradients the methods cannot "
+                         "use (Adam, the projections and the dual update need dense ones): build it with "
+                         "sparse=False (the weights stay the same)")
     frozen = next((n for n, p in model.named_parameters() if p.requires_grad and p.is_inference()), None)
     if frozen is not None:
         raise ValueError(f"the model's parameter {frozen!r} is an inference tensor (the model was built or loaded "
                          "under torch.inference_mode), which autograd cannot train: build or load the model "
                          "outside inference_mode")
     return params
+
+
+def require_one_dtype(params: List[torch.nn.Parameter], model: torch.nn.Module, where: str = "stage 2") -> None:
+    """ValueError, naming a parameter of each dtype, when the trainable ``params`` of ``model`` are
+    of more than one dtype: Stage 2 projects the adjacent gradient against the forget and remote
+    gradients over all of them at once (docs/algorithm.md §5), in one dtype. The two-stage family
+    checks this before Stage 1, so a refused run leaves the model untouched."""
+    first = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p in params:
+        first.setdefault(p.dtype, names.get(id(p), "?"))
+    if len(first) > 1:
+        raise ValueError(f"{where}: the trainable parameters are of {len(first)} dtypes (" +
+                         ", ".join(f"{n!r}: {d}" for d, n in first.items()) +
+                         "), and the W-PGD projection takes them in one: cast the model to one dtype (e.g. "
+                         "model.float()) or freeze the parameters of the other (requires_grad=False)")
 
 
 @contextlib.contextmanager
@@ -209,16 +233,72 @@ def _describe_inputs(inputs) -> str:
     return type(inputs).__name__
 
 
+def check_flags(where: str, **flags) -> None:
+    """TypeError naming ``where`` and the argument for each of ``flags`` that is not a bool (a
+    string such as "False" is truthy: ``inplace="False"`` would update the model in place)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{where}: {name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_stage_arguments(where: str, model, splits, config, config_cls: type, *, seed, c0=None,
+                          checkpoint_fn=None, progress=True) -> None:
+    """The arguments of the public stage functions (`stage1`, `stage2`) that `unlearn` checks for
+    its own callers: TypeError for a model or splits of another type (`check_model_and_splits`),
+    a ``config`` that is not a ``config_cls`` (e.g. a whole `UnlearnConfig` where its ``stage1``
+    belongs), a ``seed`` that is not an int, a ``c0`` that is not a real number, a
+    ``checkpoint_fn`` that is not callable, a non-bool ``progress``; ValueError for a ``seed``
+    outside torch.manual_seed's range or a non-finite ``c0``."""
+    import math
+    import numbers
+    from .fields import SEED_MAX, SEED_MIN
+    check_model_and_splits(model, splits, where)
+    if not isinstance(config, config_cls):
+        hint = f" (a run config's .{where} is one)" if where in ("stage1", "stage2") else ""
+        raise TypeError(f"{where}: config must be a {config_cls.__name__}{hint}, got {type(config).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{where}: seed must be an int, got {type(seed).__name__} {seed!r}")
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise ValueError(f"{where}: seed must be in [{SEED_MIN}, {SEED_MAX}] (torch.manual_seed's range), got {seed}")
+    if c0 is not None:
+        if isinstance(c0, bool) or not isinstance(c0, numbers.Real):
+            raise TypeError(f"{where}: c0 must be a real number (nats) or None, got {type(c0).__name__} {c0!r}")
+        if not math.isfinite(c0):
+            raise ValueError(f"{where}: c0 must be finite (nats), got {c0}")
+    if checkpoint_fn is not None and not callable(checkpoint_fn):
+        raise TypeError(f"{where}: checkpoint_fn must be callable (step, state) or None, got "
+                        f"{type(checkpoint_fn).__name__} {checkpoint_fn!r}")
+    check_flags(where, progress=progress)
+
+
 def check_resume_arguments(resume, allow_config_change) -> None:
-    """The ``allow_config_change`` of `unlearn` and `run_method` (every method, the baselines too):
-    TypeError unless a bool; ValueError when True without ``resume`` (it only changes what a resume
-    accepts), as the command line refuses ``--allow-config-change`` without ``--resume``."""
-    if not isinstance(allow_config_change, bool):
-        raise TypeError(f"allow_config_change must be True or False, got {allow_config_change!r} "
-                        f"({type(allow_config_change).__name__})")
+    """The ``resume`` and ``allow_config_change`` of `unlearn` and `run_method` (every method, the
+    baselines too): TypeError for a ``resume`` that is not None, a path (str or os.PathLike) or a
+    loaded checkpoint (dict), and for a non-bool ``allow_config_change``; ValueError for an empty
+    ``resume`` path, and for ``allow_config_change=True`` without ``resume`` (it only changes what a
+    resume accepts), as the command line refuses ``--allow-config-change`` without ``--resume``."""
+    import os
+    if resume is not None and not isinstance(resume, (dict, str, os.PathLike)):
+        raise TypeError(f"resume must be a checkpoint file, an out dir (str or os.PathLike), a loaded checkpoint "
+                        f"(dict) or None, got {type(resume).__name__} {resume!r}")
+    if isinstance(resume, (str, os.PathLike)) and os.fspath(resume) == "":
+        raise ValueError("resume is an empty path: give the checkpoint file or the out dir of the run to resume")
+    check_flags("unlearn", allow_config_change=allow_config_change)
     if allow_config_change and resume is None:
         raise ValueError("allow_config_change=True applies to a resumed run only: give resume= too (a checkpoint "
                          "file, an out dir or a loaded checkpoint; command line: --allow-config-change with --resume)")
+
+
+def check_changes_apply(ckpt: Dict[str, Any], changes: Optional[Dict[str, List[Any]]], last_stage: Any) -> None:
+    """ValueError when a resume with ``allow_config_change`` changes the config (``changes``, as
+    `check_resume` returns them) of a finished run: the checkpoint is the end of the method's last
+    stage (``last_stage``), so no stage runs again and the changes would not apply, while the
+    report would record them (e.g. ``stage2.epochs`` 20 → 25 with Stage 2's 20 epochs done)."""
+    if changes and ckpt.get("stage") == last_stage and ckpt.get("stage_done"):
+        shown = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in changes.items())
+        raise ValueError(f"resume: the checkpoint ({ckpt.get('path', 'given')}) is the end of a finished run, so no "
+                         f"stage runs again and the config changes ({shown}) would not apply: resume from an earlier "
+                         "checkpoint (e.g. checkpoints/stage1_done.pt, or a mid-stage one) or start a new run")
 
 
 def state_dict_mismatch(saved: Dict[str, Any], own: Dict[str, Any], *, saved_name: str, own_name: str) -> List[str]:

@@ -22,8 +22,8 @@ from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_res
 from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
-from .inputs import (check_model_and_splits, check_resume_arguments, check_resume_model, model_device, preflight,
-                     probe_channels_last, require_trainable, training_grad_mode)
+from .inputs import (check_changes_apply, check_model_and_splits, check_resume_arguments, check_resume_model,
+                     model_device, preflight, probe_channels_last, require_trainable, training_grad_mode)
 from .files import make_out_dir
 from .lock import OutDirLock
 from .memory_format import channels_last_scope
@@ -81,6 +81,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
                                                          allow_config_change=allow_config_change)
         if ckpt is not None:   # before anything is loaded into the model: a refused resume leaves it untouched
+            check_changes_apply(ckpt, changes, cls.stage_keys()[-1])
             check_resume_model(ckpt, model)
         model.to(device).eval()
         amp = config.amp if hasattr(config, "amp") else None

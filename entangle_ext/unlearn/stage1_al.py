@@ -13,7 +13,7 @@ from .checkpoint import Reconfigured, optimizer_entry
 from .config import Stage1Config
 from .data import BatchStream, Splits, batch_size_of
 from .distributed import Dist, current, scope
-from .inputs import model_device, require_trainable, training_grad_mode
+from .inputs import check_stage_arguments, model_device, require_trainable, training_grad_mode
 from .loop import StageLoop, StageResult, updating
 from .losses import mean_ce, per_sample_ce
 from .precision import MasterParams, amp_scope, resolve_amp_for, state_dtype
@@ -127,6 +127,8 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
         ValueError: empty or missing splits, non 2-D logits, bad labels, no trainable
             parameters, an invalid config.
     """
+    check_stage_arguments("stage1", model, splits, config, Stage1Config, seed=seed, c0=c0, checkpoint_fn=checkpoint_fn,
+                          progress=progress)
     config.validate()
     require_trainable(model)
     device = model_device(model, device)

@@ -23,7 +23,7 @@ from .checkpoint import optimizer_entry
 from .config import Stage2Config
 from .data import Splits
 from .distributed import Dist, scope
-from .inputs import model_device, require_trainable, training_grad_mode
+from .inputs import check_stage_arguments, model_device, require_one_dtype, require_trainable, training_grad_mode
 from .loop import NonFiniteLossError, StageLoop, StageResult, updating
 from .losses import auto_micro_batch, forget_grad, grads_of, mean_ce, per_sample_ce, remote_grad, trainable_params
 from .precision import MasterParams, amp_scope, resolve_amp_for, state_dtype
@@ -214,8 +214,10 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
     Raises:
         NonFiniteLossError, RunInterrupted, ValueError: as `stage1`.
     """
+    check_stage_arguments("stage2", model, splits, config, Stage2Config, seed=seed, checkpoint_fn=checkpoint_fn,
+                          progress=progress)
     config.validate()
-    require_trainable(model)
+    require_one_dtype(require_trainable(model), model)
     device = model_device(model, device)
     loop = StageLoop(2, "stage 2 (W-PGD)",
                      ["forget_obj", "w2", "forget_ce", "remote_ce", "c_f", "c_rem"]

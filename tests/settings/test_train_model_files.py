@@ -149,3 +149,38 @@ def test_missing_and_wrong_files(tmp_path):
     torch.save({"model": {}, "sharded": {"names": ["model"], "path": "x.dcp"}, "format": 4}, sd)
     with pytest.raises(ValueError, match="sharded .FSDP. run: its model is in x.dcp"):
         load_model_file(torch.nn.Linear(3, 2), sd)
+
+
+@pytest.mark.parametrize("content", [b"garbage\n", "truncated"])
+def test_unreadable_vit_weights_are_one_clear_line(tmp_path, content):
+    """``--weights`` (tinyimagenet / celeba) went through a bare torch.load: a garbage or truncated
+    file was an UnpicklingError / RuntimeError traceback, where ``--original`` gives one line."""
+    pytest.importorskip("torchvision")
+    from entangle_ext.data.vit import vit_classifier
+    bad = tmp_path / "w.pt"
+    if content == "truncated":
+        good = tmp_path / "good.pt"
+        torch.save({"a": torch.zeros(1000)}, good)
+        bad.write_bytes(good.read_bytes()[:3000])
+    else:
+        bad.write_bytes(content)
+    with pytest.raises(ValueError, match="^" + str(bad) + " " + PREFIX.replace("(", r"\(").replace(")", r"\)")):
+        vit_classifier(10, arch="vit_b_32", weights=bad)
+    torch.save([1, 2], bad)
+    with pytest.raises(ValueError, match=r"holds a list, not a state dict of torchvision vit_b_32"):
+        vit_classifier(10, arch="vit_b_32", weights=bad)
+
+
+def test_a_pointer_whose_checkpoint_is_missing_does_not_lead_to_another_run(tmp_path, monkeypatch):
+    """latest.pt stores the path relative to the writer's cwd; in a copy of the out dir without the
+    checkpoint it named, the stored path led back to the original run's file, and a resume
+    continued that run silently."""
+    import shutil
+    m = torch.nn.Linear(3, 2)
+    monkeypatch.chdir(tmp_path)
+    Checkpointer("run", {"config": {}}).save("stage1_done", {"stage": 1, "model": m.state_dict()})
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    (tmp_path / "copy" / "checkpoints" / "stage1_done.pt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"points to the checkpoint run/checkpoints/stage1_done.pt, which does "
+                                                r"not exist beside it"):
+        load_checkpoint(tmp_path / "copy")

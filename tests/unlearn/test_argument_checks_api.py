@@ -128,3 +128,23 @@ def test_allow_config_change_without_resume_is_refused_before_any_run(method, sm
 def test_allow_config_change_must_be_a_bool(small):
     with pytest.raises(TypeError, match="allow_config_change must be True or False"):
         ee.unlearn(mlp(), small, setting="digits", resume="x", allow_config_change="yes", progress=False)
+
+
+def test_config_changes_on_a_finished_run_are_refused_not_recorded(small, tmp_path):
+    """Resuming the end of a finished run with allow_config_change and another stage2.epochs ran
+    nothing, yet the report recorded the change (and claimed the new epochs). Refused now; from
+    stage1_done.pt the change applies (Stage 2 runs with it)."""
+    import dataclasses
+    out = tmp_path / "run"
+    ee.unlearn(mlp(), small, tiny_config(), out_dir=out, progress=False)
+    longer = tiny_config()
+    longer.stage2 = dataclasses.replace(longer.stage2, epochs=2)
+    model = mlp()
+    with pytest.raises(ValueError, match=r"^resume: the checkpoint .* is the end of a finished run, so no stage runs "
+                                         r"again and the config changes \(stage2.epochs: 1 → 2\) would not apply"):
+        ee.unlearn(model, small, longer, out_dir=tmp_path / "again", resume=out, allow_config_change=True,
+                   progress=False)
+    res = ee.unlearn(mlp(), small, longer, out_dir=tmp_path / "from1", resume=out / "checkpoints" / "stage1_done.pt",
+                     allow_config_change=True, progress=False)
+    assert res.report["resume"]["config_changes"] == {"stage2.epochs": [1, 2]}
+    assert res.report["steps"]["stage2"] == 2 * ee.unlearn(mlp(), small, tiny_config(), progress=False).report["steps"]["stage2"]

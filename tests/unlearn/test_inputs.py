@@ -257,3 +257,112 @@ def test_train_splits_of_different_item_forms_are_refused_before_training(small,
     torch.testing.assert_close(params(model), before, rtol=0, atol=0)
     ee.unlearn(Keyword(), ee.Splits(**{**small.named(), "forget_test": DictDS(small.forget_test)}),
                tiny_config(), progress=False)
+
+
+class _MixedDtypes(torch.nn.Module):
+    """A float64 hidden layer and a float32 head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.o = torch.nn.Linear(64, 32).double(), torch.nn.Linear(32, 2)
+
+    def forward(self, x):
+        return self.o(torch.relu(self.a(x.double())).float())
+
+
+def test_parameters_of_several_dtypes_are_refused_before_stage1(small):
+    """They failed inside Stage 2's projection, after Stage 1 had changed the model; a baseline
+    (no projection) still runs them."""
+    def weights(m):
+        return torch.cat([p.detach().double().reshape(-1) for p in m.parameters()])
+    model = _MixedDtypes()
+    before = weights(model)
+    with pytest.raises(ValueError, match=r"^stage 2: the trainable parameters are of 2 dtypes \('a.weight': "
+                                         r"torch.float64, 'o.weight': torch.float32\)"):
+        _unlearn(model, small, "two_stage")
+    assert torch.equal(weights(model), before)
+    with pytest.raises(ValueError, match=r"^stage 2: the trainable parameters are of 2 dtypes"):
+        ee.stage2(_MixedDtypes(), small, tiny_config().stage2, progress=False)
+    _unlearn(_MixedDtypes(), small, "ft")
+
+
+def test_a_sparse_embedding_is_refused(small):
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e, self.o = torch.nn.EmbeddingBag(17, 8, sparse=True), torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.o(self.e((x * 16).long()))
+    with pytest.raises(ValueError, match=r"embedding 'e' has sparse=True.*build it with sparse=False"):
+        _unlearn(Bag(), small, "two_stage")
+
+
+@pytest.mark.parametrize("kw", [{"inplace": "False"}, {"progress": "yes"}, {"allow_config_change": 1}])
+def test_flags_must_be_bools(small, kw):
+    """inplace="False" is truthy: it updated the model in place."""
+    model = mlp()
+    before = params(model)
+    name = next(iter(kw))
+    with pytest.raises(TypeError, match=rf"^unlearn: {name} must be True or False, got "):
+        ee.unlearn(model, small, tiny_config(), **{"progress": False, **kw})
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+@pytest.mark.parametrize("change, err, match", [
+    ({"config": "run"}, TypeError, r"config must be a Stage\dConfig \(a run config's .stage\d is one\), got UnlearnConfig"),
+    ({"model": "m"}, TypeError, r"model must be a torch.nn.Module, got str"),
+    ({"splits": {}}, TypeError, r"splits must be an entangle_ext.Splits, got dict"),
+    ({"checkpoint_every": 2, "checkpoint_fn": 3}, TypeError, r"checkpoint_fn must be callable .*got int 3"),
+    ({"seed": 1.5}, TypeError, r"seed must be an int, got float 1.5"),
+    ({"seed": -2 ** 63 - 1}, ValueError, r"seed must be in \["),
+    ({"progress": "no"}, TypeError, r"progress must be True or False"),
+])
+def test_stage_functions_check_their_arguments(small, stage, change, err, match):
+    cfg = tiny_config()
+    model = mlp()
+    before = params(model)
+    kw = {"model": model, "splits": small, "config": getattr(cfg, stage), "progress": False, **change}
+    if kw["config"] == "run":
+        kw["config"] = cfg
+    fn = getattr(ee, stage)
+    with pytest.raises(err, match=rf"^{stage}: {match}"):
+        fn(kw.pop("model"), kw.pop("splits"), kw.pop("config"), **kw)
+    torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("c0, err", [("0.1", TypeError), (float("nan"), ValueError), (True, TypeError)])
+def test_stage1_checks_c0(small, c0, err):
+    with pytest.raises(err, match=r"^stage1: c0 must be"):
+        ee.stage1(mlp(), small, tiny_config().stage1, c0=c0, progress=False)
+
+
+def test_evaluate_checks_num_classes_and_counts_nan_logits_wrong(small):
+    from entangle_ext.unlearn.evaluate import evaluate
+    with pytest.raises(TypeError, match=r"^evaluate: num_classes must be None or an int >= 2 .*got str '2'"):
+        evaluate(mlp(), small, num_classes="2")
+    with pytest.raises(TypeError, match=r"^evaluate: check_finite must be True or False"):
+        evaluate(mlp(), small, check_finite="no")
+    x, y = small.forget.tensors
+    nan = ee.Splits(forget=TensorDataset(x * float("nan"), torch.zeros_like(y)))
+    r = evaluate(mlp(), nan)["forget"]   # argmax of NaN logits is 0, which counted as correct: acc 1.0
+    assert r["acc"] == 0.0 and r["loss"] != r["loss"]
+
+
+def test_an_empty_out_dir_or_resume_and_a_resume_of_another_type_are_refused(small, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^unlearn: out_dir is an empty path: pass None for no files"):
+        ee.unlearn(mlp(), small, tiny_config(), out_dir="", progress=False)
+    assert list(tmp_path.iterdir()) == []   # the run wrote its files into the current directory
+    with pytest.raises(TypeError, match=r"^resume must be a checkpoint file, .*got int 3$"):
+        ee.unlearn(mlp(), small, tiny_config(), resume=3, progress=False)
+    with pytest.raises(ValueError, match=r"^resume is an empty path"):
+        ee.unlearn(mlp(), small, tiny_config(), resume="", progress=False)
+
+
+def test_retrains_progress_bar_is_not_labelled_original_model(small, capsys):
+    ee.unlearn(mlp(), small, method="retrain", setting="digits", model_fn=mlp, progress=True)
+    err = capsys.readouterr().err
+    assert "retrain (from scratch)" in err and "original model" not in err
