@@ -292,7 +292,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                 for seed in seeds:
                     ref = retrained.get(seed)
                     key = cache_key(CACHE_FORMAT, spec.name, seed, hp, fp, metric_kw, ref and ref["key"])
-                    bar.set_postfix_str(f"{spec.name} seed {seed}")
+                    bar.set_postfix_str(f"{spec.name} seed {seed}", refresh=False)
                     rec = cache.load(spec.name, seed, key)
                     if rec is None:
                         rec = _run_and_cache(spec, model, splits, seed, key, cache, device=device, session=session,

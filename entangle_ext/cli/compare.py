@@ -47,16 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
                                  "registered setting: mean ± std over seeds (docs/algorithm.md §10).")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True)
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (reduced, cpu, lite0 = CPU runs)")
-    ap.add_argument("--methods", default="all", help="'all' or a comma list of: " + ", ".join(available_methods())
+    ap.add_argument("--methods", default="all", help="'all' (default: every method, "
+                    f"{len(available_methods())} runs a seed) or a comma list of: " + ", ".join(available_methods())
                     + " (entangle_ext.available_methods())")
-    ap.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. N-1, shifted by --first-seed)")
+    ap.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3; 0 .. N-1, shifted by "
+                    "--first-seed)")
     ap.add_argument("--first-seed", type=seed_arg, default=0, help="the first seed of the runs (default 0); every "
                     "seed, up to first + N - 1, is an integer in [-2**63, 2**64 - 1] (torch.manual_seed's range)")
     ap.add_argument("--hparams", choices=HPARAMS, default="paper_code",
                     help="presets: paper_code (the paper's released code; the reference recipe of the two-stage "
                     "family) or original (the baseline authors' defaults; the paper's own recipe)")
     ap.add_argument("--out", default=None, help="output dir (default runs/compare_<setting>)")
-    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--data-root", default=None, help="data file or directory (default: $ENTANGLE_DATA, "
+                    "the user cache dir, then ../shared/data of a source checkout)")
     ap.add_argument("--weights", default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict")
     ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir")
     ap.add_argument("--model-seed", type=seed_arg, default=0, help="seed of the data selection and original model, "
@@ -64,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--relearn-steps", type=int, default=None, help="cap of the relearn-time fine-tuning (not with "
                     "--no-relearn)")
     ap.add_argument("--no-relearn", action="store_true", help="skip relearn time")
-    ap.add_argument("--mia-max-samples", type=int, default=None)
+    ap.add_argument("--mia-max-samples", type=int, default=None, help="cap on the MIA attack's members and "
+                    "non-members each (default: all)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: the setting's "
                     "own, else OMP_NUM_THREADS, else the physical cores); the previous count is restored")
@@ -79,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--amp", choices=["preset", "none", "bf16", "auto"], default="preset",
                     help="autocast of every method's unlearning runs: preset = the variant's (cifar100/cpu: auto, "
                          "bf16 where the CPU has bfloat16 matrix units; else none), none = the model's dtype")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # internal: a --jobs worker's queue dir
     return ap
 

@@ -27,6 +27,18 @@ def _comma_list(s: str):
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _micro_batch(s: str):
+    """``--micro-batch``: an int >= 1 or "auto" (the default), as `Stage2Config.micro_batch`
+    takes them (its None, one pass over all the batches: ``--set stage2.micro_batch=none``)."""
+    if s.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an int >= 1 or 'auto' (for one pass over all the "
+                                         "batches: --set stage2.micro_batch=none)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``entangle-unlearn [flags]`` (its ``--help``); the choices come from the
     settings and methods registries."""
@@ -104,8 +116,9 @@ def _add_data_flags(ap) -> None:
                    "epochs: --set epochs=N)")
     g.add_argument("--stage1-epochs", type=int, default=None, help="Stage 1 passes over the remote set")
     g.add_argument("--batch-limit", type=int, default=None, help="Stage 2 forget and remote batch limit")
-    g.add_argument("--micro-batch", type=int, default=None,
-                   help="Stage 2 max samples per forward/backward pass (default: auto, bounded on CPU)")
+    g.add_argument("--micro-batch", type=_micro_batch, default=None,
+                   help="Stage 2 max samples per forward/backward pass: an int or 'auto' (default: bounded on "
+                   "CPU, one pass elsewhere; one pass over all the batches: --set stage2.micro_batch=none)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the setting's own, "
                    "else $OMP_NUM_THREADS, else the physical cores)")
 
