@@ -119,3 +119,24 @@ def test_no_relearn_with_relearn_steps_is_refused(tmp_path, capsys, monkeypatch)
     line = _one_line(capsys, "entangle-unlearn compare")
     assert rc == 2 and "--relearn-steps 5" in line and "--no-relearn" in line, line
     assert not (tmp_path / "o").exists()
+
+
+def test_micro_batch_takes_auto_as_its_help_says(capsys):
+    from entangle_ext.cli.run import build_parser
+    ap = build_parser()
+    assert ap.parse_args(["--setting", "digits", "--out", "o", "--micro-batch", "auto"]).micro_batch == "auto"
+    assert ap.parse_args(["--setting", "digits", "--out", "o", "--micro-batch", "64"]).micro_batch == 64
+    with pytest.raises(SystemExit) as ei:
+        ap.parse_args(["--setting", "digits", "--out", "o", "--micro-batch", "many"])
+    assert ei.value.code == 2
+    assert "argument --micro-batch: 'many' is not an int >= 1 or 'auto'" in capsys.readouterr().err
+
+
+def test_compare_help_gives_the_defaults_that_start_hours_of_work(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'all' (default: every method" in out and "(default 3;" in out
+    for help_line in ("--data-root DATA_ROOT data file or directory", "--mia-max-samples MIA_MAX_SAMPLES cap on",
+                      "--no-progress no progress bars"):
+        assert help_line in out, help_line
