@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -49,9 +50,17 @@ def default_threads(preferred: Optional[int] = None) -> int:
 @contextlib.contextmanager
 def torch_threads(n: int):
     """``torch.set_num_threads(n)`` for the body; the previous count is restored on exit (also
-    when it raises). Raises ValueError for n < 1."""
+    when it raises). Raises ValueError for n < 1; warns (RuntimeWarning) when n exceeds the CPUs
+    this process may run on (e.g. ``--threads 256`` on 2 cores ran digits 6x slower than 1)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"the thread count must be an integer >= 1, got {n!r}")
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    if n > usable:
+        warnings.warn(f"{n} torch threads on {usable} usable CPU(s): more threads than CPUs only adds contention "
+                      f"(every step slows down); use at most {usable}", RuntimeWarning, stacklevel=3)
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

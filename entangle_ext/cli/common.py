@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 __all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "seed_arg", "default_device", "fail",
-           "sigterm_interrupts", "exit_on_bad_input"]
+           "sigterm_interrupts", "exit_on_bad_input", "one_line_warnings"]
 
 PROG = "entangle-unlearn"
 
@@ -152,3 +152,28 @@ def exit_on_bad_input(prog: str):
         yield
     except (ValueError, TypeError, OSError, ImportError, zipfile.BadZipFile) as e:
         raise SystemExit(fail(e, prog)) from None
+
+
+@contextlib.contextmanager
+def one_line_warnings(prog: str = PROG):
+    """The package's own warnings to the user print as one ``<prog>: warning: <message>`` line (a
+    category defined in entangle_ext, e.g. `OutDirReusedWarning`, `MIAUndefinedWarning`,
+    `BatchLargerThanSplitWarning`, or any warning raised from the package's own files, e.g. the
+    thread-count one), not Python's two lines with a source path; other libraries' warnings print
+    as usual. For the body of a command (``entangle-unlearn``, its ``compare``)."""
+    import os
+    import warnings
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    before = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        ours = category.__module__.startswith("entangle_ext") or os.path.abspath(filename).startswith(package)
+        if ours:
+            print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            before(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = before

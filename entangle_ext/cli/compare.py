@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..unlearn.files import WriteError
-from .common import fail, resolve_device, seed_arg, sigterm_interrupts
+from .common import fail, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts
 
 __all__ = ["main", "build_parser"]
 
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     # SIGTERM / SIGHUP (a kill, a closed terminal) stop like Ctrl-C: --jobs workers are terminated
     stop = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     try:
-        with torch_threads(threads), sigterm_interrupts(*stop):
+        with one_line_warnings("entangle-unlearn compare"), torch_threads(threads), sigterm_interrupts(*stop):
             res = _compare(args, out, device, variant, data, model, methods, threads)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e, "entangle-unlearn compare")

@@ -9,7 +9,6 @@ import copy
 import json
 import shlex
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -17,7 +16,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..unlearn.files import WriteError
-from .common import PROG, command_prefix, fail, resolve_device, seed_arg, sigterm_interrupts
+from .common import PROG, command_prefix, fail, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts
 from .config import build_config, check_conflicts, check_option_flags, flag_tables, parse_overrides
 
 __all__ = ["main", "build_parser"]
@@ -263,7 +262,9 @@ def _run_ranks(args, plan: _Plan, procs, device) -> int:
     rep.setdefault("splits_fingerprint", run.key["splits"])
     rep["run"] = {"method": args.method, "hparams": plan.hparams, "setting": args.setting,
                   "variant": plan.variant.name, "data": _jsonable(plan.data),
-                  "model": _jsonable(plan.model), "original_recipe": run.recipe.to_dict(),
+                  "model": _jsonable(plan.model),
+                  # --original: the original model was loaded, not trained, so no recipe made it
+                  "original_recipe": None if args.original else run.recipe.to_dict(),
                   "original_model": str(run.cache) if run.cache else None, "device": str(device),
                   "threads": plan.threads, "resumed_from": args.resume}
     save_report_json(Path(args.out), rep)
@@ -289,7 +290,7 @@ def main(argv=None) -> int:
         plan = _plan(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e)
-    with torch_threads(plan.threads), sigterm_interrupts(), _one_line_warnings():
+    with one_line_warnings(PROG), torch_threads(plan.threads), sigterm_interrupts():
         try:
             return _run(args, plan)
         except (ValueError, FileNotFoundError, ImportError) as e:
@@ -307,27 +308,6 @@ def _typed_flags(argv) -> set:
     for action in ap._actions:
         action.default = argparse.SUPPRESS
     return set(vars(ap.parse_args(argv)))
-
-
-@contextlib.contextmanager
-def _one_line_warnings():
-    """The package's own warnings to the user (e.g. `OutDirReusedWarning`: ``--out`` holds a run
-    and no ``--resume``) print as one ``entangle-unlearn: warning: ...`` line; others as usual."""
-    from ..unlearn.entry import OutDirReusedWarning
-    from ..unlearn.report import PlotSkippedWarning
-
-    before = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, (OutDirReusedWarning, PlotSkippedWarning)):
-            print(f"{PROG}: warning: {message}", file=sys.stderr)
-        else:
-            before(message, category, filename, lineno, file, line)
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        warnings.showwarning = before
 
 
 @contextlib.contextmanager

@@ -81,7 +81,6 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
                                                          allow_config_change=allow_config_change)
         if ckpt is not None:   # before anything is loaded into the model: a refused resume leaves it untouched
-            check_changes_apply(ckpt, changes, cls.stage_keys()[-1])
             check_resume_model(ckpt, model)
         model.to(device).eval()
         amp = config.amp if hasattr(config, "amp") else None
@@ -151,7 +150,8 @@ class Run:
                                              "done": self.done, "fingerprint": fingerprint_entry(fingerprint)},
                                   dynamic=lambda: {"timings": self._timings_now()})
         self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
-        check_unchanged(changes)
+        check_unchanged(changes)   # (a selection's fields first: their own message)
+        check_changes_apply(self.ckpt, changes, self.stages[-1])
         self.selection = None if getattr(config, "select", None) is None else \
             StateSelection(config, num_classes, self.done, self.saver.common, self.ckpt, model)
         stage = self.ckpt.get("stage")

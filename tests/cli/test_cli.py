@@ -354,10 +354,10 @@ def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp
     """A baseline resumed from the command line gets the same checks as the two-stage family: other data
     (--forget) is refused, another configuration too (before any data is loaded) unless
     --allow-config-change, which the refusal names (not a Python-only keyword); the change is
-    recorded in report.json."""
+    recorded in report.json. A change to a finished run (no stage runs again) is refused."""
     import entangle_ext.settings as S
     pytest.importorskip("sklearn")
-    run = _argv(tmp_path, "--method", "salun", "--set", "epochs=1", caps=BASE)
+    run = _argv(tmp_path, "--method", "salun", "--set", "epochs=1", "--checkpoint-every", "1", caps=BASE)
     assert cli.main(run) == 0
     capsys.readouterr()
     assert cli.main(run + ["--forget", "5", "--resume", str(tmp_path)]) == 2
@@ -369,7 +369,11 @@ def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp
     err = capsys.readouterr().err
     assert "error: resume: the config differs from the checkpoint's: lr:" in err and "0.5 now" in err, err
     assert "(command line: --allow-config-change)" in err and len(err.strip().splitlines()) == 1
-    assert cli.main(run + ["--set", "lr=0.5", "--resume", str(tmp_path), "--allow-config-change"]) == 0
+    assert cli.main(run + ["--set", "lr=0.5", "--resume", str(tmp_path), "--allow-config-change"]) == 2
+    err = capsys.readouterr().err
+    assert "is the end of a finished run, so no stage runs again and the config changes (lr: " in err, err
+    mid = sorted((tmp_path / "checkpoints").glob("*step000001.pt"))[0]   # the first step: the rest runs anew
+    assert cli.main(run + ["--set", "lr=0.5", "--resume", str(mid), "--allow-config-change"]) == 0
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["resume"]["config_changes"]["lr"][1] == 0.5 and rep["config"]["lr"] == 0.5
 
@@ -390,9 +394,9 @@ def test_resume_under_another_method_is_one_line_before_any_training(tmp_path, c
 def test_rerun_into_the_same_out_warns_in_one_line(tmp_path, capsys):
     pytest.importorskip("sklearn")
     assert cli.main(_argv(tmp_path)) == 0
-    assert "warning" not in capsys.readouterr().err
+    assert "already holds" not in capsys.readouterr().err
     assert cli.main(_argv(tmp_path)) == 0                       # overwrites, as asked, but says so
-    warned = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "already holds" in ln]
     assert len(warned) == 1 and warned[0].startswith(f"entangle-unlearn: warning: {tmp_path} already holds a "
                                                      "finished run") and f"--resume {tmp_path}" in warned[0]
 

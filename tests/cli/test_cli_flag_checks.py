@@ -140,3 +140,18 @@ def test_compare_help_gives_the_defaults_that_start_hours_of_work(capsys):
     for help_line in ("--data-root DATA_ROOT data file or directory", "--mia-max-samples MIA_MAX_SAMPLES cap on",
                       "--no-progress no progress bars"):
         assert help_line in out, help_line
+
+
+def test_package_warnings_print_as_one_line_in_both_commands(tmp_path, capsys):
+    """Warnings of the package (its categories, and those raised from its files, e.g. more threads
+    than CPUs) were printed by Python with a source path and the echoed line, beside the
+    commands' own one-line 'warning:' style."""
+    import os
+    too_many = len(os.sched_getaffinity(0)) + 1
+    assert cli.main(["--setting", "digits", "--out", str(tmp_path / "r"), "--threads", str(too_many), *TINY]) == 0
+    err = capsys.readouterr().err
+    assert f"entangle-unlearn: warning: {too_many} torch threads on " in err and "RuntimeWarning" not in err
+    assert cli.main(["compare", "--setting", "digits", "--variant", "reduced", "--methods", "ga", "--seeds", "1",
+                     "--out", str(tmp_path / "c"), "--no-progress"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "arning" in ln]
+    assert lines and all(ln.startswith("entangle-unlearn compare: warning: ") for ln in lines), lines

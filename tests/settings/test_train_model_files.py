@@ -76,6 +76,7 @@ def test_original_flag_takes_a_checkpoint_and_an_out_dir(finished_run, tmp_path,
         # θ0 of this run is that run's Stage-1 (resp. final) model, on the same data
         assert rep["evals"]["original"] == first["stage1" if i == 0 else "stage2"]
         assert rep["run"]["original_model"] == str(given)
+        assert rep["run"]["original_recipe"] is None   # loaded, not trained: --original-epochs made nothing
 
 
 @pytest.mark.parametrize("content, reason", [
