@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from .unlearn.data import Splits
+from .unlearn.data import Splits, batch_warning_scope
 from .unlearn.evaluate import evaluate
 from .unlearn.memory_format import channels_last_scope
 from .unlearn.loop import NonFiniteLossError
@@ -265,7 +265,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     # one disjoint_scope for the whole comparison: its own check, every run and every scoring
     # check the splits; identical rows in two splits warn once per compare call. Likewise an MIA
     # attack without signal warns once per call (after the runs), not once per scored model.
-    with disjoint_scope(), mia_undefined_scope():
+    with disjoint_scope(), mia_undefined_scope(), batch_warning_scope():
         band = check_band(band)
         seeds, specs, budget = _checked_arguments(
             splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,

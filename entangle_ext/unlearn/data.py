@@ -16,6 +16,8 @@ cast to int64, and its floating inputs are cast to the model's dtype.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import hashlib
 import itertools
 import warnings
@@ -32,7 +34,7 @@ from .distributed import Dist, current
 from .source import (Source, as_source, check_batch_size, check_loader_options, indexed_tensors,  # noqa: F401
                      union_source)  # (re-exported)
 
-__all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "forward_logits", "loss_logits", "move_batch", "batch_size_of",
+__all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "batch_warning_scope", "forward_logits", "loss_logits", "move_batch", "batch_size_of",
            "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
            "check_batch_size", "check_loader_options", "has_batchnorm", "require_graph"]
 
@@ -153,7 +155,33 @@ class _Plan:
 
 class BatchLargerThanSplitWarning(UserWarning):
     """A training stream's batch size exceeds its split: the batches are cut to the split (fewer,
-    smaller steps than the configuration suggests)."""
+    smaller steps than the configuration suggests). Inside a `batch_warning_scope` (one `compare`
+    call) each distinct message is given once, not once per run."""
+
+
+#: the messages already given inside the open `batch_warning_scope` (None: no scope open)
+_GIVEN: contextvars.ContextVar[Optional[set]] = contextvars.ContextVar("entangle_ext_batch_warnings", default=None)
+
+
+@contextlib.contextmanager
+def batch_warning_scope() -> Iterator[None]:
+    """Within this context (one `compare` call, every run of it) each distinct
+    `BatchLargerThanSplitWarning` is given once; a scope opened inside another joins it; outside
+    one, every stream that meets the case warns."""
+    token = _GIVEN.set(set()) if _GIVEN.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _GIVEN.reset(token)
+
+
+def _warn_once(message: str) -> None:
+    given = _GIVEN.get()
+    if given is None or message not in given:
+        warnings.warn(message, BatchLargerThanSplitWarning, stacklevel=4)
+    if given is not None:
+        given.add(message)
 
 
 class BatchStream:
@@ -203,9 +231,8 @@ class BatchStream:
         fold_tail = self.training if fold_tail is None else bool(fold_tail)
         self.fold = fold_tail and self.n > self.batch_size and self.n % self.batch_size == 1
         if training and 0 < self.n < self.batch_size:
-            warnings.warn(f"stream {name!r}: batch size {self.batch_size} is larger than its split "
-                          f"({self.n} samples): every batch is the whole split, one step per epoch",
-                          BatchLargerThanSplitWarning, stacklevel=3)
+            _warn_once(f"stream {name!r}: batch size {self.batch_size} is larger than its split "
+                       f"({self.n} samples): every batch is the whole split, one step per epoch")
         self.epoch, self.pos = 0, 0  # next batch to deliver (cycling use)
         self._feeds: Dict[str, Tuple[Any, Iterator]] = {}
         self._peeked: Optional[Tuple[Tuple[int, int], Any]] = None

@@ -94,3 +94,23 @@ def test_the_comparison_plot_of_long_method_names_warns_nothing(tmp_path, names)
         warnings.simplefilter("error", UserWarning)   # was: "Tight layout not applied" (a UserWarning)
         plot_comparison(_summary(names), str(tmp_path / "c.png"), order=names)
     assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_batch_larger_than_its_split_warns_once_per_compare_call(small):
+    """It warned once per run (2 methods x 2 seeds: 4 identical messages); a lone run still warns."""
+    import dataclasses
+    from _tiny import tiny_config
+    from entangle_ext.unlearn.data import BatchLargerThanSplitWarning
+    cfg = tiny_config()
+    cfg.stage2 = dataclasses.replace(cfg.stage2, forget_batch_size=64)   # the forget split has 20 samples
+    from entangle_ext.compare import method_spec
+    specs = [method_spec("two_stage", config=cfg), method_spec("no_w2", config=cfg)]
+
+    def batch_warnings(fn):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            fn()
+        return [str(w.message) for w in got if issubclass(w.category, BatchLargerThanSplitWarning)]
+    got = batch_warnings(lambda: ee.compare(mlp(), small, specs, seeds=[0, 1], relearn=False, progress=False))
+    assert len(got) == 1 and "stream 's2/forget': batch size 64 is larger than its split (20 samples)" in got[0], got
+    assert len(batch_warnings(lambda: ee.unlearn(mlp(), small, cfg, progress=False))) == 1
