@@ -251,8 +251,10 @@ def main(argv=None) -> int:
         print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"\nentangle-unlearn compare: interrupted; finished runs are cached in {out}/cache: rerun the "
-              "same command to go on from there", file=sys.stderr)
+        done = len(list(Path(out, "cache").glob("*/seed*.json")))   # (the runs' records, ResultCache.path)
+        kept = f"{done} finished run(s) are cached in {out}/cache: rerun the same command to go on from there" \
+            if done else "no run had finished, so none is cached: rerun the same command to start again"
+        print(f"\nentangle-unlearn compare: interrupted; {kept}", file=sys.stderr)
         return 130
     if res is None:   # a --worker process
         return 0

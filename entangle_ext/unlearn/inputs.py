@@ -179,7 +179,7 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
             except (RuntimeError, TypeError, IndexError) as e:
                 raise ValueError(f"split {name!r}: the model ({type(model).__name__}) cannot take this split's "
                                  f"inputs ({_describe_inputs(inputs)}; the model's parameters are "
-                                 f"{model_dtype(model)}): {str(e).splitlines()[0]}") from e
+                                 f"{_param_dtypes(model)}): {str(e).splitlines()[0]}") from e
             what = f"split {name!r}: the model ({type(model).__name__}) returned logits of shape " \
                    f"{tuple(logits.shape)} and dtype {logits.dtype} for {len(y)} samples"
             if logits.shape[0] != len(y):
@@ -210,6 +210,12 @@ def probe_channels_last(setting, model, splits: Splits, device, amp=None) -> boo
                             device=device, input_dtype=model_dtype(model))
         inputs, _ = split_batch(probe.fetch(torch.arange(min(2, probe.n))))
         return resolve_channels_last(setting, model, inputs, device)
+
+
+def _param_dtypes(model: torch.nn.Module) -> str:
+    """The dtypes of the model's parameters, e.g. "torch.float32" or "torch.complex64, torch.float32"
+    (`model_dtype` sees floating ones only, and said None for a complex model)."""
+    return ", ".join(sorted({str(p.dtype) for p in model.parameters()})) or "none (no parameters)"
 
 
 def _batch_form(inputs) -> str:

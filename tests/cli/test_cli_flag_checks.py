@@ -155,3 +155,20 @@ def test_package_warnings_print_as_one_line_in_both_commands(tmp_path, capsys):
                      "--out", str(tmp_path / "c"), "--no-progress"]) == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "arning" in ln]
     assert lines and all(ln.startswith("entangle-unlearn compare: warning: ") for ln in lines), lines
+
+
+def test_an_interrupted_compare_says_what_it_kept(tmp_path, capsys, monkeypatch):
+    """It said "finished runs are cached in OUT/cache" when no run had finished (no cache existed)."""
+    import importlib
+    mod = importlib.import_module("entangle_ext.cli.compare")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(mod, "_compare", interrupted)
+    argv = ["compare", "--setting", "digits", "--methods", "ga", "--seeds", "1", "--out", str(tmp_path), "--no-progress"]
+    assert cli.main(argv) == 130
+    assert "interrupted; no run had finished, so none is cached" in capsys.readouterr().err
+    (tmp_path / "cache" / "ga").mkdir(parents=True)
+    (tmp_path / "cache" / "ga" / "seed0.json").write_text("{}")
+    assert cli.main(argv) == 130
+    assert f"interrupted; 1 finished run(s) are cached in {tmp_path}/cache" in capsys.readouterr().err

@@ -366,3 +366,9 @@ def test_retrains_progress_bar_is_not_labelled_original_model(small, capsys):
     ee.unlearn(mlp(), small, method="retrain", setting="digits", model_fn=mlp, progress=True)
     err = capsys.readouterr().err
     assert "retrain (from scratch)" in err and "original model" not in err
+
+
+def test_a_complex_model_that_cannot_take_the_inputs_names_its_dtype(small):
+    model = torch.nn.Linear(64, 2, dtype=torch.complex64)   # the message said "parameters are None"
+    with pytest.raises(ValueError, match=r"the model's parameters are torch.complex64\)"):
+        _unlearn(model, small, "two_stage")
