@@ -10,7 +10,7 @@ import dataclasses
 import typing
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "check_option_flags", "parse_overrides",
+__all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "flag_of", "check_option_flags", "parse_overrides",
            "hparams_and_recipe", "build_config", "check_conflicts", "has_stages", "named_recipe"]
 
 OPTION_FLAGS = {"max_train_per_class": "data", "max_test_per_class": "data", "superclasses": "data",
@@ -44,6 +44,22 @@ def flag_tables(args):
         if getattr(args, dest) is not None:
             stages[stage].update({f: getattr(args, dest) for f in fields})
     return opts["data"], opts["model"], stages["stage1"], stages["stage2"]
+
+
+_FIELD_OWNERS = {"stage1": "Stage1Config", "stage2": "Stage2Config", "top": "UnlearnConfig", "train": "TrainRecipe"}
+
+
+def flag_of(message: str, args) -> Optional[str]:
+    """The flag (e.g. "--epochs") whose value a config check refused, when ``message`` starts with
+    the field that flag sets ("Stage2Config.epochs must be ...") and the flag was given; else None.
+    The commands put it in front of the message, which names the config field only."""
+    pairs = [(dest, stage, f) for dest, (stage, fields) in STAGE_FLAGS.items() for f in fields] + \
+            [(dest, section, field) for dest, (section, field) in RUN_FLAGS.items()]
+    for dest, owner, field in pairs:
+        given = getattr(args, dest, None)
+        if message.startswith(f"{_FIELD_OWNERS[owner]}.{field} ") and given is not None and given is not False:
+            return flag_name(dest)
+    return None
 
 
 def check_option_flags(setting, given: Dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from ..unlearn.files import WriteError
 from .common import PROG, command_prefix, fail, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts
-from .config import build_config, check_conflicts, check_option_flags, flag_tables, parse_overrides
+from .config import build_config, check_conflicts, check_option_flags, flag_of, flag_tables, parse_overrides
 
 __all__ = ["main", "build_parser"]
 
@@ -169,8 +169,14 @@ def _plan(args) -> _Plan:
     setting.check_options(data, model)
     variant = setting.variant(args.variant, given=set(data) | set(model))
     train = {"epochs": args.original_epochs, **sets["train"]}
-    variant.recipe.replace(**train)   # validates the original model's recipe
-    cfg, hparams = build_config(args, setting, variant, {"stage1": s1, "stage2": s2}, sets, train)
+    try:
+        variant.recipe.replace(**train)   # validates the original model's recipe
+        cfg, hparams = build_config(args, setting, variant, {"stage1": s1, "stage2": s2}, sets, train)
+    except ValueError as e:   # a field's check: name the flag that set it, if one did
+        flag = flag_of(str(e), args)
+        if flag is None:
+            raise
+        raise ValueError(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: {e}") from None
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.original is not None and not Path(args.original).exists():

@@ -172,3 +172,20 @@ def test_an_interrupted_compare_says_what_it_kept(tmp_path, capsys, monkeypatch)
     (tmp_path / "cache" / "ga" / "seed0.json").write_text("{}")
     assert cli.main(argv) == 130
     assert f"interrupted; 1 finished run(s) are cached in {tmp_path}/cache" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, starts", [
+    (["--epochs", "-1"], "--epochs -1: Stage2Config.epochs must be >= 0"),
+    (["--alpha", "1.5"], "--alpha 1.5: Stage2Config.alpha must be in [0, 1]"),
+    (["--log-every", "0"], "--log-every 0: UnlearnConfig.log_every must be >= 1"),
+    (["--batch-limit", "0"], "--batch-limit 0: Stage2Config.forget_batch_limit must be >= 1"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every -1: UnlearnConfig.checkpoint_every must be >= 0"),
+    (["--original-epochs", "-1"], "--original-epochs -1: TrainRecipe.epochs must be an integer >= 0"),
+    (["--set", "stage2.alpha=3"], "Stage2Config.alpha must be in [0, 1]"),   # --set names the field itself
+])
+def test_a_refused_flag_value_names_the_flag(argv, starts, tmp_path, capsys, monkeypatch):
+    """The message named the config field only (Stage2Config.epochs), not the flag typed."""
+    _no_prepare(monkeypatch)
+    assert cli.main(["--setting", "digits", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"entangle-unlearn: error: {starts}") and len(err.splitlines()) == 1, err
