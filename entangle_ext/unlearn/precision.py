@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import warnings
 from typing import Iterator, List, Optional, Sequence
 
 import torch
 
 __all__ = ["LOW_PRECISION", "AMP_DTYPES", "AMP_CHOICES", "state_dtype", "model_dtype", "amp_scope",
            "autocast_for", "MasterParams", "master_weight_optimizer", "optimizer_tensor", "cpu_has_bf16_matmul",
-           "resolve_amp", "resolve_amp_for"]
+           "resolve_amp", "resolve_run_amp", "resolve_amp_for"]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: The autocast dtype each resolved ``amp`` value selects (``amp_scope`` takes these keys).
@@ -62,6 +63,18 @@ def resolve_amp(amp: Optional[str], device, dtype: Optional[torch.dtype] = torch
     if dev.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else None
     return None
+
+
+def resolve_run_amp(amp: Optional[str], device, dtype: Optional[torch.dtype]) -> Optional[str]:
+    """`resolve_amp` for a run's config, with a warning (UserWarning) when an explicit "bf16"
+    resolves to None because the model is not float32 (a float64 / float16 / bfloat16 model runs
+    in its own dtype): the request is not silently dropped ("auto" falls back quietly, as
+    documented)."""
+    resolved = resolve_amp(amp, device, dtype)
+    if amp == "bf16" and resolved is None:
+        warnings.warn(f"amp='bf16' autocasts float32 models only: this {dtype} model runs in its own dtype, "
+                      "without autocast (the report's amp is None)", UserWarning, stacklevel=3)
+    return resolved
 
 
 def resolve_amp_for(amp: Optional[str], model: torch.nn.Module, device=None) -> Optional[str]:

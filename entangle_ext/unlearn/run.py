@@ -29,7 +29,7 @@ from .lock import OutDirLock
 from .memory_format import channels_last_scope
 from .loop import check_final_losses
 from .method import UnlearningMethod, warm_imports
-from .precision import amp_scope, model_dtype, resolve_amp
+from .precision import amp_scope, model_dtype, resolve_run_amp
 from .certificate import NOT_APPLICABLE, certificate_line
 from .selection import StateSelection, check_unchanged, selection_line
 from .report import UnlearnResult, build_report, format_table, plot_available, save_report_json, write_report
@@ -77,7 +77,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         device = model_device(model, device)
         if getattr(config, "amp", None) is not None:   # kept as what runs here: report, checkpoints, resume
             # ("auto" as this device and dtype run it; "bf16" stays only for a float32 model)
-            config = dataclasses.replace(config, amp=resolve_amp(config.amp, device, model_dtype(model)))
+            config = dataclasses.replace(config, amp=resolve_run_amp(config.amp, device, model_dtype(model)))
         changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
                                                          allow_config_change=allow_config_change)
         if ckpt is not None:   # before anything is loaded into the model: a refused resume leaves it untouched

@@ -372,3 +372,15 @@ def test_a_complex_model_that_cannot_take_the_inputs_names_its_dtype(small):
     model = torch.nn.Linear(64, 2, dtype=torch.complex64)   # the message said "parameters are None"
     with pytest.raises(ValueError, match=r"the model's parameters are torch.complex64\)"):
         _unlearn(model, small, "two_stage")
+
+
+def test_an_explicit_bf16_that_cannot_apply_warns(small):
+    """amp='bf16' on a float64 model was dropped silently (the report said amp None); "auto" falls
+    back quietly as documented."""
+    import warnings
+    with pytest.warns(UserWarning, match=r"amp='bf16' autocasts float32 models only: this torch.float64 model"):
+        res = ee.unlearn(mlp().double(), small, tiny_config(amp="bf16"), progress=False)
+    assert res.report["amp"] is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ee.unlearn(mlp().double(), small, tiny_config(amp="auto"), progress=False)
