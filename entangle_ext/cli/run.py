@@ -266,6 +266,8 @@ def _run_ranks(args, plan: _Plan, procs, device) -> int:
         return 0
     rep = res.report
     rep.setdefault("splits_fingerprint", run.key["splits"])
+    # the preset the flags' config came from (the API fills these only when it picks the preset itself)
+    rep["setting"], rep["hparams"] = args.setting, plan.hparams
     rep["run"] = {"method": args.method, "hparams": plan.hparams, "setting": args.setting,
                   "variant": plan.variant.name, "data": _jsonable(plan.data),
                   "model": _jsonable(plan.model),

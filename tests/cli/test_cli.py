@@ -319,6 +319,7 @@ def test_table_and_report_json(tmp_path, capsys):
     fp = rep["splits_fingerprint"]
     assert fp["forget"]["n"] == 10 and len(fp["forget"]["hash"]) == 16
     assert rep["run"]["setting"] == "digits" and rep["run"]["data"] == {"max_train_per_class": 10}
+    assert (rep["setting"], rep["hparams"]) == ("digits", "paper_code")   # were null: the CLI builds the config
 
 
 @needs_ext
