@@ -51,13 +51,15 @@ _FIELD_OWNERS = {"stage1": "Stage1Config", "stage2": "Stage2Config", "top": "Unl
 
 def flag_of(message: str, args) -> Optional[str]:
     """The flag (e.g. "--epochs") whose value a config check refused, when ``message`` starts with
-    the field that flag sets ("Stage2Config.epochs must be ...") and the flag was given; else None.
-    The commands put it in front of the message, which names the config field only."""
+    the field that flag sets ("Stage2Config.epochs must be ...") and the flag was typed (the
+    parser's ``given_flags``; a flag left at its default, e.g. --log-every 10, set nothing: a
+    ``--set`` did); else None. The commands put it in front of the message, which names the config
+    field only."""
     pairs = [(dest, stage, f) for dest, (stage, fields) in STAGE_FLAGS.items() for f in fields] + \
             [(dest, section, field) for dest, (section, field) in RUN_FLAGS.items()]
+    typed = getattr(args, "given_flags", None) or set()
     for dest, owner, field in pairs:
-        given = getattr(args, dest, None)
-        if message.startswith(f"{_FIELD_OWNERS[owner]}.{field} ") and given is not None and given is not False:
+        if message.startswith(f"{_FIELD_OWNERS[owner]}.{field} ") and dest in typed:
             return flag_name(dest)
     return None
 

@@ -82,6 +82,17 @@ class TwoStage(UnlearningMethod):
     def stage_keys(cls) -> Tuple[int, ...]:
         return (1, 2)
 
+    @classmethod
+    def last_stage(cls, config: UnlearnConfig) -> int:
+        """2, or 1 for a config without Stage 2 (``run_stage2=False``)."""
+        return 2 if config.run_stage2 else 1
+
+    @classmethod
+    def check_model(cls, config: UnlearnConfig, model) -> None:
+        """With Stage 2: one dtype for every trainable parameter's gradient (`require_one_dtype`)."""
+        if config.run_stage2:
+            require_one_dtype(require_trainable(model), model)
+
     def execute(self, run) -> Dict[str, Any]:
         """c0 (`Run.constraint_target`) → Stage 1 (`stage1`, checkpoint ``stage1_done``, with the
         augmented Lagrangian's state) → evaluate "stage1" → Stage 2 (`stage2`, ``stage2_done``)
@@ -90,12 +101,8 @@ class TwoStage(UnlearningMethod):
         1) and the W2 drift to θ̄ (Stage 2), and the opt-in stopping rules (``stage1.until``,
         ``stage2.until``) are checked there. Returns c0, the final λ and the certificate
         (``entangle_ext/unlearn/certificate.py``). Raises ValueError when a rule needs the
-        original model's curve record and the resumed checkpoint was written without curves, and
-        (before Stage 1) when Stage 2 runs on trainable parameters of several dtypes
-        (`require_one_dtype`)."""
+        original model's curve record and the resumed checkpoint was written without curves."""
         cfg = run.config
-        if cfg.run_stage2:   # before Stage 1 changes anything
-            require_one_dtype(require_trainable(run.model), run.model)
         c0 = run.constraint_target()
         margin = cfg.stage1.margin if cfg.stage1.margin is not None else curves.default_margin(run.num_classes)
 

@@ -99,19 +99,20 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
         and, if requested, "losses" (list of floats, per-sample CE in dataset order).
     Raises:
         TypeError: ``model`` not a `torch.nn.Module`, ``splits`` not a `Splits` (e.g. a bare
-            Dataset: wrap it, ``Splits(forget=dataset)``); ``num_classes`` not None or an int
-            >= 2; ``check_finite`` not a bool.
-        ValueError: a ``splits`` without any split, an empty split, ``batch_size`` not an
+            Dataset: wrap it, ``Splits(forget=dataset)``); ``num_classes`` not None or an int;
+            ``check_finite`` not a bool.
+        ValueError: ``num_classes`` < 2, a ``splits`` without any split, an empty split, ``batch_size`` not an
             integer >= 1, no ``device`` for a model without parameters or buffers, non 2-D
             logits, labels outside [0, C) or not integer, and with ``check_finite`` a non-finite
             per-sample CE (naming the split and the dataset indices of those samples).
     """
     check_model_and_splits(model, splits, "evaluate")
     check_flags("evaluate", check_finite=check_finite)
-    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral)
-                                    or num_classes < 2):
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral)):
         raise TypeError(f"evaluate: num_classes must be None or an int >= 2 (the model's C), got "
                         f"{type(num_classes).__name__} {num_classes!r}")
+    if num_classes is not None and num_classes < 2:
+        raise ValueError(f"evaluate: num_classes must be None or an int >= 2 (the model's C), got {num_classes}")
     batch_size = check_batch_size(batch_size, "evaluate: batch_size")
     splits.check(required=())
     if not splits.named():

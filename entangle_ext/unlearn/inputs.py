@@ -12,7 +12,7 @@ import torch
 from .data import BatchStream, Splits, forward_logits, split_batch
 from .losses import trainable_params
 from .memory_format import resolve_channels_last
-from .precision import amp_scope, model_dtype
+from .precision import amp_scope, model_dtype, state_dtype
 
 __all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "probe_channels_last",
            "require_trainable", "require_one_dtype", "training_flags_kept", "training_grad_mode", "check_flags",
@@ -55,8 +55,9 @@ def check_device_usable(device) -> torch.device:
     `torch.device`, or ValueError naming it when it is not a device string torch knows (e.g.
     "gpu", "tpu:0"), or this process cannot run on it: a CUDA device without a usable GPU (or an
     index past the GPUs visible), an MPS device without MPS, the meta device (no values), any
-    other device type whose torch backend is absent or reports no device (e.g. "xla" without
-    torch_xla) — instead of the run's error at the first tensor moved there."""
+    other device type on which an empty tensor cannot be made (e.g. "xla" without torch_xla; with
+    an add-on backend that registers it, it is accepted) — instead of the run's error at the first
+    tensor moved there."""
     try:
         device = device if isinstance(device, torch.device) else torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
@@ -75,13 +76,13 @@ def check_device_usable(device) -> torch.device:
     elif device.type == "meta":
         raise ValueError(f"device {str(device)!r}: the meta device holds no values, so nothing can be trained "
                          "or evaluated on it: pass device='cpu' or a GPU")
-    elif device.type != "cpu":
-        backend = getattr(torch, device.type, None)
-        available = getattr(backend, "is_available", None)
-        if not callable(available) or not available():
-            raise ValueError(f"device {str(device)!r}: this torch ({torch.__version__}) cannot run on "
-                             f"{device.type!r} devices here (no torch.{device.type} backend, or it reports no "
-                             "device): pass device='cpu' or a GPU")
+    elif device.type != "cpu":   # xla, xpu, hpu, privateuseone...: usable if a tensor can be made there
+        try:
+            torch.empty(0, device=device)
+        except Exception as e:   # torch's error differs per backend: absent, not linked, no device
+            raise ValueError(f"device {str(device)!r}: this torch ({torch.__version__}) cannot make a tensor there "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}): pass device='cpu' or "
+                             "a GPU") from None
     return device
 
 
@@ -121,17 +122,19 @@ def require_trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
 
 
 def require_one_dtype(params: List[torch.nn.Parameter], model: torch.nn.Module, where: str = "stage 2") -> None:
-    """ValueError, naming a parameter of each dtype, when the trainable ``params`` of ``model`` are
-    of more than one dtype: Stage 2 projects the adjacent gradient against the forget and remote
-    gradients over all of them at once (docs/algorithm.md §5), in one dtype. The two-stage family
-    checks this before Stage 1, so a refused run leaves the model untouched."""
+    """ValueError, naming a parameter of each dtype, when the gradients of the trainable ``params``
+    of ``model`` come in more than one dtype: Stage 2 projects the adjacent gradient against the
+    forget and remote gradients over all of them at once (docs/algorithm.md §5), in one dtype. A
+    float16 / bfloat16 parameter's gradient is its float32 master copy's (`state_dtype`), so
+    float32 with bfloat16 is one dtype; float32 with float64 is two. The two-stage family checks
+    this before the model is moved or any file written (`TwoStage.check_model`)."""
     first = {}
     names = {id(p): n for n, p in model.named_parameters()}
     for p in params:
-        first.setdefault(p.dtype, names.get(id(p), "?"))
+        first.setdefault(state_dtype(p.dtype), (names.get(id(p), "?"), p.dtype))
     if len(first) > 1:
-        raise ValueError(f"{where}: the trainable parameters are of {len(first)} dtypes (" +
-                         ", ".join(f"{n!r}: {d}" for d, n in first.items()) +
+        raise ValueError(f"{where}: the trainable parameters' gradients are of {len(first)} dtypes (" +
+                         ", ".join(f"{n!r}: {d}" for n, d in first.values()) +
                          "), and the W-PGD projection takes them in one: cast the model to one dtype (e.g. "
                          "model.float()) or freeze the parameters of the other (requires_grad=False)")
 
@@ -220,11 +223,11 @@ def _param_dtypes(model: torch.nn.Module) -> str:
 
 def _batch_form(inputs) -> str:
     """The form of a batch's inputs, as two batches that concatenate share it: "a tensor", "dict
-    keys [...]" or "a tuple of n"."""
+    keys [...]" or "a sequence of n" (a tuple or a list)."""
     if isinstance(inputs, dict):
         return f"dict keys {sorted(inputs)}"
-    if isinstance(inputs, (tuple, list)):
-        return f"a {type(inputs).__name__} of {len(inputs)}"
+    if isinstance(inputs, (tuple, list)):   # default_collate makes lists of tuple items: one form
+        return f"a sequence of {len(inputs)}"
     return "a tensor" if torch.is_tensor(inputs) else type(inputs).__name__
 
 
@@ -267,9 +270,10 @@ def check_stage_arguments(where: str, model, splits, config, config_cls: type, *
     if not SEED_MIN <= seed <= SEED_MAX:
         raise ValueError(f"{where}: seed must be in [{SEED_MIN}, {SEED_MAX}] (torch.manual_seed's range), got {seed}")
     if c0 is not None:
-        if isinstance(c0, bool) or not isinstance(c0, numbers.Real):
+        if isinstance(c0, bool) or not (isinstance(c0, numbers.Real) or (torch.is_tensor(c0) and c0.numel() == 1
+                                                                         and not c0.is_complex())):
             raise TypeError(f"{where}: c0 must be a real number (nats) or None, got {type(c0).__name__} {c0!r}")
-        if not math.isfinite(c0):
+        if not math.isfinite(float(c0)):
             raise ValueError(f"{where}: c0 must be finite (nats), got {c0}")
     if checkpoint_fn is not None and not callable(checkpoint_fn):
         raise TypeError(f"{where}: checkpoint_fn must be callable (step, state) or None, got "

@@ -221,6 +221,17 @@ class UnlearningMethod:
         (default: one stage, the method's name)."""
         return (cls.name,)
 
+    @classmethod
+    def last_stage(cls, config) -> Any:
+        """The key of the last stage a run with ``config`` runs (default: the last of
+        `stage_keys`): a checkpoint at its end is a finished run (`check_changes_apply`)."""
+        return cls.stage_keys()[-1]
+
+    @classmethod
+    def check_model(cls, config, model) -> None:
+        """What the method asks of ``model`` beyond the lifecycle's own checks, run before the model
+        is moved or any file is written (default: nothing). Raises ValueError."""
+
     def execute(self, run) -> Dict[str, Any]:
         """The method's part of a run (``run``: the `Run` of ``entangle_ext/unlearn/run.py``, made by
         `entangle_ext.unlearn`, after θ0 was evaluated): take the stages with ``run.stage``,

@@ -72,8 +72,10 @@ def resolve_run_amp(amp: Optional[str], device, dtype: Optional[torch.dtype]) ->
     documented)."""
     resolved = resolve_amp(amp, device, dtype)
     if amp == "bf16" and resolved is None:
-        warnings.warn(f"amp='bf16' autocasts float32 models only: this {dtype} model runs in its own dtype, "
-                      "without autocast (the report's amp is None)", UserWarning, stacklevel=3)
+        what = f"this {dtype} model runs in its own dtype" if dtype is not None else \
+            "this model has no floating parameter and runs as it is"
+        warnings.warn(f"amp='bf16' autocasts float32 models only: {what}, without autocast (the report's amp is "
+                      "None)", UserWarning, stacklevel=3)
     return resolved
 
 

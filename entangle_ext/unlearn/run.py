@@ -50,7 +50,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     Order (every method): load the checkpoint of ``resume`` → resolve and validate the config
     (``cls.resolve_config``; ``seed`` replaces ``config.seed``) → the splits the method needs
     (``cls.splits_needed``) → the splits fingerprint and, on a resume, `check_resume` and
-    `check_resume_model` (the checkpoint's model state fits ``model``; nothing is loaded yet) →
+    `check_changes_apply` (no config change to a finished run) and `check_resume_model` (the
+    checkpoint's model state fits ``model``; nothing is loaded yet) → ``cls.check_model`` →
     trainable parameters → device → `preflight` (one batch per split) → what the config's
     ``channels_last`` runs as (`probe_channels_last`; its scope holds for the rest) → lock ``out_dir`` and
     ``on_checked()`` → seed (and deterministic algorithms when the config asks) → evaluate θ0
@@ -81,7 +82,10 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         changes = None if ckpt is None else check_resume(ckpt, fingerprint, config.to_dict(),
                                                          allow_config_change=allow_config_change)
         if ckpt is not None:   # before anything is loaded into the model: a refused resume leaves it untouched
+            check_unchanged(changes)   # (a selection's fields: their own message first)
+            check_changes_apply(ckpt, changes, cls.last_stage(config))
             check_resume_model(ckpt, model)
+        cls.check_model(config, model)
         model.to(device).eval()
         amp = config.amp if hasattr(config, "amp") else None
         num_classes = preflight(model, splits, device, amp)
@@ -150,8 +154,7 @@ class Run:
                                              "done": self.done, "fingerprint": fingerprint_entry(fingerprint)},
                                   dynamic=lambda: {"timings": self._timings_now()})
         self.saver.last_path = self.ckpt.get("path")   # until this run writes one: the one resumed from
-        check_unchanged(changes)   # (a selection's fields first: their own message)
-        check_changes_apply(self.ckpt, changes, self.stages[-1])
+        check_unchanged(changes)
         self.selection = None if getattr(config, "select", None) is None else \
             StateSelection(config, num_classes, self.done, self.saver.common, self.ckpt, model)
         stage = self.ckpt.get("stage")

@@ -182,6 +182,8 @@ def test_an_interrupted_compare_says_what_it_kept(tmp_path, capsys, monkeypatch)
     (["--checkpoint-every", "-1"], "--checkpoint-every -1: UnlearnConfig.checkpoint_every must be >= 0"),
     (["--original-epochs", "-1"], "--original-epochs -1: TrainRecipe.epochs must be an integer >= 0"),
     (["--set", "stage2.alpha=3"], "Stage2Config.alpha must be in [0, 1]"),   # --set names the field itself
+    (["--set", "log_every=0"], "UnlearnConfig.log_every must be >= 1"),   # not "--log-every 10" (its default)
+    (["--set", "checkpoint_every=-1"], "UnlearnConfig.checkpoint_every must be >= 0"),
 ])
 def test_a_refused_flag_value_names_the_flag(argv, starts, tmp_path, capsys, monkeypatch):
     """The message named the config field only (Stage2Config.epochs), not the flag typed."""

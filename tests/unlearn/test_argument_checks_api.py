@@ -148,3 +148,16 @@ def test_config_changes_on_a_finished_run_are_refused_not_recorded(small, tmp_pa
                      allow_config_change=True, progress=False)
     assert res.report["resume"]["config_changes"] == {"stage2.epochs": [1, 2]}
     assert res.report["steps"]["stage2"] == 2 * ee.unlearn(mlp(), small, tiny_config(), progress=False).report["steps"]["stage2"]
+
+
+def test_config_changes_on_a_finished_stage1_only_run_are_refused(small, tmp_path):
+    """run_stage2=False: the run ends with Stage 1, so its stage1_done checkpoint is a finished run."""
+    import dataclasses
+    cfg = tiny_config(run_stage2=False)
+    ee.unlearn(mlp(), small, cfg, out_dir=tmp_path / "run", progress=False)
+    other = tiny_config(run_stage2=False)
+    other.stage1 = dataclasses.replace(other.stage1, lr=other.stage1.lr * 2)
+    with pytest.raises(ValueError, match=r"is the end of a finished run.*stage1.lr"):
+        ee.unlearn(mlp(), small, other, out_dir=tmp_path / "again", resume=tmp_path / "run",
+                   allow_config_change=True, progress=False)
+    assert not (tmp_path / "again").exists()   # refused before the out dir was made

@@ -163,7 +163,7 @@ def test_a_meta_model_is_named(small, method):
     ("gpu", r"device 'gpu' is not a device torch knows"),
     (3.5, r"device 3.5 is not a device torch knows"),
     ("meta", r"device 'meta': the meta device holds no values"),
-    ("xla", r"device 'xla': this torch .* cannot run on 'xla' devices here"),
+    ("xla", r"device 'xla': this torch .* cannot make a tensor there"),
 ])
 def test_a_device_this_process_cannot_run_on_is_named(small, device, match):
     model = mlp()
@@ -271,20 +271,25 @@ class _MixedDtypes(torch.nn.Module):
         return self.o(torch.relu(self.a(x.double())).float())
 
 
-def test_parameters_of_several_dtypes_are_refused_before_stage1(small):
-    """They failed inside Stage 2's projection, after Stage 1 had changed the model; a baseline
-    (no projection) still runs them."""
+def test_parameters_of_several_dtypes_are_refused_before_stage1(small, tmp_path):
+    """They failed inside Stage 2's projection, after Stage 1 had changed the model; now refused
+    before the model moves or a file is written; a baseline (no projection) still runs them, and
+    float32 with bfloat16 / float16 parameters (float32 master gradients) still runs Stage 2."""
     def weights(m):
         return torch.cat([p.detach().double().reshape(-1) for p in m.parameters()])
     model = _MixedDtypes()
     before = weights(model)
-    with pytest.raises(ValueError, match=r"^stage 2: the trainable parameters are of 2 dtypes \('a.weight': "
-                                         r"torch.float64, 'o.weight': torch.float32\)"):
-        _unlearn(model, small, "two_stage")
-    assert torch.equal(weights(model), before)
-    with pytest.raises(ValueError, match=r"^stage 2: the trainable parameters are of 2 dtypes"):
+    with pytest.raises(ValueError, match=r"^stage 2: the trainable parameters' gradients are of 2 dtypes "
+                                         r"\('a.weight': torch.float64, 'o.weight': torch.float32\)"):
+        _unlearn(model, small, "two_stage", out_dir=tmp_path / "out")
+    assert torch.equal(weights(model), before) and not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=r"^stage 2: the trainable parameters' gradients are of 2 dtypes"):
         ee.stage2(_MixedDtypes(), small, tiny_config().stage2, progress=False)
     _unlearn(_MixedDtypes(), small, "ft")
+    for low in (torch.bfloat16, torch.float16):
+        head = torch.nn.Sequential(mlp(), torch.nn.Linear(2, 2).to(low))
+        head.forward = lambda x, h=head: h[1](h[0](x).to(low)).float()
+        _unlearn(head, small, "two_stage")
 
 
 def test_a_sparse_embedding_is_refused(small):
@@ -333,16 +338,20 @@ def test_stage_functions_check_their_arguments(small, stage, change, err, match)
     torch.testing.assert_close(params(model), before, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("c0, err", [("0.1", TypeError), (float("nan"), ValueError), (True, TypeError)])
+@pytest.mark.parametrize("c0, err", [("0.1", TypeError), (float("nan"), ValueError), (True, TypeError),
+                                     (torch.tensor(float("inf")), ValueError), (torch.zeros(2), TypeError)])
 def test_stage1_checks_c0(small, c0, err):
     with pytest.raises(err, match=r"^stage1: c0 must be"):
         ee.stage1(mlp(), small, tiny_config().stage1, c0=c0, progress=False)
+    ee.stage1(mlp(), small, tiny_config().stage1, c0=torch.tensor(0.5), progress=False)   # a 0-d tensor is a number
 
 
 def test_evaluate_checks_num_classes_and_counts_nan_logits_wrong(small):
     from entangle_ext.unlearn.evaluate import evaluate
     with pytest.raises(TypeError, match=r"^evaluate: num_classes must be None or an int >= 2 .*got str '2'"):
         evaluate(mlp(), small, num_classes="2")
+    with pytest.raises(ValueError, match=r"^evaluate: num_classes must be None or an int >= 2 .*got 1$"):
+        evaluate(mlp(), small, num_classes=1)
     with pytest.raises(TypeError, match=r"^evaluate: check_finite must be True or False"):
         evaluate(mlp(), small, check_finite="no")
     x, y = small.forget.tensors
