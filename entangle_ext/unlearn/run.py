@@ -49,10 +49,10 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
 
     Order (every method): load the checkpoint of ``resume`` → resolve and validate the config
     (``cls.resolve_config``; ``seed`` replaces ``config.seed``) → the splits the method needs
-    (``cls.splits_needed``) → the splits fingerprint and, on a resume, `check_resume` and
-    `check_changes_apply` (no config change to a finished run) and `check_resume_model` (the
-    checkpoint's model state fits ``model``; nothing is loaded yet) → ``cls.check_model`` →
-    trainable parameters → device → `preflight` (one batch per split) → what the config's
+    (``cls.splits_needed``) → the splits fingerprint → trainable parameters → device → on a
+    resume, `check_resume`, `check_changes_apply` (no config change to a finished run) and
+    `check_resume_model` (the checkpoint's model state fits ``model``; nothing is loaded yet) →
+    ``cls.check_model`` (the method's own demands) → `preflight` (one batch per split) → what the config's
     ``channels_last`` runs as (`probe_channels_last`; its scope holds for the rest) → lock ``out_dir`` and
     ``on_checked()`` → seed (and deterministic algorithms when the config asks) → evaluate θ0
     (non-finite per-sample losses raise) → ``cls(...).execute(run)`` → `Run.finish`.
