@@ -1,7 +1,7 @@
 """Small things the tests share (one home): the 64-32-2 MLP on the digits miniature, a two-stage
-config of a few steps, parameter flattening, a model that turns NaN, a dict-item dataset,
-variable-length token data with its collate function and model, and the random tensors / tensor
-lists of the projection tests. Fixtures (``small``, ``one_thread``) live in
+config of a few steps, parameter flattening, a model that turns NaN, a dict-item dataset and a
+keyword-input model for it, variable-length token data with its collate function and model, and
+the random tensors / tensor lists of the projection tests. Fixtures (``small``, ``one_thread``) live in
 conftest.py."""
 import dataclasses
 
@@ -47,6 +47,17 @@ def flat_of(tensors):
 def params(model):
     """Every parameter of ``model``, detached, flattened and concatenated."""
     return flat_of(p.detach() for p in model.parameters())
+
+
+class Keyword(torch.nn.Module):
+    """`mlp` called as ``model(pixels=...)`` (for dict items, e.g. `DictDS`'s default key)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, pixels):
+        return self.net(pixels)
 
 
 class NaNAfter(torch.nn.Module):

@@ -5,10 +5,14 @@ one run lifecycle (`unlearn/run.py`), `stage1` / `stage2`, `evaluate`, the metri
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
+import os
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
+from .fields import SEED_MAX, SEED_MIN
 from .data import BatchStream, Splits, forward_logits, split_batch
 from .losses import trainable_params
 from .memory_format import resolve_channels_last
@@ -258,9 +262,6 @@ def check_stage_arguments(where: str, model, splits, config, config_cls: type, *
     belongs), a ``seed`` that is not an int, a ``c0`` that is not a real number, a
     ``checkpoint_fn`` that is not callable, a non-bool ``progress``; ValueError for a ``seed``
     outside torch.manual_seed's range or a non-finite ``c0``."""
-    import math
-    import numbers
-    from .fields import SEED_MAX, SEED_MIN
     check_model_and_splits(model, splits, where)
     if not isinstance(config, config_cls):
         hint = f" (a run config's .{where} is one)" if where in ("stage1", "stage2") else ""
@@ -287,7 +288,6 @@ def check_resume_arguments(resume, allow_config_change) -> None:
     loaded checkpoint (dict), and for a non-bool ``allow_config_change``; ValueError for an empty
     ``resume`` path, and for ``allow_config_change=True`` without ``resume`` (it only changes what a
     resume accepts), as the command line refuses ``--allow-config-change`` without ``--resume``."""
-    import os
     if resume is not None and not isinstance(resume, (dict, str, os.PathLike)):
         raise TypeError(f"resume must be a checkpoint file, an out dir (str or os.PathLike), a loaded checkpoint "
                         f"(dict) or None, got {type(resume).__name__} {resume!r}")

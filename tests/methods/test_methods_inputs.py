@@ -14,7 +14,7 @@ import entangle_ext as ee
 from entangle_ext.methods import METHODS, get_method
 from entangle_ext.unlearn import metrics as M
 
-from _tiny import BagOfTokens, DictDS, Tokens, mlp, pad_collate, params, tiny_config
+from _tiny import BagOfTokens, DictDS, Keyword, Tokens, mlp, pad_collate, params, tiny_config
 
 C = importlib.import_module("entangle_ext.compare")   # the module (the package attribute is the function)
 
@@ -159,17 +159,6 @@ class TupleItems(Dataset):
 
     def __getitem__(self, i):
         return self.x[i], int(self.y[i])
-
-
-class Keyword(torch.nn.Module):
-    """`mlp` called as ``model(pixels=...)`` (for dict items)."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = mlp()
-
-    def forward(self, pixels):
-        return self.net(pixels)
 
 
 FORMS = {"tuple items": TupleItems, "subset": lambda d: Subset(d, list(range(len(d)))),

@@ -239,15 +239,7 @@ def test_train_splits_of_different_item_forms_are_refused_before_training(small,
     """A dict-item forget split beside (x, y) ones passed the per-split probe and failed mid-method
     (KeyError in concat_batches, torch's collate TypeError); a held-out split of another form is
     fine (never concatenated)."""
-    from _tiny import DictDS
-
-    class Keyword(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = mlp()
-
-        def forward(self, pixels):
-            return self.net(pixels)
+    from _tiny import DictDS, Keyword
     model = Keyword()
     before = params(model)
     mixed = ee.Splits(**{**small.named(), "forget": DictDS(small.forget)})
