@@ -5,6 +5,7 @@ import gc
 import importlib
 import json
 import os
+import shutil
 import sys
 import traceback
 from datetime import timedelta
@@ -130,6 +131,20 @@ def scenarios(out: str, world: int, one_process_ckpt: str):
             return {"error": str(e)}
         return {"error": None}
 
+    def moved_fsdp_checkpoint():
+        """Rank 0 copies the FSDP run's Stage-1 step-2 checkpoint (file and .dcp directory) to
+        another folder and renames the original .dcp away, so the resume below reads the shards
+        only if it looks beside the file it was given (not at the path stored in it)."""
+        import torch.distributed as dist
+        src, dst = os.path.join(out, "fsdp", "checkpoints"), os.path.join(out, "fsdp_moved")
+        if dist.get_rank() == 0:
+            os.makedirs(dst)
+            shutil.copy(os.path.join(src, "stage1_step000002.pt"), dst)
+            shutil.copytree(os.path.join(src, "stage1_step000002.dcp"), os.path.join(dst, "stage1_step000002.dcp"))
+            os.rename(os.path.join(src, "stage1_step000002.dcp"), os.path.join(src, "stage1_step000002.dcp.away"))
+        dist.barrier()
+        return {}
+
     ck = config(checkpoint_every=1)
     runs = {
         "ddp": two_stage(_ddp, ck, "ddp"),
@@ -137,8 +152,9 @@ def scenarios(out: str, world: int, one_process_ckpt: str):
                                 resume=os.path.join(out, "ddp", "checkpoints", "stage2_step000001.pt")),
         "fsdp": two_stage(lambda m: _shard(m, world), config("paper", micro_batch=3, checkpoint_every=1),
                           "fsdp"),
+        "fsdp_moved": moved_fsdp_checkpoint,
         "fsdp_resume": two_stage(lambda m: _shard(m, world), config("paper", micro_batch=3), "fsdp_resume",
-                                 resume=os.path.join(out, "fsdp", "checkpoints", "stage1_step000002.pt")),
+                                 resume=os.path.join(out, "fsdp_moved", "stage1_step000002.pt")),
         "ddp_float32": lambda: summary(ee.unlearn(_ddp(model(torch.float32)), splits(torch.float32),
                                                   config(), progress=False)),
         "refused": refused,

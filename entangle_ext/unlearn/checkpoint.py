@@ -146,17 +146,40 @@ def restore_state(obj: Any, state: Any) -> None:
                 t.copy_(s)
 
 
+def sharded_dir(state: Dict[str, Any]) -> str:
+    """The `torch.distributed.checkpoint` directory of the checkpoint ``state``: the one of the
+    stored name beside the checkpoint file it was read from (``state["path"]``, set by
+    `load_checkpoint`), where the run wrote it, also after the out dir was moved or copied. The
+    stored path itself is relative to the writer's working directory, so from another directory it
+    named nothing or another run's shards. Without ``state["path"]`` (a state not read from a
+    file) the stored path is used.
+
+    Raises:
+        FileNotFoundError: that directory does not exist beside the checkpoint file."""
+    stored = state["sharded"]["path"]
+    where = state.get("path")
+    if where is None:
+        return stored
+    cand = Path(where).parent / Path(stored).name
+    if not cand.is_dir():
+        raise FileNotFoundError(f"the checkpoint {where} keeps its sharded state in {Path(stored).name}/ "
+                                f"beside it, which does not exist ({cand}); copy that directory with the file")
+    return str(cand)
+
+
 def restore_objects(objects: Dict[str, Any], state: Dict[str, Any]) -> None:
     """`restore_state` of every run object from the checkpoint ``state``; the entries it lists
-    under ``sharded`` are first read from its `torch.distributed.checkpoint` directory into the
-    objects' own state dicts (collective: every rank calls this)."""
+    under ``sharded`` are first read from its `torch.distributed.checkpoint` directory (beside the
+    checkpoint file, `sharded_dir`) into the objects' own state dicts (collective: every rank
+    calls this)."""
     sharded = state.get("sharded") or {}
     names = [n for n in sharded.get("names", []) if n in objects]
     loaded: Dict[str, Any] = {}
     if names:
+        path = sharded_dir(state)
         for n in names:
             getattr(objects[n], "prepare_load", lambda: None)()
-        loaded = load_sharded({n: capture_state(objects[n]) for n in names}, sharded["path"])
+        loaded = load_sharded({n: capture_state(objects[n]) for n in names}, path)
     for name, obj in objects.items():
         restore_state(obj, loaded[name] if name in loaded else state[name])
 

@@ -185,3 +185,25 @@ def test_a_pointer_whose_checkpoint_is_missing_does_not_lead_to_another_run(tmp_
     with pytest.raises(FileNotFoundError, match=r"points to the checkpoint run/checkpoints/stage1_done.pt, which does "
                                                 r"not exist beside it"):
         load_checkpoint(tmp_path / "copy")
+
+
+def test_the_sharded_state_of_a_checkpoint_is_read_beside_its_file(tmp_path, monkeypatch):
+    """A sharded (FSDP) checkpoint stores its .dcp directory's path relative to the writer's cwd;
+    read from a copied out dir, that path led back to the original run's shards (or to nothing
+    from another cwd). The directory is now looked for beside the checkpoint file read, and a
+    missing one is named. (The two-rank resume from a moved checkpoint is in test_distributed.)"""
+    import shutil
+    from entangle_ext.unlearn.checkpoint import sharded_dir
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run" / "checkpoints" / "s.dcp").mkdir(parents=True)
+    torch.save({"sharded": {"names": ["model"], "path": "run/checkpoints/s.dcp"}},
+               tmp_path / "run" / "checkpoints" / "s.pt")
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    state = {"sharded": {"names": ["model"], "path": "run/checkpoints/s.dcp"},
+             "path": str(tmp_path / "copy" / "checkpoints" / "s.pt")}
+    assert sharded_dir(state) == str(tmp_path / "copy" / "checkpoints" / "s.dcp")
+    shutil.rmtree(tmp_path / "copy" / "checkpoints" / "s.dcp")
+    with pytest.raises(FileNotFoundError, match=r"keeps its sharded state in s.dcp/ beside it, which does not exist"):
+        sharded_dir(state)
+    del state["path"]   # a state not read from a file: the stored path
+    assert sharded_dir(state) == "run/checkpoints/s.dcp"
