@@ -22,7 +22,6 @@ names the file to delete to recompute it.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import numbers
@@ -42,7 +41,7 @@ from .unlearn.disjoint import disjoint_scope
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fields import SEED_MAX, SEED_MIN
 from .unlearn.fingerprint import fingerprint
-from .unlearn.inputs import model_device
+from .unlearn.inputs import copy_model, model_device
 from .unlearn.precision import model_dtype
 from .unlearn.lock import out_dir_lock
 from .compare_report import (BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize,
@@ -131,7 +130,7 @@ class _Diverged(ValueError):
 
 
 def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, metric_kw) -> dict:
-    m = copy.deepcopy(model)
+    m = copy_model(model, "compare runs every method on its own copy of the model")
     t = time.perf_counter()
     with preserved_rng():
         seed_everything(seed)

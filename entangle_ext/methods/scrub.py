@@ -2,7 +2,6 @@
 stays close to it, and correct, on the retain set (Kurmanji et al., 2023; docs/algorithm.md §10)."""
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import ClassVar, Tuple
 
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 from ..unlearn.fields import at_least, require
 from ..unlearn.data import split_batch
 from ..unlearn.distributed import current
+from ..unlearn.inputs import copy_model
 from ..unlearn.losses import loss_logits, trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method, retain_set
 
@@ -57,7 +57,7 @@ def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tempe
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``model`` in eval mode with ``requires_grad=False`` everywhere (a teacher)."""
-    t = copy.deepcopy(model).eval()
+    t = copy_model(model, "SCRUB distils from a frozen copy of the original model (its teacher)").eval()
     for p in t.parameters():
         p.requires_grad_(False)
     return t

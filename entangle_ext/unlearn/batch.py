@@ -121,13 +121,20 @@ def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
     and return (B, C) logits.
 
     Accepts plain tensors, tuples (first element), dicts with a ``"logits"`` key and objects with
-    ``.logits`` (Hugging Face). Raises ValueError when the output is not a 2-D tensor of logits.
+    ``.logits`` (Hugging Face), see `logits_of`. Raises ValueError when the output is not a 2-D
+    tensor of logits.
 
     A batch of one sample through a model whose BatchNorm layers are in train mode (a split of
     one sample, which `BatchStream` cannot fold; torch raises "Expected more than 1 value per
     channel when training"): those layers normalise it with their running statistics (eval mode
     for this pass, their running statistics not updated) and are back in train mode afterwards.
     """
+    return logits_of(model_output(model, inputs))
+
+
+def model_output(model: torch.nn.Module, inputs):
+    """The model's raw output for ``inputs`` (what `forward_logits` takes the logits from), with
+    its autocast, channels-last and lone-sample batch-norm handling."""
     inputs = to_channels_last(inputs)
     lone = _lone_sample_batchnorms(model, inputs)
     for m in lone:   # one sample has no batch statistics: BatchNorm normalises with its running ones
@@ -138,12 +145,19 @@ def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
     finally:
         for m in lone:
             m.train(True)
+    return out
+
+
+def logits_of(out) -> torch.Tensor:
+    """The (B, C) logits in a model's output: the tensor itself, ``out["logits"]``,
+    ``out.logits`` (Hugging Face), or element 0 of a tuple / list. Raises ValueError when that is
+    not a 2-D tensor."""
     if isinstance(out, dict) and "logits" in out:
         out = out["logits"]
     elif hasattr(out, "logits"):
         out = out.logits
     elif isinstance(out, (tuple, list)):
-        out = out[0]
+        out = out[0] if len(out) else None
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}")

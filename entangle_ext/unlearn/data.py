@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from .batch import (LABEL_DTYPES, batch_size_of, cast_floating, concat_batches, forward_logits,  # noqa: F401
                     loss_logits, move_batch, prepare_batch, require_graph, slice_batch, split_batch)  # (re-exported)
-from .disjoint import check_disjoint
+from .disjoint import check_disjoint, check_held_out
 from .distributed import Dist, current
 from .source import (Source, as_source, check_batch_size, check_loader_options, indexed_tensors,  # noqa: F401
                      union_source)  # (re-exported)
@@ -92,7 +92,9 @@ class Splits:
         or (without a ``collate_fn``) not a Dataset of (x, y) items: an array or tensor, a tuple /
         list of arrays (e.g. ``(X, y)``), a TensorDataset of one tensor (`_check_form`);
         then `check_disjoint` of the train splits (ValueError for one object in two splits or
-        Subsets sharing indices; `OverlappingSplitsWarning` for identical rows)."""
+        Subsets sharing indices; `OverlappingSplitsWarning` for identical rows) and
+        `check_held_out` (`OverlappingSplitsWarning` for a held-out split that is, or shares
+        samples with, a train split)."""
         for n in required:
             if getattr(self, n) is None:
                 raise ValueError(f"split {n!r} is required" + (f" by {by}" if by else ""))
@@ -107,6 +109,8 @@ class Splits:
             if size == 0:
                 raise ValueError(f"split {n!r} is empty: every split of Splits needs at least one sample")
         check_disjoint({n: getattr(self, n) for n in self.TRAIN if getattr(self, n) is not None})
+        check_held_out({n: getattr(self, n) for n in self.TRAIN if getattr(self, n) is not None},
+                       {n: getattr(self, n) for n in self.TEST if getattr(self, n) is not None})
 
 
 def _check_form(name: str, d: Any) -> None:

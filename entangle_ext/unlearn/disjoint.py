@@ -26,11 +26,12 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader, Subset
 
-__all__ = ["check_disjoint", "disjoint_scope", "OverlappingSplitsWarning"]
+__all__ = ["check_disjoint", "check_held_out", "disjoint_scope", "OverlappingSplitsWarning"]
 
 
 class OverlappingSplitsWarning(UserWarning):
-    """Two train splits hold identical samples (the same input rows of two tensor datasets).
+    """Two splits hold the same samples: two train splits with identical input rows (two tensor
+    datasets), or a held-out split that is a train split or shares its samples (`check_held_out`).
     Silence it with ``warnings.filterwarnings("ignore", category=OverlappingSplitsWarning)``."""
 
 
@@ -157,3 +158,34 @@ def check_disjoint(named: Dict[str, Any]) -> None:
                 warnings.warn(f"splits {na!r} and {nb!r} hold {count} identical input row(s) (e.g. "
                               f"rows {pairs[:3]} as ({na}, {nb})): one sample in two splits is trained "
                               "two ways at once", OverlappingSplitsWarning, stacklevel=4)
+
+
+def check_held_out(train: Dict[str, Any], held_out: Dict[str, Any]) -> None:
+    """Warn (`OverlappingSplitsWarning`) when a held-out split is a train split (the same object,
+    or a DataLoader / Subset over the same dataset sharing samples with it): its "held-out"
+    accuracy is then an accuracy on trained samples. Cheap checks only (no row scan); inside a
+    `disjoint_scope`, once per pair and run.
+
+    Args:
+        train, held_out: {split name: Dataset or DataLoader} (absent splits left out).
+    """
+    scanned = _SCANNED.get()
+    for (nt, st), (nh, sh) in itertools.product(train.items(), held_out.items()):
+        (dt, it), (dh, ih) = _base(st), _base(sh)
+        if dt is not dh:
+            continue
+        try:
+            shared = len(_shared_indices(it, ih, len(dt)))
+        except TypeError:   # an unsized dataset: only the same object is decided
+            shared = int(st is sh)
+        if not shared:
+            continue
+        if scanned is not None:
+            key = ("held_out", id(st), id(sh))
+            if key in scanned:
+                continue
+            scanned[key] = (st, sh)
+        what = "is the train split" if st is sh else f"shares {shared} sample(s) with the train split"
+        warnings.warn(f"held-out split {nh!r} {what} {nt!r}: its held-out accuracy is measured on samples the "
+                      "run trains on; pass samples the model was not trained on", OverlappingSplitsWarning,
+                      stacklevel=4)

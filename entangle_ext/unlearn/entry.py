@@ -4,7 +4,6 @@
 → evaluate → Stage 2 → evaluate → report; docs/algorithm.md §2, §3, §10)."""
 from __future__ import annotations
 
-import copy
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +16,7 @@ from .data import Splits
 from .disjoint import disjoint_scope
 from .files import check_out_dir_type
 from .distributed import unwrap
-from .inputs import check_flags, check_model_and_splits, check_resume_arguments, training_flags_kept
+from .inputs import copy_model, check_flags, check_model_and_splits, check_resume_arguments, training_flags_kept
 from .method import get_method
 from .report import UnlearnResult
 from .run import run_method
@@ -218,4 +217,4 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         raise ValueError("inplace=False needs a copy of the model, and an FSDP (fully_shard) model "
                          "cannot be copied: pass inplace=True")
-    return copy.deepcopy(model)
+    return copy_model(model, "inplace=False runs on a copy of the model (pass inplace=True to update it in place)")

@@ -5,15 +5,18 @@ one run lifecycle (`unlearn/run.py`), `stage1` / `stage2`, `evaluate`, the metri
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import numbers
 import os
+import warnings
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
 from .fields import SEED_MAX, SEED_MIN
-from .data import BatchStream, Splits, forward_logits, split_batch
+from .batch import logits_of, model_output
+from .data import BatchStream, Splits, split_batch
 from .losses import trainable_params
 from .memory_format import resolve_channels_last
 from .precision import amp_scope, model_dtype, state_dtype
@@ -182,11 +185,14 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
                                      ". Give every train split items of one form (all (x, y) tuples, or all "
                                      "dicts with the same keys)")
             try:
-                logits = forward_logits(model, inputs)
+                out = model_output(model, inputs)
             except (RuntimeError, TypeError, IndexError) as e:
                 raise ValueError(f"split {name!r}: the model ({type(model).__name__}) cannot take this split's "
                                  f"inputs ({_describe_inputs(inputs)}; the model's parameters are "
                                  f"{_param_dtypes(model)}): {str(e).splitlines()[0]}") from e
+            if C is None:   # once per run: the form of the output is the same for every split
+                _warn_ambiguous_tuple(model, out, len(y))
+            logits = logits_of(out)
             what = f"split {name!r}: the model ({type(model).__name__}) returned logits of shape " \
                    f"{tuple(logits.shape)} and dtype {logits.dtype} for {len(y)} samples"
             if logits.shape[0] != len(y):
@@ -200,6 +206,35 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
                                  "is not supported: return two logits, e.g. torch.cat([-z, z], 1) / 2)")
             C = logits.shape[1] if C is None else C
     return C
+
+
+def copy_model(model: torch.nn.Module, why: str) -> torch.nn.Module:
+    """``copy.deepcopy(model)``, or TypeError naming ``why`` the copy is needed (e.g. "inplace=False
+    runs on a copy of the model") when the model cannot be deep-copied (it holds a lock, a file or
+    socket handle, a non-leaf tensor attribute, ...), instead of the copy module's error from deep
+    inside the model's attributes."""
+    try:
+        return copy.deepcopy(model)
+    except Exception as e:   # pickling / copying errors of any attribute: TypeError, RuntimeError, ...
+        raise TypeError(f"{why}, and the model ({type(model).__name__}) cannot be copied with copy.deepcopy: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Make it "
+                        "deep-copyable (e.g. drop or recreate in __deepcopy__ the attribute named)") from e
+
+
+def _warn_ambiguous_tuple(model, out, rows: int) -> None:
+    """UserWarning when the model returns a tuple / list holding more than one (rows, k) floating
+    tensor: the package takes element 0 as the logits (`logits_of`), which for a model returning
+    ``(features, logits)`` would be its features, trained on and scored silently."""
+    if not isinstance(out, (tuple, list)):
+        return
+    cands = [i for i, v in enumerate(out) if isinstance(v, torch.Tensor) and v.dim() == 2
+             and v.shape[0] == rows and v.is_floating_point()]
+    if len(cands) > 1:
+        shapes = ", ".join(f"{i}: (batch, {out[i].shape[1]})" for i in cands)
+        warnings.warn(f"the model ({type(model).__name__}) returns a {type(out).__name__} of {len(out)} "
+                      f"with several (batch, k) tensors ({shapes}): element 0 is taken as the logits, "
+                      f"{out[0].shape[1]} classes. If the logits are another element, return them first, "
+                      "alone, or as out['logits'] / out.logits", UserWarning, stacklevel=2)
 
 
 @torch.no_grad()

@@ -14,7 +14,6 @@ need them, with an ImportError naming the ``metrics`` extra when missing.
 """
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from .data import BatchStream, Source, Splits, as_source, check_batch_size, loss
 from .evaluate import NonFiniteOutputError, evaluate, per_sample
 from .mia import (MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features,
                   mia_undefined_scope)
-from .inputs import model_device, training_grad_mode
+from .inputs import copy_model, model_device, training_grad_mode
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
@@ -196,7 +195,7 @@ def relearn_time(model: torch.nn.Module, forget, *, threshold: float, subset: Un
         raise ValueError("relearn_time: the forget set is empty")
     k = min(N, max(1, math.ceil(subset * N)) if isinstance(subset, float) else int(subset))
     device = model_device(model, device)
-    m = copy.deepcopy(model).to(device).eval()
+    m = copy_model(model, "relearn_time fine-tunes a copy of the model").to(device).eval()
     g = torch.Generator().manual_seed(int(seed))
     stream = BatchStream(_subset(forget, torch.randperm(N, generator=g)[:k]), batch_size, shuffle=True,
                          seed=seed, name="relearn", device=device, input_dtype=model_dtype(m))

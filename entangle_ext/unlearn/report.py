@@ -39,9 +39,11 @@ class UnlearnResult:
     Attributes:
         model: the unlearned model (the input model itself with ``inplace=True``, the module it
             holds for a DDP wrapper; else a copy), its ``training`` flags as the input's were.
-        report: JSON-serialisable dict: config, c0, λ, step counts, timings, evaluations
-            ({"original"|"stage1"|"stage2": {split: {"acc", "loss", "n", ...}}}), split
-            fingerprint, resume information, paths.
+        report: JSON-serialisable dict: config, c0, λ, step counts, timings, the evaluations
+            under ``"evals"`` ({"original"|"stage1"|"stage2"|...|"final": {split: {"acc", "loss",
+            "n", ...}}}; ``"final"`` is the returned model's, a baseline's end state under
+            ``"end"``, a selected checkpoint's under ``"selected"``), split fingerprint, resume
+            information, paths.
         history: per-step records (dicts with "stage", "step", "loss", ... floats), every stage.
         table: the printed accuracy table.
     """
