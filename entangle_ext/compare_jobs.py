@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import shutil
 import subprocess
@@ -180,6 +181,25 @@ def _tail(path: Path, lines: int = 6) -> str:
         return ""
 
 
+_WARNING_LINE = re.compile(r": warning: |^\S.*:\d+: \w*Warning: ")
+
+
+def warning_lines(logs: Sequence[Path]) -> List[str]:
+    """The warning lines of the workers' logs, each once, in first-seen order: the package's own
+    one-line ``<prog>: warning: <message>`` form and Python's ``<file>:<line>: <Category>: <message>``
+    first line of another library's warning (its source line left out)."""
+    seen: Dict[str, None] = {}
+    for log in logs:
+        try:
+            text = Path(log).read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if _WARNING_LINE.search(line):
+                seen.setdefault(line.rstrip(), None)
+    return list(seen)
+
+
 def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Path, *, progress: bool = True,
                 poll_s: float = 2.0, env: Optional[Dict[str, str]] = None) -> None:
     """Start one process per command (each is handed ``--worker queue`` by the caller), show a tqdm
@@ -189,7 +209,9 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
         commands: argv lists, one per worker. tasks: `plan_tasks` output (written to
             ``queue/tasks.json`` with this process's pid as the workers' parent). queue: a
             directory of this invocation alone (emptied first; removed when every worker exited
-            with 0, kept otherwise); ``queue/worker<k>.log`` holds worker k's output.
+            with 0, kept otherwise); ``queue/worker<k>.log`` holds worker k's output, whose
+            warning lines (`warning_lines`) are printed to stderr, each once, before the logs
+            are removed.
     Raises:
         WorkerFailed: a worker exited with a non-zero code (the others are terminated; the message
             names the log and quotes its last lines).
@@ -224,6 +246,8 @@ def run_workers(commands: Sequence[Sequence[str]], tasks: List[Dict], queue: Pat
     finally:
         with _signals_deferred():
             _stop_workers(procs)
+    for line in warning_lines(logs):   # the logs go next: what the workers warned must not go with them
+        print(line, file=sys.stderr)
     shutil.rmtree(queue, ignore_errors=True)   # reached only when every worker succeeded
     try:
         queue.parent.rmdir()   # <out>/jobs, when no other invocation's queue is in it

@@ -12,7 +12,8 @@ and ``cache/`` (one file per finished (method, seed) run: rerunning the same com
 it stopped; a run made with another ``--budget`` is replaced, as there is one file per method and
 seed). ``--jobs N`` runs N (method, seed) runs at a time in worker processes sharing that cache
 (`entangle_ext.compare_jobs`; on a CPU, e.g. one worker per core; the queue and the workers' logs
-under ``<out>/jobs/`` are removed when every worker succeeded, kept after a failure or interrupt);
+under ``<out>/jobs/`` are removed when every worker succeeded, their warnings printed once each
+first, and kept after a failure or interrupt);
 ``--budget F`` scales every method's epochs by one common factor (``from entangle_ext.compare
 import scale_budget``). One live comparison per ``--out``: it is locked (``OUT/.entangle_ext.lock``,
 released when the process ends however it ends) and a second comparison, or an

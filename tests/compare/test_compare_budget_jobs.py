@@ -184,6 +184,19 @@ def test_run_workers_names_the_log_of_a_failed_worker_and_stops_the_others(tmp_p
     run_workers([ok, ok], plan_tasks(["ga"], [0]), q, progress=False, poll_s=0.05)   # both exit 0: returns
 
 
+def test_run_workers_relays_each_warning_of_the_workers_once(tmp_path, capsys):
+    """The logs are removed after a successful run: the workers' warnings (the package's one-line
+    form and another library's Python form) reached nobody before."""
+    talk = [sys.executable, "-c", "import sys, warnings; print('entangle-unlearn compare: warning: splits overlap', "
+            "file=sys.stderr); print('a result line'); warnings.warn('from a library', DeprecationWarning)"]
+    run_workers([talk, talk], plan_tasks(["ga"], [0]), tmp_path / "q", progress=False, poll_s=0.05,
+                env={**os.environ, "PYTHONWARNINGS": "always"})
+    err = capsys.readouterr().err.splitlines()
+    assert err.count("entangle-unlearn compare: warning: splits overlap") == 1
+    assert [line for line in err if line.endswith("DeprecationWarning: from a library")] != []
+    assert len(err) == 2 and not (tmp_path / "q").exists()
+
+
 # ------------------------------------------------------------------------------------ end to end
 @pytest.mark.skipif(not ee.available(), reason="extension not loaded")
 def test_two_workers_give_the_one_process_numbers(tmp_path, capsys):
