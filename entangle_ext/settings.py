@@ -44,12 +44,13 @@ import torch
 
 from ._version import __version__
 from .data import celeba, cifar100, digits, tinyimagenet, toxigen, vit
+from .data.checks import check_cap
 from .train import TrainRecipe, load_model_file, train_original
 from .unlearn.checkpoint import seed_everything
 from .unlearn.config import UnlearnConfig
 from .unlearn.data import Splits
 from .unlearn.precision import resolve_amp
-from .unlearn.files import atomic_write
+from .unlearn.files import atomic_write, make_out_dir
 from .unlearn.fingerprint import splits_fingerprint
 
 __all__ = ["Setting", "Variant", "Prepared", "SETTINGS", "get_setting", "prepare"]
@@ -144,8 +145,8 @@ class Setting:
         if bad:
             raise ValueError(f"setting {self.name!r} takes no option {bad} (it takes {list(self.options)})")
         for k, v in data.items():
-            if k.startswith("max_") and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"option {k} must be an integer >= 1 (or None = no cap), got {v!r}")
+            if k.startswith("max_"):
+                check_cap(v, k)   # the loaders called directly use the same check
 
     def config(self, variant=None, *, recipe: str = "reference", stage1: Optional[Mapping[str, Any]] = None,
                stage2: Optional[Mapping[str, Any]] = None, **top) -> UnlearnConfig:
@@ -224,6 +225,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
             options, model options, recipe, seed, package version, the `splits_fingerprint` of the
             loaded data and the model's parameter shapes), so other data or another recipe never
             reuses a model; the key is also written beside it as ``<file>.json``. None = no cache.
+            Checked (and created when missing) before any data is loaded or any training starts.
         data, model: options on top of the variant's (`Setting.data_options` / `model_options`);
             None values are ignored. train: `TrainRecipe` fields to change (e.g. ``{"epochs": 5}``;
             ``{"amp": "auto"}`` trains under bf16 autocast where the device has bfloat16 matrix
@@ -240,7 +242,9 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
         `Prepared` (model in eval mode on ``device``; info gains "setting", "variant", "model").
     Raises:
         ValueError: unknown setting / variant / option, or bad values; an ``original`` (or cache)
-        file that does not fit the model (names the mismatching entries). FileNotFoundError: data,
+        file that does not fit the model (names the mismatching entries); a ``cache_dir`` that
+        exists and is not a directory, or cannot be created or written (`make_out_dir`).
+        TypeError: a ``cache_dir`` that is not a str or os.PathLike. FileNotFoundError: data,
         weights or ``original`` missing (the message names every place looked at); ImportError: an
         optional package the setting needs (torchvision, transformers, scikit-learn) is missing.
     """
@@ -256,6 +260,8 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     recipe = dataclasses.replace(recipe, amp=resolve_amp(amp, device))   # "auto" → what runs here
     if original is not None and not Path(original).exists():
         raise FileNotFoundError(f"original model file {original} not found")
+    if cache_dir is not None:   # before any data is read or any training: a file there fails now, not after
+        make_out_dir(cache_dir, "cache_dir")
     splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
     seed_everything(seed)   # the initial weights of the original model come from the seed
     net = s.build_model(info, **model_kw)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+import numpy as np
+
 from .unlearn.files import atomic_write
 
 __all__ = ["IndexSplit", "SPLIT_FORMAT", "split_hash", "save_split", "load_split"]
@@ -42,11 +44,14 @@ class IndexSplit:
         return {n: len(getattr(self, n)) for n in self.NAMES}
 
     def check(self) -> None:
-        """Raise ValueError if the lists overlap, hold duplicates or a negative index, if the forget
-        list is empty, or if ``targets`` does not cover every index."""
+        """Raise ValueError if a list is not a list of integers (Python ints or numpy integers; a
+        bool, float or str is refused, not coerced), if the lists overlap, hold duplicates or a
+        negative index, if the forget list is empty, or if ``targets`` (None or a list of
+        integers) does not cover every index."""
         seen = set()
         for n in self.NAMES:
             lst = getattr(self, n)
+            _check_ints(lst, f"split {n!r}")
             s = set(lst)
             if len(s) != len(lst):
                 raise ValueError(f"split {n!r} holds duplicate indices")
@@ -57,6 +62,10 @@ class IndexSplit:
             seen |= s
         if not self.forget:
             raise ValueError("the forget split is empty")
+        if self.targets is not None:
+            _check_ints(self.targets, "targets")
+        if not isinstance(self.meta, dict):
+            raise ValueError(f"meta must be a dict, got {type(self.meta).__name__}")
         if self.targets is not None and seen and max(seen) >= len(self.targets):
             raise ValueError("targets is shorter than the largest split index")
 
@@ -70,6 +79,15 @@ class IndexSplit:
     def hash(self) -> str:
         """SHA-256 hex digest of the canonical JSON content (see `split_hash`)."""
         return split_hash(self.to_dict())
+
+
+def _check_ints(lst, what: str) -> None:
+    """ValueError unless ``lst`` is a list / tuple of integers (Python int or numpy integer, not bool)."""
+    if not isinstance(lst, (list, tuple)):
+        raise ValueError(f"{what} must be a list of integer indices, got {type(lst).__name__}")
+    for i, v in enumerate(lst):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{what} must hold integers only; entry {i} is {type(v).__name__} {v!r}")
 
 
 def split_hash(content: Mapping[str, Any]) -> str:
@@ -103,14 +121,17 @@ def load_split(path: Union[str, Path]) -> IndexSplit:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: not a split file, missing hash, hash mismatch (the file was edited or
-            corrupted), or inconsistent lists.
+        ValueError: not UTF-8 text, not JSON, not a split file, missing hash, hash mismatch (the
+            file was edited or corrupted), or inconsistent lists (entries that are not integers,
+            e.g. "1" or 1.5, overlapping lists, ... `IndexSplit.check`); every message names the file.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no split file at {path}")
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a split file: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(d, dict) or d.get("format") != SPLIT_FORMAT:
@@ -121,7 +142,13 @@ def load_split(path: Union[str, Path]) -> IndexSplit:
     if h != d["sha256"]:
         raise ValueError(f"{path}: content hash mismatch (stored {d['sha256'][:12]}…, computed {h[:12]}…); "
                          "the split file was modified after it was saved")
+    missing = [k for k in IndexSplit.NAMES + ("targets",) if k not in d]
+    if missing:
+        raise ValueError(f"{path} is not a complete split file: missing {missing}")
     s = IndexSplit(forget=d["forget"], adjacent=d["adjacent"], remote=d["remote"], targets=d["targets"],
                    meta=d.get("meta", {}))
-    s.check()
+    try:
+        s.check()
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return s

@@ -47,6 +47,58 @@ def _as_int_array(a, name: str) -> np.ndarray:
     return a.astype(np.int64)
 
 
+def _int_value(x, name: str, minimum: Optional[int] = None, hint: str = "") -> int:
+    """``x`` as a Python int when it holds an integer: a Python int, a numpy integer, or a 0-d
+    integer numpy array / tensor (a bool, float, str or anything else is not coerced).
+
+    Raises:
+        TypeError: ``x`` is not such an integer (``hint`` is appended to the message).
+        ValueError: it is below ``minimum``.
+    """
+    v = x
+    if isinstance(v, torch.Tensor) and v.dim() == 0 and v.dtype != torch.bool \
+            and not v.is_floating_point() and not v.is_complex():
+        v = int(v.item())
+    elif isinstance(v, np.ndarray) and v.ndim == 0 and np.issubdtype(v.dtype, np.integer):
+        v = int(v)
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer (a Python int, numpy integer or 0-d integer tensor), "
+                        f"got {type(x).__name__} {x!r}{hint}")
+    v = int(v)
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {v}")
+    return v
+
+
+def _int_list(x, name: str, hint: str = "") -> List[int]:
+    """One integer label or a sequence of them (list, tuple, 1-D array / tensor) as a list of ints,
+    each checked by `_int_value`; a str is refused (TypeError), not read as a sequence."""
+    if isinstance(x, str):
+        raise TypeError(f"{name} must be an integer or a sequence of integers, got the str {x!r}{hint}")
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        if x.ndim == 0:
+            return [_int_value(x, name, hint=hint)]
+        if x.ndim != 1:
+            raise ValueError(f"{name} must be an integer or a 1-D sequence of integers, got shape {tuple(x.shape)}")
+        return [_int_value(v, f"{name}[{i}]", hint=hint) for i, v in enumerate(x)]
+    if isinstance(x, (list, tuple, range)):
+        return [_int_value(v, f"{name}[{i}]", hint=hint) for i, v in enumerate(x)]
+    return [_int_value(x, name, hint=hint)]
+
+
+def _names(names, count: int, name: str, what: str) -> Optional[List[str]]:
+    """``names`` (None or a sequence of at least ``count`` names) as a list; ValueError when it is
+    too short for the classes it must name (``what``), TypeError for a str."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        raise TypeError(f"{name} must be a sequence of names, not one str {names!r}")
+    names = list(names)
+    if len(names) < count:
+        raise ValueError(f"{name} has {len(names)} names but {count} {what} need one; give one name per class")
+    return names
+
+
 def _finish(forget, adjacent, remote, targets, meta, index_map=None) -> IndexSplit:
     def lst(m):
         idx = np.flatnonzero(m) if m.dtype == bool else np.asarray(m)
@@ -72,21 +124,32 @@ def split_by_hierarchy(fine_labels, fine_to_coarse, forget_fine: Union[int, Sequ
         fine_labels: (N,) int fine-class index per sample.
         fine_to_coarse: (F,) int coarse index of each fine class (F > max fine label); a fine class
             mapped to -1 is excluded (its samples are in no split).
-        forget_fine: one fine index or a sequence of them (all must share one coarse class).
-        fine_names, coarse_names: optional names recorded in ``meta``.
+        forget_fine: one fine index or a sequence of them (all must share one coarse class): a
+            Python int, numpy integer or 0-d integer tensor each (a float, bool or name is refused;
+            map a name to its index first, e.g. ``fine_names.index("aquarium_fish")``).
+        fine_names, coarse_names: optional names recorded in ``meta``; one per fine class (F) /
+            per coarse class (at least max(fine_to_coarse) + 1).
     Returns:
         `IndexSplit` with indices into ``fine_labels`` and ``targets`` = coarse label per sample
         (-1 for excluded samples).
     Raises:
-        ValueError: fine label outside ``fine_to_coarse``, forget class unknown / excluded / in
-            several coarse classes, or no sample of the forget class(es).
+        TypeError: ``forget_fine`` (or one of its entries) is not an integer (e.g. 1.5, True, a
+            class name); ``fine_names`` / ``coarse_names`` given as one str.
+        ValueError: fine label outside ``fine_to_coarse``, a ``fine_to_coarse`` entry below -1,
+            forget class unknown / excluded / in several coarse classes, ``fine_names`` /
+            ``coarse_names`` too short, or no sample of the forget class(es).
     """
     fine = _as_int_array(fine_labels, "fine_labels")
     f2c = _as_int_array(fine_to_coarse, "fine_to_coarse")
     if fine.size and (fine.min() < 0 or fine.max() >= len(f2c)):
         raise ValueError(f"fine labels must be in [0, {len(f2c)}) (the length of fine_to_coarse)")
-    ff = [int(forget_fine)] if np.isscalar(forget_fine) or isinstance(forget_fine, (np.integer,)) \
-        else [int(x) for x in forget_fine]
+    if f2c.size and f2c.min() < -1:
+        raise ValueError(f"fine_to_coarse entries must be coarse indices >= 0, or -1 (excluded), got {int(f2c.min())}")
+    ff = _int_list(forget_fine, "forget_fine", hint=" (fine-class indices; map a name to its index first, "
+                   "e.g. fine_names.index(name))")
+    fine_names = _names(fine_names, len(f2c), "fine_names", "fine classes (the length of fine_to_coarse)")
+    coarse_names = _names(coarse_names, int(f2c.max()) + 1 if f2c.size else 0, "coarse_names",
+                          "coarse classes (max(fine_to_coarse) + 1)")
     if not ff:
         raise ValueError("forget_fine is empty")
     for k in ff:
@@ -122,10 +185,30 @@ def _attr_matrix(attrs, names: Sequence[str]) -> np.ndarray:
         a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
         if a.ndim != 1:
             raise ValueError(f"attribute {n!r} must be 1-D")
+        if not (a.dtype == bool or np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+            raise ValueError(f"attribute {n!r} must hold numbers or bools ({{0,1}}, {{-1,+1}} or bool), got "
+                             f"dtype {a.dtype}; convert it first, e.g. np.asarray(column, dtype=int)")
+        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            raise ValueError(f"attribute {n!r} holds NaN or infinite values")
         cols.append(a > 0)   # accepts {0,1}, {-1,+1} (CelebA's file) and bool
     if len({len(c) for c in cols}) > 1:
         raise ValueError("attribute columns have different lengths")
     return np.stack(cols, 1) if cols else np.zeros((0, 0), bool)
+
+
+def _present(value, name: str) -> bool:
+    """A ``forget_subclass`` value read as `_attr_matrix` reads an attribute: True / 1 present,
+    False / 0 / -1 absent; anything else is refused (ValueError) rather than guessed."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    try:
+        v = _int_value(value, f"forget_subclass[{name!r}]")
+    except TypeError:
+        v = None
+    if v not in (-1, 0, 1):
+        raise ValueError(f"forget_subclass[{name!r}] must be True / 1 (present) or False / 0 / -1 (absent), "
+                         f"got {value!r}")
+    return v > 0
 
 
 def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], subclass_attrs: Sequence[str],
@@ -140,21 +223,38 @@ def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], s
     (the other sub-classes); remote = the other target classes.
 
     Args:
-        attrs: mapping attribute name → (N,) array; positive = present ({0,1}, {-1,+1} or bool).
-        target_attrs: names defining the 2**len target classes.
-        subclass_attrs: names defining the sub-classes inside a target class.
-        forget_subclass: value (truthy = present) for every name in target_attrs + subclass_attrs.
+        attrs: mapping attribute name → (N,) numeric or bool array; positive = present ({0,1},
+            {-1,+1} or bool).
+        target_attrs: names (a list, at least one) defining the 2**len target classes.
+        subclass_attrs: names (a list, at least one) defining the sub-classes inside a target class.
+        forget_subclass: value for every name in target_attrs + subclass_attrs, read as ``attrs``
+            is: True / 1 = present, False / 0 / -1 = absent (CelebA's {-1, +1} convention works).
     Returns:
         `IndexSplit` with ``targets`` = target class per sample (int in [0, 2**len(target_attrs))).
     Raises:
-        ValueError: unknown attribute, overlapping target / sub-class attributes, a missing or
-            unknown key in ``forget_subclass``, or no sample in the forget sub-class.
+        TypeError: ``target_attrs`` / ``subclass_attrs`` given as one str, ``forget_subclass`` not
+            a mapping.
+        ValueError: unknown attribute, an attribute column that is not numeric / bool (e.g. str)
+            or holds NaN, columns of different lengths, empty or overlapping target / sub-class
+            attributes, a missing or unknown key in ``forget_subclass`` or a value of it other
+            than a bool or -1 / 0 / 1, or no sample in the forget sub-class.
     """
+    for arg, val in (("target_attrs", target_attrs), ("subclass_attrs", subclass_attrs)):
+        if isinstance(val, str):
+            raise TypeError(f"{arg} must be a list of attribute names, not one str {val!r} (write [{val!r}])")
     target_attrs, subclass_attrs = list(target_attrs), list(subclass_attrs)
+    if not target_attrs:
+        raise ValueError("target_attrs is empty: name at least one attribute defining the target classes")
+    if not subclass_attrs:
+        raise ValueError("subclass_attrs is empty: name at least one attribute defining the sub-classes")
+    if not isinstance(forget_subclass, Mapping):
+        raise TypeError(f"forget_subclass must be a mapping attribute name -> value, got {type(forget_subclass).__name__}")
     if set(target_attrs) & set(subclass_attrs):
         raise ValueError("target_attrs and subclass_attrs must not overlap")
     t = _attr_matrix(attrs, target_attrs)
     s = _attr_matrix(attrs, subclass_attrs)
+    if t.shape[0] != s.shape[0]:
+        raise ValueError(f"attribute columns have different lengths ({t.shape[0]} vs {s.shape[0]})")
     need = target_attrs + subclass_attrs
     missing = [n for n in need if n not in forget_subclass]
     extra = [n for n in forget_subclass if n not in need]
@@ -162,13 +262,14 @@ def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], s
         raise ValueError(f"forget_subclass must give exactly {need}; missing {missing}, unexpected {extra}")
     n = t.shape[0]
     target = (t.astype(np.int64) * (1 << np.arange(len(target_attrs))[::-1])).sum(1) if n else np.zeros(0, np.int64)
-    want_t = np.array([bool(forget_subclass[a]) for a in target_attrs])
-    want_s = np.array([bool(forget_subclass[a]) for a in subclass_attrs])
+    want = {a: _present(forget_subclass[a], a) for a in need}
+    want_t = np.array([want[a] for a in target_attrs])
+    want_s = np.array([want[a] for a in subclass_attrs])
     f_target = int((want_t.astype(np.int64) * (1 << np.arange(len(target_attrs))[::-1])).sum())
     in_target = target == f_target
     forget = in_target & (s == want_s).all(1)
     meta = {"builder": "split_by_attributes", "n": int(n), "target_attrs": target_attrs,
-            "subclass_attrs": subclass_attrs, "forget_subclass": {k: bool(v) for k, v in forget_subclass.items()},
+            "subclass_attrs": subclass_attrs, "forget_subclass": {k: want[k] for k in forget_subclass},
             "forget_target": f_target}
     if not forget.any():
         raise ValueError(f"empty forget set: no sample matches {meta['forget_subclass']}")
@@ -183,14 +284,21 @@ def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: 
         groups: (N,) group id per sample (str or int; compared with ``==``).
         labels: (N,) int true label per sample (ToxiGen: 1 toxic, 0 benign).
         forget_group: the group whose samples with ``forget_label`` are forgotten.
-        forget_label: label of the forget samples.
-        flip_label: if given, ``targets`` of the forget samples become ``flip_label`` (the label the
-            original model was trained on, and the one it must stop predicting).
+        forget_label: label of the forget samples (an integer: Python int, numpy integer or 0-d
+            integer tensor; a float or bool is refused).
+        flip_label: if given (an integer, as ``forget_label``), ``targets`` of the forget samples
+            become ``flip_label`` (the label the original model was trained on, and the one it
+            must stop predicting).
     Returns:
         `IndexSplit`; ``targets`` = ``labels`` with the flip applied.
     Raises:
+        TypeError: ``forget_label`` / ``flip_label`` not an integer; ``groups`` given as one str.
         ValueError: length mismatch, unknown group, or no sample of that group with that label.
     """
+    if isinstance(groups, str):
+        raise TypeError(f"groups must be a sequence with one group per sample, not one str {groups!r}")
+    forget_label = _int_value(forget_label, "forget_label")
+    flip_label = None if flip_label is None else _int_value(flip_label, "flip_label")
     g = np.asarray([str(x) for x in (groups.tolist() if hasattr(groups, "tolist") else groups)])
     y = _as_int_array(labels, "labels")
     if len(g) != len(y):
@@ -210,6 +318,30 @@ def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: 
     return _finish(forget, in_group & ~forget, ~in_group, targets, meta)
 
 
+def _float_matrix(a, name: str) -> torch.Tensor:
+    """(rows, dims) float32 CPU tensor of a real (or bool) numpy array / tensor / nested list;
+    TypeError for another dtype (str, object, complex), ValueError unless 2-D and finite."""
+    if isinstance(a, torch.Tensor):
+        t = a.detach()
+        if t.is_complex():
+            raise TypeError(f"{name} must be real, got dtype {t.dtype}")
+    else:
+        arr = np.asarray(a)
+        if not (arr.dtype == bool or np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+            raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+        t = torch.as_tensor(arr)
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (samples, dims), got shape {tuple(t.shape)}")
+    t = t.float().cpu()
+    bad = ~torch.isfinite(t)
+    if bad.any():
+        rows = torch.nonzero(bad.any(1)).flatten()
+        raise ValueError(f"{name} holds {int(bad.sum())} NaN or infinite value(s) (after the cast to float32) "
+                         f"in {len(rows)} row(s), first row {int(rows[0])}: the distances would be meaningless; "
+                         "drop or fix those rows")
+    return t
+
+
 def split_by_similarity(features_retain, features_forget, k: int = 10, fraction: float = 0.05, *,
                         metric: str = "cosine", retain_indices=None, forget_indices=None,
                         chunk: int = 1024) -> IndexSplit:
@@ -220,25 +352,31 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
     features of the original model, `extract_features`).
 
     Args:
-        features_retain: (R, D) float retain features; features_forget: (Fn, D) float.
-        k: neighbours per forget sample (1 ≤ k ≤ R). fraction: share of retain samples put in D_adj,
-            in (0, 1]; the count is ``round(fraction * R)``, at least 1.
+        features_retain: (R, D) real retain features (numpy array or tensor of any real or bool
+            dtype, computed in float32); features_forget: (Fn, D), the same. Every entry must be
+            finite (after the cast to float32).
+        k: neighbours per forget sample, an integer (Python int, numpy integer or 0-d integer
+            tensor; not a bool or float) with 1 ≤ k ≤ R. fraction: share of retain samples put in
+            D_adj, a real number in (0, 1]; the count is ``round(fraction * R)``, at least 1.
         metric: "cosine" (features L2-normalised) or "euclidean".
-        retain_indices, forget_indices: optional (R,) / (Fn,) global indices the returned lists are
-            mapped to; default = positions 0..R-1 in features_retain and 0..Fn-1 in features_forget
-            (then forget and retain indices live in *different* index spaces, see ``meta``).
-        chunk: forget rows per distance block (memory: chunk × R floats).
+        retain_indices, forget_indices: optional (R,) / (Fn,) integer global indices the returned
+            lists are mapped to; default = positions 0..R-1 in features_retain and 0..Fn-1 in
+            features_forget (then forget and retain indices live in *different* index spaces).
+            ``meta["index_space"]`` says which space each list is in: "global" (both given), else
+            "<retain> / <forget>", each side "positions in features_retain" / "positions in
+            features_forget" or "retain_indices" / "forget_indices".
+        chunk: forget rows per distance block (memory: chunk × R floats), an integer >= 1.
     Returns:
         `IndexSplit` (targets None); ``meta`` records k, fraction, metric and the index space.
     Raises:
-        ValueError: empty inputs, feature widths differ, k or fraction out of range, unknown metric.
+        TypeError: k or chunk not an integer, fraction not a real number, features of a
+            non-numeric dtype (e.g. str) or complex.
+        ValueError: empty inputs, features not 2-D or holding NaN / infinite values, feature
+            widths differ, k, chunk or fraction out of range, unknown metric, index lists whose
+            lengths differ from the row counts.
     """
-    fr = torch.as_tensor(np.asarray(features_retain) if not isinstance(features_retain, torch.Tensor)
-                         else features_retain).detach().float().cpu()
-    ff = torch.as_tensor(np.asarray(features_forget) if not isinstance(features_forget, torch.Tensor)
-                         else features_forget).detach().float().cpu()
-    if fr.dim() != 2 or ff.dim() != 2:
-        raise ValueError("features must be 2-D (samples, dims)")
+    fr = _float_matrix(features_retain, "features_retain")
+    ff = _float_matrix(features_forget, "features_forget")
     R, Fn = fr.shape[0], ff.shape[0]
     if Fn == 0:
         raise ValueError("empty forget set: features_forget has no rows")
@@ -246,10 +384,19 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
         raise ValueError("features_retain has no rows")
     if fr.shape[1] != ff.shape[1]:
         raise ValueError(f"feature widths differ: retain {fr.shape[1]}, forget {ff.shape[1]}")
+    k = _int_value(k, "k")
     if not 1 <= k <= R:
-        raise ValueError(f"k must be in [1, {R}], got {k}")
+        raise ValueError(f"k must be in [1, {R}] (the retain rows), got {k}")
+    chunk = _int_value(chunk, "chunk", minimum=1)
+    if isinstance(fraction, (bool, np.bool_)) or not isinstance(fraction, (int, float, np.integer, np.floating)):
+        raise TypeError(f"fraction must be a real number in (0, 1], got {type(fraction).__name__} {fraction!r}")
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    rmap = np.arange(R) if retain_indices is None else _as_int_array(retain_indices, "retain_indices")
+    fmap = np.arange(Fn) if forget_indices is None else _as_int_array(forget_indices, "forget_indices")
+    if len(rmap) != R or len(fmap) != Fn:
+        raise ValueError(f"retain_indices ({len(rmap)}) / forget_indices ({len(fmap)}) must match the feature "
+                         f"row counts ({R} / {Fn})")
     if metric == "cosine":
         fr = torch.nn.functional.normalize(fr, dim=1)
         ff = torch.nn.functional.normalize(ff, dim=1)
@@ -268,13 +415,13 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
     order = o1[torch.argsort(-votes[o1], stable=True)]
     adj_mask = np.zeros(R, bool)
     adj_mask[order[:n_adj].numpy()] = True
-    rmap = np.arange(R) if retain_indices is None else _as_int_array(retain_indices, "retain_indices")
-    fmap = np.arange(Fn) if forget_indices is None else _as_int_array(forget_indices, "forget_indices")
-    if len(rmap) != R or len(fmap) != Fn:
-        raise ValueError("retain_indices / forget_indices must match the feature row counts")
+    if retain_indices is not None and forget_indices is not None:
+        space = "global"
+    else:
+        space = (("retain_indices" if retain_indices is not None else "positions in features_retain") + " / "
+                 + ("forget_indices" if forget_indices is not None else "positions in features_forget"))
     meta = {"builder": "split_by_similarity", "k": int(k), "fraction": float(fraction), "metric": metric,
-            "n_retain": int(R), "n_forget": int(Fn), "index_space": "global" if retain_indices is not None
-            and forget_indices is not None else "positions in features_retain / features_forget",
+            "n_retain": int(R), "n_forget": int(Fn), "index_space": space,
             "votes_of_adjacent_min": int(votes[order[n_adj - 1]])}
     s = IndexSplit(sorted(int(i) for i in fmap), sorted(int(i) for i in rmap[adj_mask]),
                    sorted(int(i) for i in rmap[~adj_mask]), None, meta)
@@ -294,19 +441,32 @@ def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, bat
             last ``nn.Linear`` in registration order, i.e. the penultimate activations of ResNet
             ``fc``, torchvision ViT ``heads.head``, HF ``classifier``), or any callable mapping an
             input batch to (B, D) features.
-        data: a (N, ...) tensor, a Dataset of ``(x, y)`` tuples or of dicts (dict items are passed
-            as ``model(**inputs)``, minus ``labels``).
-        batch_size: samples per forward pass. device: where to run (default: the model's device or CPU).
+        data: a (N, ...) tensor, a map-style Dataset (anything with ``len`` and integer indexing:
+            a numpy array, a list) of ``(x, y)`` tuples, bare inputs or dicts (dict items are passed
+            as ``model(**inputs)``, minus ``labels``), or a ``DataLoader`` over such a dataset (its
+            batches are used as they come, in its order: use one without shuffling to keep rows
+            aligned with the dataset).
+        batch_size: samples per forward pass, an integer >= 1 (ignored for a DataLoader, whose own
+            batches are used). device: where to run (default: the model's device or CPU).
     Floating inputs are cast to a module's dtype; a module runs in eval mode and every submodule's
     ``training`` flag is set back afterwards (also on error).
     Returns:
         (N, D) float32 CPU tensor (flattened per sample).
     Raises:
-        ValueError: a module without ``nn.Linear`` and no ``layer`` given, or the hook never fired.
+        TypeError: ``batch_size`` not an integer; ``data`` neither a tensor, a DataLoader nor a
+            sized, indexable dataset.
+        ValueError: ``batch_size`` < 1; a module without ``nn.Linear`` and no ``layer`` given; the
+            hook never fired; the model cannot run on the inputs (e.g. a feature width other than
+            its first ``nn.Linear``'s: the message names the expected and the given width).
     """
+    from torch.utils.data import DataLoader
     from .unlearn.inputs import training_flags_kept
     from .unlearn.precision import model_dtype
 
+    batch_size = _int_value(batch_size, "batch_size", minimum=1)
+    if not isinstance(data, (torch.Tensor, DataLoader)) and not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+        raise TypeError(f"data must be a tensor, a map-style Dataset (len and integer indexing) or a DataLoader, "
+                        f"got {type(data).__name__}")
     is_module = isinstance(model_or_fn, torch.nn.Module)
     if device is None:
         device = next(model_or_fn.parameters()).device if is_module and any(True for _ in model_or_fn.parameters()) \
@@ -336,19 +496,25 @@ def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, bat
 def _input_batches(data, batch_size: int, device, dtype):
     """The model inputs of ``data`` (a tensor or a Dataset of (x, y) / dict items), ``batch_size``
     samples at a time, on ``device``, floating tensors cast to ``dtype`` (None: as they are)."""
+    from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import default_collate
     from .unlearn.data import cast_floating, move_batch, split_batch
 
+    def inputs_of(b):
+        if isinstance(b, dict):
+            return {k: v for k, v in b.items() if k != "labels"}
+        return split_batch(b)[0] if isinstance(b, (tuple, list)) else b
+
+    if isinstance(data, DataLoader):
+        for b in data:
+            yield cast_floating(move_batch(inputs_of(b), device), dtype)
+        return
     n = data.shape[0] if isinstance(data, torch.Tensor) else len(data)
     for s in range(0, n, batch_size):
         if isinstance(data, torch.Tensor):
             x = data[s:s + batch_size]
         else:
-            b = default_collate([data[i] for i in range(s, min(n, s + batch_size))])
-            if isinstance(b, dict):
-                x = {k: v for k, v in b.items() if k != "labels"}
-            else:
-                x = split_batch(b)[0] if isinstance(b, (tuple, list)) else b
+            x = inputs_of(default_collate([data[i] for i in range(s, min(n, s + batch_size))]))
         yield cast_floating(move_batch(x, device), dtype)
 
 
@@ -357,7 +523,10 @@ def _features_of(model_or_fn, x, captured: Optional[List[torch.Tensor]]) -> torc
     given) or the function's output; (B, T, D) token features keep their first token."""
     if captured is not None:
         captured.clear()
-    out = model_or_fn(**x) if isinstance(x, dict) else model_or_fn(x)
+    try:
+        out = model_or_fn(**x) if isinstance(x, dict) else model_or_fn(x)
+    except (RuntimeError, TypeError, IndexError) as e:
+        raise ValueError(_forward_failure(model_or_fn, x, e)) from e
     if captured is not None:
         if not captured:
             raise ValueError("the feature layer was not called in forward()")
@@ -367,13 +536,70 @@ def _features_of(model_or_fn, x, captured: Optional[List[torch.Tensor]]) -> torc
     return out.reshape(out.shape[0], -1).float().cpu()
 
 
+def _forward_failure(model_or_fn, x, e: BaseException) -> str:
+    """The message of a forward pass that failed on the batch ``x``: the inputs' shape, the width the
+    model's first ``nn.Linear`` expects when a tensor's last dimension differs from it, and the
+    first line of the error."""
+    from .unlearn.inputs import _describe_inputs
+    what = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else "the feature function"
+    msg = f"{what} cannot run on the inputs ({_describe_inputs(x)})"
+    if isinstance(model_or_fn, torch.nn.Module) and isinstance(x, torch.Tensor) and x.dim() >= 1:
+        first = next((m for m in model_or_fn.modules() if isinstance(m, torch.nn.Linear)), None)
+        if first is not None and x.shape[-1] != first.in_features:
+            msg += (f": its first nn.Linear expects {first.in_features} features per sample, the data has "
+                    f"{x.shape[-1]}")
+    return f"{msg} ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+
+
+def _check_split_indices(split: IndexSplit, n: int, what: str) -> None:
+    """ValueError unless ``split`` is consistent (`IndexSplit.check`) and each of its indices lies in
+    [0, n) (``n`` = the length of the dataset ``what``)."""
+    if not isinstance(split, IndexSplit):
+        raise TypeError(f"{what} split must be an IndexSplit, got {type(split).__name__}")
+    space = split.meta.get("index_space", "global") if isinstance(split.meta, dict) else "global"
+    if space != "global":
+        raise ValueError(f"the {what} split's lists are in different index spaces ({space}): pass both "
+                         "retain_indices and forget_indices to split_by_similarity to index one dataset")
+    split.check()
+    for name in IndexSplit.NAMES:
+        lst = getattr(split, name)
+        if lst and max(lst) >= n:
+            bad = [i for i in lst if i >= n]
+            raise ValueError(f"split {name!r} holds indices beyond {what} (length {n}): {bad[:5]}"
+                             f"{' ...' if len(bad) > 5 else ''} ({len(bad)} in all); the split was made for "
+                             "another dataset")
+
+
 def subset_splits(dataset, split: IndexSplit, *, test_dataset=None, test_split: Optional[IndexSplit] = None):
     """`entangle_ext.Splits` of `torch.utils.data.Subset` views of ``dataset`` (and of
     ``test_dataset`` for the held-out parts). The datasets must already return the split's targets.
-    Raises ValueError when a split is empty."""
+
+    Args:
+        dataset: a map-style dataset (``len`` and integer indexing) the indices of ``split`` point into.
+        split: an `IndexSplit` over ``dataset``.
+        test_dataset, test_split: both or neither: the held-out dataset and its `IndexSplit`.
+    Returns:
+        `entangle_ext.Splits` (forget / adjacent / remote, plus their ``*_test`` with the test pair).
+    Raises:
+        TypeError: a split that is not an `IndexSplit`, a dataset without ``len``.
+        ValueError: only one of ``test_dataset`` / ``test_split`` given; a split that is
+            inconsistent (`IndexSplit.check`: overlapping lists, duplicate, negative or non-integer
+            indices, an empty forget list), a `split_by_similarity` split whose lists are in
+            different index spaces (``meta["index_space"]`` not "global"), or one that holds an index >= the length of its dataset (checked
+            here, before any sample is read); an empty split.
+    """
     from torch.utils.data import Subset
     from .unlearn.data import Splits
 
+    if (test_dataset is None) != (test_split is None):
+        raise ValueError("give test_dataset and test_split together (the held-out dataset and its IndexSplit), "
+                         "or neither")
+    for ds, sp, what in ((dataset, split, "dataset"), (test_dataset, test_split, "test_dataset")):
+        if sp is None:
+            continue
+        if not hasattr(ds, "__len__"):
+            raise TypeError(f"{what} must be a map-style dataset with a length, got {type(ds).__name__}")
+        _check_split_indices(sp, len(ds), what)
     kw = {n: Subset(dataset, getattr(split, n)) for n in IndexSplit.NAMES}
     if test_dataset is not None and test_split is not None:
         kw.update({n + "_test": Subset(test_dataset, getattr(test_split, n)) for n in IndexSplit.NAMES})

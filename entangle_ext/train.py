@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, require_graph, split_batch, union_source
-from .unlearn.files import WriteError, atomic_write, open_checkpoint
+from .unlearn.files import WriteError, atomic_write, check_out_dir_type, make_out_dir, open_checkpoint
 from .unlearn.inputs import model_device, training_grad_mode
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
 from .unlearn.precision import AMP_CHOICES, amp_scope, master_weight_optimizer, model_dtype, resolve_amp
@@ -231,19 +231,23 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
     Raises:
         ValueError: ``datasets`` empty or holding no sample; labels that are not integer class
             indices; no ``device`` for a model without parameters or buffers; a ``cache`` file
-            that does not fit ``model`` (see `load_model_file`).
+            that does not fit ``model`` (see `load_model_file`); a ``cache`` whose folder exists
+            as a file or cannot be created or written (`make_out_dir`, checked before training).
+            TypeError: a ``cache`` that is not a str or os.PathLike.
     Warns:
         CacheNotWrittenWarning: the trained weights could not be written to ``cache`` (disk
             full, a file-size limit, permissions: the `WriteError`'s message); the trained model
             is returned all the same, and the next call trains it again.
     """
+    check_out_dir_type(cache, "cache")
     device = model_device(model, device)
     model.to(device)
     if cache is not None and Path(cache).exists():
         return load_model_file(model, cache, device=device).eval()
+    if cache is not None:   # before the training: a folder that cannot be made fails now, not after it
+        make_out_dir(Path(cache).parent, "the folder of the cache file")
     fit(model, datasets, recipe, device=device, seed=seed, progress=progress)
     if cache is not None:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
         state = model.state_dict()
         try:
             atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",

@@ -18,6 +18,7 @@ import entangle_ext as ee
 from entangle_ext.data.celeba import write_celeba_miniature
 from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
+from entangle_ext.unlearn.files import make_out_dir
 
 
 def main(argv=None):
@@ -30,6 +31,7 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/celeba_vit")
     args = ap.parse_args(argv)
     with exit_on_bad_input("celeba_vit"):   # bad input: one error line, exit code 2
+        make_out_dir(args.out, "--out")   # before any data is written or read, or any training
         root = write_celeba_miniature(args.make_miniature, n=600) if args.make_miniature else args.data_root
         run = prepare("celeba", "reduced" if args.reduced else None, data_root=root, device=args.device,
                       cache_dir=args.out, model={"weights": args.weights})

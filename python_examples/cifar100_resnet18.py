@@ -20,6 +20,7 @@ import torch
 import entangle_ext as ee
 from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
+from entangle_ext.unlearn.files import make_out_dir
 
 
 def main(argv=None):
@@ -32,6 +33,7 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/cifar100_resnet18")
     args = ap.parse_args(argv)
     with exit_on_bad_input("cifar100_resnet18"):
+        make_out_dir(args.out, "--out")   # before any data is written or read, or any training
         variant = args.variant
         if variant is None:   # the full recipe is a GPU run: never start it on a CPU by default
             variant = "full" if torch.device(args.device).type == "cuda" else "cpu"

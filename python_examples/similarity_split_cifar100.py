@@ -7,7 +7,9 @@ with `extract_features`, every forget image votes for its k nearest retain image
 baselines that train no network and never see the coarse labels of the sample they rank: raw pixels →
 PCA-256 (no labels at all), and raw pixels → PCA-256 → LDA fitted on the coarse labels of the 10,000
 CIFAR-100 *test* images (disjoint from the sample; a linear model of the superclasses).
-``--per-class`` is 1 to 500 (the train images per fine class in CIFAR-100).
+``--per-class`` is 1 to 500 (the train images per fine class in CIFAR-100). Bad input (a flag out of
+range, e.g. ``--threads 0`` or ``--epochs -1``, missing or corrupt data) prints one
+``similarity_split_cifar100: error: ...`` line and exits with code 2, before any training.
 
     python python_examples/similarity_split_cifar100.py --per-class 100 --epochs 8          # CPU, minutes
     python python_examples/similarity_split_cifar100.py --per-class 500 --epochs 30 --model resnet18 --device cuda
@@ -29,6 +31,7 @@ from entangle_ext.data.cifar100 import CIFAR100_MEAN, CIFAR100_STD, load_cifar10
 from entangle_ext.data.tinyimagenet import images_to_tensor
 from entangle_ext.data.vit import vit_classifier
 from entangle_ext.splits import extract_features, split_by_similarity
+from entangle_ext.threads import torch_threads
 from entangle_ext.train import TrainRecipe, train_original
 
 
@@ -66,15 +69,23 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with exit_on_bad_input("similarity_split_cifar100"):
-        d = load_cifar100(args.data_root)
-        fine, coarse = d["y_train_fine"], d["y_train_coarse"]
-        most = int(np.bincount(fine, minlength=100).min())
-        if not 1 <= args.per_class <= most:
-            raise ValueError(f"--per-class must be 1..{most} (train images per fine class), got {args.per_class}")
-    rng = np.random.default_rng(numpy_seed(args.seed, '--seed'))
+    with exit_on_bad_input("similarity_split_cifar100"):   # bad input: one error line, exit code 2
+        # every flag is checked before the data are read or a network is trained
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be an integer >= 1, got {args.threads}")
+        recipe = TrainRecipe("adamw", lr=1e-3, epochs=args.epochs, batch_size=128, weight_decay=0.05, augment=True)
+        rng = np.random.default_rng(numpy_seed(args.seed, '--seed'))
+        with torch_threads(args.threads if args.threads is not None else torch.get_num_threads()):
+            run(args, recipe, rng)
+
+
+def run(args, recipe, rng):
+    """The comparison of `main` (flags already checked): pixel baselines, then the trained model's features."""
+    d = load_cifar100(args.data_root)
+    fine, coarse = d["y_train_fine"], d["y_train_coarse"]
+    most = int(np.bincount(fine, minlength=100).min())
+    if not 1 <= args.per_class <= most:
+        raise ValueError(f"--per-class must be 1..{most} (train images per fine class), got {args.per_class}")
     sel = np.concatenate([rng.choice(np.flatnonzero(fine == k), args.per_class, replace=False) for k in range(100)])
     aq, fish = d["fine_names"].index("aquarium_fish"), d["coarse_names"].index("fish")
     forget, retain = sel[fine[sel] == aq], sel[fine[sel] != aq]
@@ -94,7 +105,6 @@ def main(argv=None):
     y = torch.as_tensor(coarse[sel], device=args.device)
     torch.manual_seed(args.seed)
     model = vit_classifier(20, arch="small", image_size=32) if args.model == "small" else resnet18_cifar(20)
-    recipe = TrainRecipe("adamw", lr=1e-3, epochs=args.epochs, batch_size=128, weight_decay=0.05, augment=True)
     train_original(model, [torch.utils.data.TensorDataset(x, y)], recipe, device=args.device, seed=args.seed,
                    progress=False)
     xt = images_to_tensor(d["x_test"], args.device, mean=CIFAR100_MEAN, std=CIFAR100_STD)
@@ -107,7 +117,6 @@ def main(argv=None):
     for k in (10, 50):
         p, r, c = recovery(F[ri], F[fi], retain, forget, true_adj, k, "cosine")
         print(f"{args.model} penultimate k={k:<3} precision {p:.3f} recall {r:.3f} (chance {c:.3f})")
-
 
 if __name__ == "__main__":
     main()

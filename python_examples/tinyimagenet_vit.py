@@ -18,6 +18,7 @@ import argparse
 import entangle_ext as ee
 from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
+from entangle_ext.unlearn.files import make_out_dir
 
 
 def main(argv=None):
@@ -30,6 +31,7 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/tinyimagenet_vit")
     args = ap.parse_args(argv)
     with exit_on_bad_input("tinyimagenet_vit"):   # bad input: one error line, exit code 2
+        make_out_dir(args.out, "--out")   # before any data is written or read, or any training
         # variant None = "full" when --weights is given, else "scratch"
         run = prepare("tinyimagenet", args.variant, data_root=args.data_root,
                       device=args.device, cache_dir=args.out, model={"weights": args.weights})

@@ -19,6 +19,7 @@ import time
 import entangle_ext as ee
 from entangle_ext.cli import default_device, device_arg, exit_on_bad_input
 from entangle_ext.settings import prepare
+from entangle_ext.unlearn.files import make_out_dir
 
 
 def main(argv=None):
@@ -31,6 +32,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     with exit_on_bad_input("toxigen_transformer"):   # bad input: one error line, exit code 2
+        make_out_dir(args.out, "--out")   # before any data is written or read, or any training
         run = prepare("toxigen", "reduced" if args.reduced else "full", data_root=args.data_root,
                       device=args.device, cache_dir=args.out, data={"model_path": args.model_path})
         print(run.info["model"], "| sizes:", run.info["sizes"], "| label rule:", run.info["label_rule"])

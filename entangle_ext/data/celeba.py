@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_attributes
 from ..unlearn.data import Splits
+from .checks import check_cap, check_float_dtype
 from .seeds import numpy_seed
 from .root import data_dirs
 from .tinyimagenet import images_to_tensor
@@ -173,8 +174,12 @@ def celeba_splits(root: Union[str, Path, None] = None, *, target_attrs: Sequence
         FileNotFoundError: see `find_celeba` / `load_celeba_images`. ValueError: unknown attribute,
         an empty forget set in the train or held-out partition (the message names the partition and
         the cap that emptied it), an empty partition, a malformed list file or unreadable image
-        (see `read_celeba_attributes` / `load_celeba_images`).
+        (see `read_celeba_attributes` / `load_celeba_images`), a cap that is not None or an integer
+        >= 1 (`check_cap`). TypeError: a ``dtype`` that is not floating.
     """
+    max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
+    max_test_per_class = check_cap(max_test_per_class, "max_test_per_class")
+    check_float_dtype(dtype)
     a = read_celeba_attributes(root)
     rng = np.random.default_rng(numpy_seed(seed))
     kw, idx_splits, files_out = {}, {}, {}

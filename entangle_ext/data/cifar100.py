@@ -25,6 +25,7 @@ from torch.utils.data import TensorDataset
 from .._optional import optional_import
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn.data import Splits
+from .checks import check_cap, check_float_dtype
 from .seeds import numpy_seed
 from .root import find_data_file, read_npz
 from .tinyimagenet import images_to_tensor
@@ -204,11 +205,15 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
         ValueError: an unknown forget class or superclass (the message lists the choices), repeated
         superclasses, superclasses without the forget class's superclass or with nothing else (an
         empty remote split), fine/coarse labels that disagree between samples, an image_size
-        outside 1..32, an unreadable file (see `load_cifar100`). TypeError: superclasses given as
-        one string. FileNotFoundError: no data.
+        outside 1..32, a cap that is not None or an integer >= 1 (`check_cap`), an unreadable file
+        (see `load_cifar100`). TypeError: superclasses given as one string, a dtype that is not
+        floating. FileNotFoundError: no data.
     """
     if int(image_size) != image_size or not 1 <= image_size <= 32:
         raise ValueError(f"image_size must be an integer in 1..32, got {image_size!r}")
+    max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
+    max_test_per_class = check_cap(max_test_per_class, "max_test_per_class")
+    check_float_dtype(dtype)
     d = data if data is not None else load_cifar100(root)
     fine_names, coarse_names = list(d["fine_names"]), list(d["coarse_names"])
     if forget_fine not in fine_names:

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..unlearn.data import Splits
+from .checks import check_cap, check_float_dtype
 from .seeds import sklearn_random_state
 
 __all__ = ["digits_splits", "DigitsMLP", "SETTING_DTYPE", "load_setting", "setting_model"]
@@ -38,8 +39,12 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
     labels on ``device``; info has the digit of each split and the sizes.
     ``seed``: any int of torch.manual_seed's range [-2**63, 2**64 - 1] (the run's seed); one in
     [0, 2**32 - 1] goes to scikit-learn's split as it is, any other as `sklearn_random_state` maps it.
+    ``max_train_per_digit``: None (all) or an integer >= 1, the train images kept per digit.
+    ``dtype``: a floating torch dtype (the features are scaled to [0, 1]).
     Raises TypeError when ``forget_digit`` or ``seed`` is not an int (a float or bool is not coerced)
-    and ValueError when ``forget_digit`` is not in 0..9 or ``seed`` outside that range.
+    or ``dtype`` is not a floating dtype, and ValueError when ``forget_digit`` is not in 0..9,
+    ``seed`` outside that range or ``max_train_per_digit`` not None or an integer >= 1 (the check
+    `entangle_ext.settings.Setting.check_options` makes of the caps, `check_cap`).
     """
     from .._optional import optional_import
     load_digits = optional_import("sklearn.datasets", "the digits setting (scikit-learn's bundled digits)",
@@ -50,6 +55,8 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
         raise TypeError(f"forget_digit must be an int 0..9, got {forget_digit!r} ({type(forget_digit).__name__})")
     if forget_digit not in range(10):
         raise ValueError(f"forget_digit must be in 0..9, got {forget_digit}")
+    max_train_per_digit = check_cap(max_train_per_digit, "max_train_per_digit")
+    check_float_dtype(dtype)
     random_state = sklearn_random_state(seed)
     d = load_digits()
     x = (d.data / 16.0).astype(np.float64)

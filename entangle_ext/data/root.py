@@ -11,27 +11,58 @@ Data directories, in lookup order (`data_dirs`):
    installed copy in site-packages has no repository around it and skips this place).
 
 `find_data_file` returns the first match of a file or directory name in these places and raises
-FileNotFoundError naming every place it looked at. `read_npz` is the one reader of ``.npz`` archives
+FileNotFoundError naming every place it looked at.
+
+The environment variables are not authoritative: a place without the data falls through to the
+next one. So that a mistyped or stale variable is not silently bypassed, `data_dirs` warns
+(`DataDirWarning`, once per variable and value) when ``ENTANGLE_DATA`` / ``ENTANGLE_SHARED_DATA``
+is set but is not an existing directory, and `find_data_file` / `data_root` warn (once per name and
+place) when the data are taken from a later place although such a variable is set. `read_npz` is the one reader of ``.npz`` archives
 with expected keys: a wrong or corrupt file gives a ValueError naming the file and what is wrong.
 """
 from __future__ import annotations
 
 import os
+import warnings
 import zipfile
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
 from .._paths import user_cache_dir
 
 __all__ = ["data_dirs", "data_root", "find_data_file", "user_cache_dir", "checkout_data_dir", "read_npz",
-           "ENV_VARS"]
+           "ENV_VARS", "DataDirWarning"]
 
 ENV_VARS = ("ENTANGLE_DATA", "ENTANGLE_SHARED_DATA")
 """Environment variables naming a data directory, in lookup order (the second is an alias)."""
 
 PathLike = Union[str, Path]
+
+
+class DataDirWarning(UserWarning):
+    """A data-directory environment variable is set but was not used: it names no existing
+    directory, or the data were found in a later place of the lookup order (module docstring)."""
+
+
+_warned: Set[Tuple[str, ...]] = set()   # what has been warned about, so each warns once per process
+
+
+def _warn_once(key: Tuple[str, ...], message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, DataDirWarning, stacklevel=3)
+
+
+def _warn_env_bypassed(places: Sequence[Tuple[str, Path]], used: Path, what: str) -> None:
+    """Warn when ``used`` comes after a place named by an environment variable (that place lacks ``what``)."""
+    for origin, p in places:
+        if p == used:
+            return
+        if origin.startswith("$") and p.is_dir():
+            _warn_once(("skipped", origin, str(p), what, str(used)),
+                       f"{origin[1:]}={p} has no {what}; using {used} (a later place of the data lookup)")
 
 
 def checkout_data_dir() -> Optional[Path]:
@@ -50,10 +81,20 @@ def checkout_data_dir() -> Optional[Path]:
 
 def data_dirs(explicit: Optional[PathLike] = None) -> List[Tuple[str, Path]]:
     """The places data is looked for, in order, as ``(origin, path)`` pairs (module docstring);
-    the paths need not exist. With ``explicit`` only ``[("argument", explicit)]``."""
+    the paths need not exist. With ``explicit`` only ``[("argument", explicit)]``.
+
+    Warns:
+        DataDirWarning: (once per variable and value) ``ENTANGLE_DATA`` or
+        ``ENTANGLE_SHARED_DATA`` is set but is not an existing directory; it stays in the list
+        (so a FileNotFoundError still names it) but holds nothing."""
     if explicit is not None:
         return [("argument", Path(explicit).expanduser())]
     out = [(f"${v}", Path(os.environ[v]).expanduser()) for v in ENV_VARS if os.environ.get(v)]
+    for origin, p in out:
+        if not p.is_dir():
+            _warn_once(("missing", origin, str(p)),
+                       f"{origin[1:]}={p} is not an existing directory" + (" (it is a file)" if p.exists() else "")
+                       + "; it is skipped and the data are looked for in the next places (fix or unset it)")
     out.append(("user cache", user_cache_dir() / "data"))
     repo = checkout_data_dir()
     if repo is not None:
@@ -90,16 +131,22 @@ def find_data_file(names: Union[str, Sequence[str]], explicit: Optional[PathLike
         The path found (may be a file or a directory).
     Raises:
         FileNotFoundError: nothing found; the message lists every name and every place looked at.
+    Warns:
+        DataDirWarning: as `data_dirs`; and (once per name and place) when the data are found in a
+        place after an existing directory named by ``ENTANGLE_DATA`` / ``ENTANGLE_SHARED_DATA``
+        (which lacks them): the message names the variable and the place used.
     """
     names = [names] if isinstance(names, str) else list(names)
     places = data_dirs(explicit)
+    label = what or " or ".join(names)
     for _, place in places:
         if is_data is not None and place.exists() and is_data(place):
+            _warn_env_bypassed(places, place, label)
             return place
         for n in names:
             if (place / n).exists():
+                _warn_env_bypassed(places, place, label)
                 return place / n
-    label = what or " or ".join(names)
     raise FileNotFoundError(f"no {label} found: looked for {' / '.join(names)} in " + _describe(places)
                             + ("" if explicit is not None else "; pass a path, or set ENTANGLE_DATA"))
 

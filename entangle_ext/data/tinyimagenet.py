@@ -34,6 +34,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn.data import Splits
+from .checks import check_cap, check_float_dtype
 from .seeds import numpy_seed
 from .root import data_dirs, find_data_file, read_npz
 from .vit import IMAGENET_MEAN, IMAGENET_STD
@@ -148,8 +149,10 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
         FileNotFoundError: no source, a missing ``words.txt`` / ``val_annotations.txt`` / class folder
             / hypernym table / image. ValueError: a wnid in ``classes`` that the source does not
             have; a file that is not a Tiny-ImageNet archive or a corrupt image (`read_npz`; the
-            message names the file).
+            message names the file); a cap that is not None or an integer >= 1 (`check_cap`).
     """
+    max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
+    max_val_per_class = check_cap(max_val_per_class, "max_val_per_class")
     src = _locate(root)
     rng = np.random.default_rng(numpy_seed(seed))
     read = _read_npz_source if src.suffix == ".npz" else _read_standard_layout
@@ -296,7 +299,9 @@ def resolve_classes(spec: Union[str, Sequence[str]], wnids: Sequence[str], names
 def images_to_tensor(x: np.ndarray, device="cpu", dtype=torch.float32, mean: Sequence[float] = IMAGENET_MEAN,
                      std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
     """(N, H, W, 3) uint8 → (N, 3, H, W) ``dtype`` on ``device``: scaled to [0, 1], then normalised
-    per channel with ``mean`` / ``std`` (default: the ImageNet statistics)."""
+    per channel with ``mean`` / ``std`` (default: the ImageNet statistics). Raises TypeError when
+    ``dtype`` is not a floating dtype (an integer one would truncate the normalised values)."""
+    check_float_dtype(dtype)
     t = torch.as_tensor(x, device=device).permute(0, 3, 1, 2).to(dtype).div_(255.0)
     mean = torch.tensor(mean, device=device, dtype=dtype).view(1, 3, 1, 1)
     std = torch.tensor(std, device=device, dtype=dtype).view(1, 3, 1, 1)

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from ..splits import IndexSplit, split_by_group
 from ..unlearn.data import Splits
+from .checks import check_cap
 from .seeds import numpy_seed
 from .hf_text import hf_model_dir, load_hf_classifier, load_hf_tokenizer, minilm_path, sentence_embeddings
 from .root import find_data_file
@@ -182,9 +183,7 @@ def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", 
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    if max_per_group_label is not None and (isinstance(max_per_group_label, bool) or not isinstance(
-            max_per_group_label, (int, np.integer)) or max_per_group_label < 1):
-        raise ValueError(f"max_per_group_label must be an int >= 1 or None, got {max_per_group_label!r}")
+    max_per_group_label = check_cap(max_per_group_label, "max_per_group_label")
     g = np.array(data["target_group"])
     y = np.asarray(data["toxic"], dtype=np.int64)
     fg = normalize_group(forget_group)
