@@ -23,7 +23,7 @@ deps: $(DEPS_STAMP)
 
 # Editable install: builds entangle_ext/_C*.so in place. Python changes need no rebuild; the
 # extension is rebuilt only when a native source or the build scripts change.
-NATIVE_SRC  := $(wildcard csrc/*.h csrc/*.txt csrc/cpu/*.cpp csrc/cuda/*.cu) setup.py pyproject.toml
+NATIVE_SRC  := $(wildcard csrc/*.h csrc/*.cpp csrc/*.txt csrc/cpu/*.h csrc/cpu/*.cpp csrc/cuda/*.cuh csrc/cuda/*.cu) setup.py pyproject.toml
 BUILD_STAMP := $(VENV)/.build-stamp
 
 $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)

@@ -22,82 +22,18 @@ the output of a user feature function, to feed `split_by_similarity`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
+from ._split_checks import as_int_array, attr_matrix, float_matrix, int_list, int_value, names_list, present
+from .split_features import extract_features  # noqa: F401  (public here, beside the builder it feeds)
 from .split_files import SPLIT_FORMAT, IndexSplit, load_split, save_split, split_hash  # noqa: F401
 
 __all__ = ["IndexSplit", "split_by_hierarchy", "split_by_attributes", "split_by_group",
            "split_by_similarity", "extract_features", "save_split", "load_split", "split_hash",
            "subset_splits"]
-
-def _as_int_array(a, name: str) -> np.ndarray:
-    if isinstance(a, torch.Tensor):
-        a = a.detach().cpu().numpy()
-    a = np.asarray(a)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        if np.issubdtype(a.dtype, np.floating) and np.all(a == np.round(a)):
-            a = a.astype(np.int64)
-        else:
-            raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
-    return a.astype(np.int64)
-
-
-def _int_value(x, name: str, minimum: Optional[int] = None, hint: str = "") -> int:
-    """``x`` as a Python int when it holds an integer: a Python int, a numpy integer, or a 0-d
-    integer numpy array / tensor (a bool, float, str or anything else is not coerced).
-
-    Raises:
-        TypeError: ``x`` is not such an integer (``hint`` is appended to the message).
-        ValueError: it is below ``minimum``.
-    """
-    v = x
-    if isinstance(v, torch.Tensor) and v.dim() == 0 and v.dtype != torch.bool \
-            and not v.is_floating_point() and not v.is_complex():
-        v = int(v.item())
-    elif isinstance(v, np.ndarray) and v.ndim == 0 and np.issubdtype(v.dtype, np.integer):
-        v = int(v)
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer (a Python int, numpy integer or 0-d integer tensor), "
-                        f"got {type(x).__name__} {x!r}{hint}")
-    v = int(v)
-    if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v}")
-    return v
-
-
-def _int_list(x, name: str, hint: str = "") -> List[int]:
-    """One integer label or a sequence of them (list, tuple, 1-D array / tensor) as a list of ints,
-    each checked by `_int_value`; a str is refused (TypeError), not read as a sequence."""
-    if isinstance(x, str):
-        raise TypeError(f"{name} must be an integer or a sequence of integers, got the str {x!r}{hint}")
-    if isinstance(x, (torch.Tensor, np.ndarray)):
-        if x.ndim == 0:
-            return [_int_value(x, name, hint=hint)]
-        if x.ndim != 1:
-            raise ValueError(f"{name} must be an integer or a 1-D sequence of integers, got shape {tuple(x.shape)}")
-        return [_int_value(v, f"{name}[{i}]", hint=hint) for i, v in enumerate(x)]
-    if isinstance(x, (list, tuple, range)):
-        return [_int_value(v, f"{name}[{i}]", hint=hint) for i, v in enumerate(x)]
-    return [_int_value(x, name, hint=hint)]
-
-
-def _names(names, count: int, name: str, what: str) -> Optional[List[str]]:
-    """``names`` (None or a sequence of at least ``count`` names) as a list; ValueError when it is
-    too short for the classes it must name (``what``), TypeError for a str."""
-    if names is None:
-        return None
-    if isinstance(names, str):
-        raise TypeError(f"{name} must be a sequence of names, not one str {names!r}")
-    names = list(names)
-    if len(names) < count:
-        raise ValueError(f"{name} has {len(names)} names but {count} {what} need one; give one name per class")
-    return names
-
 
 def _finish(forget, adjacent, remote, targets, meta, index_map=None) -> IndexSplit:
     def lst(m):
@@ -139,16 +75,16 @@ def split_by_hierarchy(fine_labels, fine_to_coarse, forget_fine: Union[int, Sequ
             forget class unknown / excluded / in several coarse classes, ``fine_names`` /
             ``coarse_names`` too short, or no sample of the forget class(es).
     """
-    fine = _as_int_array(fine_labels, "fine_labels")
-    f2c = _as_int_array(fine_to_coarse, "fine_to_coarse")
+    fine = as_int_array(fine_labels, "fine_labels")
+    f2c = as_int_array(fine_to_coarse, "fine_to_coarse")
     if fine.size and (fine.min() < 0 or fine.max() >= len(f2c)):
         raise ValueError(f"fine labels must be in [0, {len(f2c)}) (the length of fine_to_coarse)")
     if f2c.size and f2c.min() < -1:
         raise ValueError(f"fine_to_coarse entries must be coarse indices >= 0, or -1 (excluded), got {int(f2c.min())}")
-    ff = _int_list(forget_fine, "forget_fine", hint=" (fine-class indices; map a name to its index first, "
+    ff = int_list(forget_fine, "forget_fine", hint=" (fine-class indices; map a name to its index first, "
                    "e.g. fine_names.index(name))")
-    fine_names = _names(fine_names, len(f2c), "fine_names", "fine classes (the length of fine_to_coarse)")
-    coarse_names = _names(coarse_names, int(f2c.max()) + 1 if f2c.size else 0, "coarse_names",
+    fine_names = names_list(fine_names, len(f2c), "fine_names", "fine classes (the length of fine_to_coarse)")
+    coarse_names = names_list(coarse_names, int(f2c.max()) + 1 if f2c.size else 0, "coarse_names",
                           "coarse classes (max(fine_to_coarse) + 1)")
     if not ff:
         raise ValueError("forget_fine is empty")
@@ -173,42 +109,6 @@ def split_by_hierarchy(fine_labels, fine_to_coarse, forget_fine: Union[int, Sequ
     if not forget.any():
         raise ValueError(f"empty forget set: no sample has fine label in {ff}")
     return _finish(forget, adjacent, remote, coarse, meta)
-
-
-def _attr_matrix(attrs, names: Sequence[str]) -> np.ndarray:
-    """(N, len(names)) bool from a mapping name → (N,) array or an object with ``attr_names``."""
-    cols = []
-    for n in names:
-        if n not in attrs:
-            raise ValueError(f"unknown attribute {n!r}; available: {sorted(attrs)[:50]}")
-        a = attrs[n]
-        a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
-        if a.ndim != 1:
-            raise ValueError(f"attribute {n!r} must be 1-D")
-        if not (a.dtype == bool or np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
-            raise ValueError(f"attribute {n!r} must hold numbers or bools ({{0,1}}, {{-1,+1}} or bool), got "
-                             f"dtype {a.dtype}; convert it first, e.g. np.asarray(column, dtype=int)")
-        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-            raise ValueError(f"attribute {n!r} holds NaN or infinite values")
-        cols.append(a > 0)   # accepts {0,1}, {-1,+1} (CelebA's file) and bool
-    if len({len(c) for c in cols}) > 1:
-        raise ValueError("attribute columns have different lengths")
-    return np.stack(cols, 1) if cols else np.zeros((0, 0), bool)
-
-
-def _present(value, name: str) -> bool:
-    """A ``forget_subclass`` value read as `_attr_matrix` reads an attribute: True / 1 present,
-    False / 0 / -1 absent; anything else is refused (ValueError) rather than guessed."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    try:
-        v = _int_value(value, f"forget_subclass[{name!r}]")
-    except TypeError:
-        v = None
-    if v not in (-1, 0, 1):
-        raise ValueError(f"forget_subclass[{name!r}] must be True / 1 (present) or False / 0 / -1 (absent), "
-                         f"got {value!r}")
-    return v > 0
 
 
 def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], subclass_attrs: Sequence[str],
@@ -251,8 +151,8 @@ def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], s
         raise TypeError(f"forget_subclass must be a mapping attribute name -> value, got {type(forget_subclass).__name__}")
     if set(target_attrs) & set(subclass_attrs):
         raise ValueError("target_attrs and subclass_attrs must not overlap")
-    t = _attr_matrix(attrs, target_attrs)
-    s = _attr_matrix(attrs, subclass_attrs)
+    t = attr_matrix(attrs, target_attrs)
+    s = attr_matrix(attrs, subclass_attrs)
     if t.shape[0] != s.shape[0]:
         raise ValueError(f"attribute columns have different lengths ({t.shape[0]} vs {s.shape[0]})")
     need = target_attrs + subclass_attrs
@@ -262,7 +162,7 @@ def split_by_attributes(attrs: Mapping[str, Any], target_attrs: Sequence[str], s
         raise ValueError(f"forget_subclass must give exactly {need}; missing {missing}, unexpected {extra}")
     n = t.shape[0]
     target = (t.astype(np.int64) * (1 << np.arange(len(target_attrs))[::-1])).sum(1) if n else np.zeros(0, np.int64)
-    want = {a: _present(forget_subclass[a], a) for a in need}
+    want = {a: present(forget_subclass[a], a) for a in need}
     want_t = np.array([want[a] for a in target_attrs])
     want_s = np.array([want[a] for a in subclass_attrs])
     f_target = int((want_t.astype(np.int64) * (1 << np.arange(len(target_attrs))[::-1])).sum())
@@ -297,10 +197,10 @@ def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: 
     """
     if isinstance(groups, str):
         raise TypeError(f"groups must be a sequence with one group per sample, not one str {groups!r}")
-    forget_label = _int_value(forget_label, "forget_label")
-    flip_label = None if flip_label is None else _int_value(flip_label, "flip_label")
+    forget_label = int_value(forget_label, "forget_label")
+    flip_label = None if flip_label is None else int_value(flip_label, "flip_label")
     g = np.asarray([str(x) for x in (groups.tolist() if hasattr(groups, "tolist") else groups)])
-    y = _as_int_array(labels, "labels")
+    y = as_int_array(labels, "labels")
     if len(g) != len(y):
         raise ValueError(f"groups ({len(g)}) and labels ({len(y)}) differ in length")
     fg = str(forget_group)
@@ -316,30 +216,6 @@ def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: 
     if not forget.any():
         raise ValueError(f"empty forget set: group {fg!r} has no sample with label {forget_label}")
     return _finish(forget, in_group & ~forget, ~in_group, targets, meta)
-
-
-def _float_matrix(a, name: str) -> torch.Tensor:
-    """(rows, dims) float32 CPU tensor of a real (or bool) numpy array / tensor / nested list;
-    TypeError for another dtype (str, object, complex), ValueError unless 2-D and finite."""
-    if isinstance(a, torch.Tensor):
-        t = a.detach()
-        if t.is_complex():
-            raise TypeError(f"{name} must be real, got dtype {t.dtype}")
-    else:
-        arr = np.asarray(a)
-        if not (arr.dtype == bool or np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-        t = torch.as_tensor(arr)
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D (samples, dims), got shape {tuple(t.shape)}")
-    t = t.float().cpu()
-    bad = ~torch.isfinite(t)
-    if bad.any():
-        rows = torch.nonzero(bad.any(1)).flatten()
-        raise ValueError(f"{name} holds {int(bad.sum())} NaN or infinite value(s) (after the cast to float32) "
-                         f"in {len(rows)} row(s), first row {int(rows[0])}: the distances would be meaningless; "
-                         "drop or fix those rows")
-    return t
 
 
 def split_by_similarity(features_retain, features_forget, k: int = 10, fraction: float = 0.05, *,
@@ -375,8 +251,8 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
             widths differ, k, chunk or fraction out of range, unknown metric, index lists whose
             lengths differ from the row counts.
     """
-    fr = _float_matrix(features_retain, "features_retain")
-    ff = _float_matrix(features_forget, "features_forget")
+    fr = float_matrix(features_retain, "features_retain")
+    ff = float_matrix(features_forget, "features_forget")
     R, Fn = fr.shape[0], ff.shape[0]
     if Fn == 0:
         raise ValueError("empty forget set: features_forget has no rows")
@@ -384,16 +260,16 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
         raise ValueError("features_retain has no rows")
     if fr.shape[1] != ff.shape[1]:
         raise ValueError(f"feature widths differ: retain {fr.shape[1]}, forget {ff.shape[1]}")
-    k = _int_value(k, "k")
+    k = int_value(k, "k")
     if not 1 <= k <= R:
         raise ValueError(f"k must be in [1, {R}] (the retain rows), got {k}")
-    chunk = _int_value(chunk, "chunk", minimum=1)
+    chunk = int_value(chunk, "chunk", minimum=1)
     if isinstance(fraction, (bool, np.bool_)) or not isinstance(fraction, (int, float, np.integer, np.floating)):
         raise TypeError(f"fraction must be a real number in (0, 1], got {type(fraction).__name__} {fraction!r}")
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    rmap = np.arange(R) if retain_indices is None else _as_int_array(retain_indices, "retain_indices")
-    fmap = np.arange(Fn) if forget_indices is None else _as_int_array(forget_indices, "forget_indices")
+    rmap = np.arange(R) if retain_indices is None else as_int_array(retain_indices, "retain_indices")
+    fmap = np.arange(Fn) if forget_indices is None else as_int_array(forget_indices, "forget_indices")
     if len(rmap) != R or len(fmap) != Fn:
         raise ValueError(f"retain_indices ({len(rmap)}) / forget_indices ({len(fmap)}) must match the feature "
                          f"row counts ({R} / {Fn})")
@@ -429,126 +305,6 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
     if retain_indices is not None and forget_indices is not None:
         s.check()
     return s
-
-
-@torch.no_grad()
-def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, batch_size: int = 256,
-                     device=None, layer: Optional[torch.nn.Module] = None) -> torch.Tensor:
-    """Features for `split_by_similarity`.
-
-    Args:
-        model_or_fn: an ``nn.Module`` (features = the input of ``layer``, by default the model's
-            last ``nn.Linear`` in registration order, i.e. the penultimate activations of ResNet
-            ``fc``, torchvision ViT ``heads.head``, HF ``classifier``), or any callable mapping an
-            input batch to (B, D) features.
-        data: a (N, ...) tensor, a map-style Dataset (anything with ``len`` and integer indexing:
-            a numpy array, a list) of ``(x, y)`` tuples, bare inputs or dicts (dict items are passed
-            as ``model(**inputs)``, minus ``labels``), or a ``DataLoader`` over such a dataset (its
-            batches are used as they come, in its order: use one without shuffling to keep rows
-            aligned with the dataset).
-        batch_size: samples per forward pass, an integer >= 1 (ignored for a DataLoader, whose own
-            batches are used). device: where to run (default: the model's device or CPU).
-    Floating inputs are cast to a module's dtype; a module runs in eval mode and every submodule's
-    ``training`` flag is set back afterwards (also on error).
-    Returns:
-        (N, D) float32 CPU tensor (flattened per sample).
-    Raises:
-        TypeError: ``batch_size`` not an integer; ``data`` neither a tensor, a DataLoader nor a
-            sized, indexable dataset.
-        ValueError: ``batch_size`` < 1; a module without ``nn.Linear`` and no ``layer`` given; the
-            hook never fired; the model cannot run on the inputs (e.g. a feature width other than
-            its first ``nn.Linear``'s: the message names the expected and the given width).
-    """
-    from torch.utils.data import DataLoader
-    from .unlearn.inputs import training_flags_kept
-    from .unlearn.precision import model_dtype
-
-    batch_size = _int_value(batch_size, "batch_size", minimum=1)
-    if not isinstance(data, (torch.Tensor, DataLoader)) and not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
-        raise TypeError(f"data must be a tensor, a map-style Dataset (len and integer indexing) or a DataLoader, "
-                        f"got {type(data).__name__}")
-    is_module = isinstance(model_or_fn, torch.nn.Module)
-    if device is None:
-        device = next(model_or_fn.parameters()).device if is_module and any(True for _ in model_or_fn.parameters()) \
-            else torch.device("cpu")
-    captured: List[torch.Tensor] = []
-    handle = None
-    if is_module:
-        if layer is None:
-            lin = [m for m in model_or_fn.modules() if isinstance(m, torch.nn.Linear)]
-            if not lin:
-                raise ValueError("the model has no nn.Linear layer; pass layer= or a feature function")
-            layer = lin[-1]
-        handle = layer.register_forward_hook(lambda m, inp, out: captured.append(inp[0].detach()))
-    dtype = model_dtype(model_or_fn) if is_module else None
-    try:
-        with training_flags_kept(model_or_fn if is_module else None):
-            if is_module:
-                model_or_fn.eval()
-            feats = [_features_of(model_or_fn, x, captured if is_module else None)
-                     for x in _input_batches(data, batch_size, device, dtype)]
-    finally:
-        if handle is not None:
-            handle.remove()
-    return torch.cat(feats) if feats else torch.zeros(0, 0)
-
-
-def _input_batches(data, batch_size: int, device, dtype):
-    """The model inputs of ``data`` (a tensor or a Dataset of (x, y) / dict items), ``batch_size``
-    samples at a time, on ``device``, floating tensors cast to ``dtype`` (None: as they are)."""
-    from torch.utils.data import DataLoader
-    from torch.utils.data.dataloader import default_collate
-    from .unlearn.data import cast_floating, move_batch, split_batch
-
-    def inputs_of(b):
-        if isinstance(b, dict):
-            return {k: v for k, v in b.items() if k != "labels"}
-        return split_batch(b)[0] if isinstance(b, (tuple, list)) else b
-
-    if isinstance(data, DataLoader):
-        for b in data:
-            yield cast_floating(move_batch(inputs_of(b), device), dtype)
-        return
-    n = data.shape[0] if isinstance(data, torch.Tensor) else len(data)
-    for s in range(0, n, batch_size):
-        if isinstance(data, torch.Tensor):
-            x = data[s:s + batch_size]
-        else:
-            x = inputs_of(default_collate([data[i] for i in range(s, min(n, s + batch_size))]))
-        yield cast_floating(move_batch(x, device), dtype)
-
-
-def _features_of(model_or_fn, x, captured: Optional[List[torch.Tensor]]) -> torch.Tensor:
-    """(B, D) float32 CPU features of one input batch: the hooked layer's input (``captured``
-    given) or the function's output; (B, T, D) token features keep their first token."""
-    if captured is not None:
-        captured.clear()
-    try:
-        out = model_or_fn(**x) if isinstance(x, dict) else model_or_fn(x)
-    except (RuntimeError, TypeError, IndexError) as e:
-        raise ValueError(_forward_failure(model_or_fn, x, e)) from e
-    if captured is not None:
-        if not captured:
-            raise ValueError("the feature layer was not called in forward()")
-        out = captured[-1]
-    if out.dim() == 3:          # (B, T, D) token features: take the first token (CLS)
-        out = out[:, 0]
-    return out.reshape(out.shape[0], -1).float().cpu()
-
-
-def _forward_failure(model_or_fn, x, e: BaseException) -> str:
-    """The message of a forward pass that failed on the batch ``x``: the inputs' shape, the width the
-    model's first ``nn.Linear`` expects when a tensor's last dimension differs from it, and the
-    first line of the error."""
-    from .unlearn.inputs import _describe_inputs
-    what = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else "the feature function"
-    msg = f"{what} cannot run on the inputs ({_describe_inputs(x)})"
-    if isinstance(model_or_fn, torch.nn.Module) and isinstance(x, torch.Tensor) and x.dim() >= 1:
-        first = next((m for m in model_or_fn.modules() if isinstance(m, torch.nn.Linear)), None)
-        if first is not None and x.shape[-1] != first.in_features:
-            msg += (f": its first nn.Linear expects {first.in_features} features per sample, the data has "
-                    f"{x.shape[-1]}")
-    return f"{msg} ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
 
 
 def _check_split_indices(split: IndexSplit, n: int, what: str) -> None:

@@ -9,9 +9,7 @@ final λ), ``timings``), the stage entries (``stage``, ``step``, ``history``, on
 object), ``rng`` (python, numpy, torch and CUDA generator states), ``world_size`` (ranks of the
 run that wrote it), ``tag`` and ``format`` (`CHECKPOINT_FORMAT`). Under several ranks rank 0 writes
 it; run objects holding sharded (FSDP DTensor) state are written by every rank with
-`torch.distributed.checkpoint` into ``{tag}.dcp/`` beside it, and listed under ``sharded``
-(docs/algorithm.md §11).
-"""
+`torch.distributed.checkpoint` into ``{tag}.dcp/`` beside it, listed under ``sharded`` (§11)."""
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +25,7 @@ import torch
 from .distributed import check_world_size, current
 from .files import POINTER_NAME, atomic_write, open_checkpoint
 from .fingerprint import FINGERPRINT_VERSION, splits_fingerprint
-from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded
+from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded, sharded_dir
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
            "capture_state", "restore_state", "restore_objects", "Checkpointer", "load_checkpoint", "CHECKPOINT_FORMAT",
@@ -146,32 +144,10 @@ def restore_state(obj: Any, state: Any) -> None:
                 t.copy_(s)
 
 
-def sharded_dir(state: Dict[str, Any]) -> str:
-    """The `torch.distributed.checkpoint` directory of the checkpoint ``state``: the one of the
-    stored name beside the checkpoint file it was read from (``state["path"]``, set by
-    `load_checkpoint`), where the run wrote it, also after the out dir was moved or copied. The
-    stored path itself is relative to the writer's working directory, so from another directory it
-    named nothing or another run's shards. Without ``state["path"]`` (a state not read from a
-    file) the stored path is used.
-
-    Raises:
-        FileNotFoundError: that directory does not exist beside the checkpoint file."""
-    stored = state["sharded"]["path"]
-    where = state.get("path")
-    if where is None:
-        return stored
-    cand = Path(where).parent / Path(stored).name
-    if not cand.is_dir():
-        raise FileNotFoundError(f"the checkpoint {where} keeps its sharded state in {Path(stored).name}/ "
-                                f"beside it, which does not exist ({cand}); copy that directory with the file")
-    return str(cand)
-
-
 def restore_objects(objects: Dict[str, Any], state: Dict[str, Any]) -> None:
     """`restore_state` of every run object from the checkpoint ``state``; the entries it lists
-    under ``sharded`` are first read from its `torch.distributed.checkpoint` directory (beside the
-    checkpoint file, `sharded_dir`) into the objects' own state dicts (collective: every rank
-    calls this)."""
+    under ``sharded`` are first read from its `torch.distributed.checkpoint` directory (`sharded_dir`)
+    into the objects' own state dicts (collective: every rank calls this)."""
     sharded = state.get("sharded") or {}
     names = [n for n in sharded.get("names", []) if n in objects]
     loaded: Dict[str, Any] = {}

@@ -188,7 +188,7 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
                 out = model_output(model, inputs)
             except (RuntimeError, TypeError, IndexError) as e:
                 raise ValueError(f"split {name!r}: the model ({type(model).__name__}) cannot take this split's "
-                                 f"inputs ({_describe_inputs(inputs)}; the model's parameters are "
+                                 f"inputs ({describe_inputs(inputs)}; the model's parameters are "
                                  f"{_param_dtypes(model)}): {str(e).splitlines()[0]}") from e
             if C is None:   # once per run: the form of the output is the same for every split
                 _warn_ambiguous_tuple(model, out, len(y))
@@ -270,14 +270,14 @@ def _batch_form(inputs) -> str:
     return "a tensor" if torch.is_tensor(inputs) else type(inputs).__name__
 
 
-def _describe_inputs(inputs) -> str:
+def describe_inputs(inputs) -> str:
     """``shape (2, 63) torch.float32`` for a tensor; the same per entry for a tuple/list/dict."""
     if torch.is_tensor(inputs):
         return f"shape {tuple(inputs.shape)} {inputs.dtype}"
     if isinstance(inputs, dict):
-        return ", ".join(f"{k}: {_describe_inputs(v)}" for k, v in inputs.items())
+        return ", ".join(f"{k}: {describe_inputs(v)}" for k, v in inputs.items())
     if isinstance(inputs, (tuple, list)):
-        return ", ".join(_describe_inputs(v) for v in inputs)
+        return ", ".join(describe_inputs(v) for v in inputs)
     return type(inputs).__name__
 
 

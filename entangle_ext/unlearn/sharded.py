@@ -3,11 +3,12 @@ DTensors): written and read by every rank with `torch.distributed.checkpoint`, n
 checkpoint file rank 0 writes (``entangle_ext/unlearn/checkpoint.py``; docs/algorithm.md §11)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict
 
 import torch
 
-__all__ = ["has_dtensor", "save_sharded", "load_sharded", "init_optimizer_state"]
+__all__ = ["has_dtensor", "save_sharded", "load_sharded", "init_optimizer_state", "sharded_dir"]
 
 
 def has_dtensor(x: Any) -> bool:
@@ -69,3 +70,24 @@ def init_optimizer_state(opt: torch.optim.Optimizer) -> None:
         g["lr"] = lr
     for p in params:
         p.grad = None
+
+
+def sharded_dir(state: Dict[str, Any]) -> str:
+    """The `torch.distributed.checkpoint` directory of the checkpoint ``state``: the one of the
+    stored name beside the checkpoint file it was read from (``state["path"]``, set by
+    `load_checkpoint`), where the run wrote it, also after the out dir was moved or copied. The
+    stored path itself is relative to the writer's working directory, so from another directory it
+    named nothing or another run's shards. Without ``state["path"]`` (a state not read from a
+    file) the stored path is used.
+
+    Raises:
+        FileNotFoundError: that directory does not exist beside the checkpoint file."""
+    stored = state["sharded"]["path"]
+    where = state.get("path")
+    if where is None:
+        return stored
+    cand = Path(where).parent / Path(stored).name
+    if not cand.is_dir():
+        raise FileNotFoundError(f"the checkpoint {where} keeps its sharded state in {Path(stored).name}/ "
+                                f"beside it, which does not exist ({cand}); copy that directory with the file")
+    return str(cand)

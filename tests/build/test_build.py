@@ -168,3 +168,17 @@ def test_cuda_home_is_the_root_nvcc_reports_through_a_wrapper(tmp_path, monkeypa
     monkeypatch.delenv("CUDA_HOME")
     if shutil.which("nvcc") is None:
         assert _build.locate_cuda_home() is None
+
+
+def test_the_makefile_rebuilds_after_a_change_to_any_native_source():
+    """`make build` / `make demo` rebuild only when a file of NATIVE_SRC is newer than their stamp;
+    csrc/registration.cpp (and the csrc/cpu/*.h, csrc/cuda/*.cuh headers) were not in it, so a
+    change there left the old extension in place."""
+    text = (REPO_ROOT / "Makefile").read_text()
+    line = re.search(r"^NATIVE_SRC\s*:=\s*\$\(wildcard ([^)]*)\)", text, re.M)
+    assert line, "no NATIVE_SRC := $(wildcard ...) line in the Makefile"
+    covered = {p for pattern in line.group(1).split() for p in REPO_ROOT.glob(pattern)}
+    sources = {p for p in (REPO_ROOT / "csrc").rglob("*") if p.is_file()
+               and p.suffix in (".h", ".cuh", ".cpp", ".cu", ".txt")}
+    assert sources, "no native sources found under csrc/"
+    assert sorted(str(p.relative_to(REPO_ROOT)) for p in sources - covered) == []

@@ -193,7 +193,7 @@ def test_the_sharded_state_of_a_checkpoint_is_read_beside_its_file(tmp_path, mon
     from another cwd). The directory is now looked for beside the checkpoint file read, and a
     missing one is named. (The two-rank resume from a moved checkpoint is in test_distributed.)"""
     import shutil
-    from entangle_ext.unlearn.checkpoint import sharded_dir
+    from entangle_ext.unlearn.sharded import sharded_dir
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run" / "checkpoints" / "s.dcp").mkdir(parents=True)
     torch.save({"sharded": {"names": ["model"], "path": "run/checkpoints/s.dcp"}},
