@@ -9,6 +9,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Dict, Optional, Tuple, Union
 
+import numpy as np
 import torch
 
 _KINDS = ("equality", "inequality")
@@ -23,9 +24,24 @@ def check_kind(op: str, kind: str) -> None:
 
 
 def as_real(op: str, name: str, x) -> float:
+    """A Python or numpy real number as a float: TypeError for anything else (bool included),
+    ValueError for an integer beyond the float range (e.g. 10**400) instead of OverflowError."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{op}: {name} must be a float, got {type(x).__name__}")
-    return float(x)
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError(f"{op}: {name} is beyond the float range, got {x!r:.40}") from None
+
+
+def check_flag(op: str, name: str, x) -> bool:
+    """A bool flag (Python bool or numpy bool), else TypeError: a string such as 'no' is truthy
+    and must not silently mean True."""
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, np.bool_):
+        return bool(x)
+    raise TypeError(f"{op}: {name} must be True or False, got {x!r}")
 
 
 def check_dual_args(op: str, kind: str, lam_min, lam_max, damping
@@ -105,7 +121,7 @@ def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tens
         return mu.detach().contiguous()
     if isinstance(mu, bool) or not isinstance(mu, numbers.Real):
         raise TypeError(f"{op}: mu must be a tensor or a Python float, got {type(mu).__name__}")
-    mu = float(mu)
+    mu = as_real(op, "mu", mu)
     if torch.compiler.is_compiling():
         # Not compared while torch.compile traces: under dynamic=True a float mu (an argument, a
         # default, a closure) is a symbolic float that becomes a tensor input of the graph; a
@@ -215,6 +231,9 @@ def as_c0(c0, device, dtype: torch.dtype, op: str = CLASS) -> torch.Tensor:
     """c0 as a new ``(m,)`` tensor, m >= 1, finite in ``dtype`` (a CUDA tensor: checked with one
     host sync, except during CUDA-graph capture)."""
     if isinstance(c0, torch.Tensor):
+        if c0.is_meta or (device is not None and torch.device(device).type == "meta"):
+            raise ValueError(f"{op}: c0 (or device=) is on the meta device, which holds no data; "
+                             "build the state on a real device (cpu or cuda)")
         if not c0.is_floating_point():
             raise TypeError(f"{op}: c0 must be a floating tensor, got {c0.dtype}")
         if c0.dim() > 1:
@@ -227,10 +246,14 @@ def as_c0(c0, device, dtype: torch.dtype, op: str = CLASS) -> torch.Tensor:
         if isinstance(c0, bool) or not isinstance(c0, numbers.Real):
             raise TypeError(f"{op}: c0 must be a float or a floating tensor, got "
                             f"{type(c0).__name__}")
-        if not abs(float(c0)) <= torch.finfo(dtype).max:   # NaN, Inf, or beyond float32
+        c0 = as_real(op, "c0", c0)
+        if not abs(c0) <= torch.finfo(dtype).max:   # NaN, Inf, or beyond float32
             raise ValueError(f"{op}: the pinned values c0 must be finite (in the state dtype "
-                             f"{dtype}), got {float(c0)}")
-        c0_t, bad = torch.full((1,), float(c0), dtype=dtype, device=device), False
+                             f"{dtype}), got {c0}")
+        c0_t, bad = torch.full((1,), c0, dtype=dtype, device=device), False
+    if c0_t.is_meta:   # no data: nothing could be checked or computed
+        raise ValueError(f"{op}: c0 (or device=) is on the meta device, which holds no data; "
+                         "build the state on a real device (cpu or cuda)")
     if c0_t.numel() == 0:
         raise ValueError(f"{op}: c0 is empty (need at least one constraint)")
     if bad:
@@ -317,4 +340,7 @@ def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int) -> 
         for k in ("window_sum", "prev_window"):
             if not bool((out[k] >= 0).all()):
                 raise ValueError(f"{op}: {k} must be >= 0 (sums of |g|), got {out[k].tolist()}")
+        if bool((out["last_violation"] < 0).any()):   # |g|: >= 0, or NaN/+Inf for a non-finite g
+            raise ValueError(f"{op}: last_violation must be >= 0 (it is |g|), got "
+                             f"{out['last_violation'].tolist()}")
     return out

@@ -26,10 +26,20 @@ def has_tangent(*tensors) -> bool:
     if top < 0:  # no dual level open: no tensor can have a tangent
         return False
     for t in _flatten(tensors):
+        t = _unbatched(t)
         for level in range(top + 1):
             if fwAD.unpack_dual(t, level=level).tangent is not None:
                 return True
     return False
+
+
+def _unbatched(t: torch.Tensor) -> torch.Tensor:
+    """The tensor under every ``torch.func.vmap`` layer of t (a BatchedTensor has no batching rule
+    for ``_unpack_dual``; the tangent of ``jvp(vmap(f))`` lives on the tensor it wraps)."""
+    f = torch._C._functorch
+    while f.is_batchedtensor(t):
+        t = f.get_unwrapped(t)
+    return t
 
 
 def _flatten(xs) -> Iterable[torch.Tensor]:
@@ -63,12 +73,32 @@ def _segment_sum(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return x.new_zeros((S,)).index_add(0, ids.clamp(max=max(S - 1, 0)).to(x.device), src)
 
 
+def _loop_vmap(fn, info, in_dims, args, single: bool):
+    """A vmap rule that runs ``fn.apply`` once per batch entry and stacks the outputs along dim 0.
+    (torch's generated rule, ``generate_vmap_rule = True``, fails with an internal AssertionError
+    under forward mode around vmap, ``jvp(vmap(f))``, because these Functions take non-tensor
+    arguments; `ProjectOrthogonalFunction` does the same.)"""
+    moved = [a.movedim(d, 0) if d is not None else None for a, d in zip(args, in_dims)]
+    outs = []
+    for i in range(info.batch_size):
+        call = [a if m is None else m[i].contiguous() for a, m in zip(args, moved)]
+        out = fn.apply(*call)
+        outs.append((out,) if single else out)
+    stacked = tuple(torch.stack(col) for col in zip(*outs))
+    if single:
+        return stacked[0], 0
+    return stacked, (0,) * len(stacked)
+
+
 class W2Forward(torch.autograd.Function):
     """``entangle_ext::wasserstein2_1d`` with a forward-mode rule. The kernel returns the local
     gradients du = dW2^2_s/du, dv = dW2^2_s/dv, so the tangent of segment s is
     sum_{i in s} du_i tu_i + sum_{j in s} dv_j tv_j. Used only when an input carries a tangent (the
     reverse-only C++ autograd stays the fast path); its backward is the operator's backward."""
-    generate_vmap_rule = True
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _loop_vmap(W2Forward, info, in_dims, args, single=False)
 
     @staticmethod
     def forward(u, v, uo, vo, max_seqlen, validate):
@@ -108,7 +138,10 @@ class ALForward(torch.autograd.Function):
     """``entangle_ext::augmented_lagrangian`` with a forward-mode rule: the tangent is
     sum_i s_i t_i with s = lam + mu g (equality) or max(0, lam + mu g) (inequality), the gradient
     of the term; lam and mu are constants (no tangent flows from them, as no gradient does)."""
-    generate_vmap_rule = True
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _loop_vmap(ALForward, info, in_dims, args, single=True)
 
     @staticmethod
     def forward(g, lam, mu, kind):

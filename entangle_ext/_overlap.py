@@ -5,8 +5,9 @@ Metadata only (data pointer, byte size, strides): no kernel launch, no device sy
 O(n log n) in the number of tensors. A dense non-overlapping tensor (what the operators require)
 occupies exactly the bytes [data_ptr, data_ptr + nbytes). Empty tensors, views that are not dense
 (the operators' own checks refuse them with a message that names the real problem) and tensors
-without real memory (meta/fake tensors, `torch.compile` tracing: the check is skipped) are left
-out.
+without real memory (meta/fake tensors, torch.func wrapper tensors, `torch.compile` tracing: the
+check is skipped) are left out; the in-place operators refuse torch.func wrappers up front
+(`refuse_transforms`).
 """
 from __future__ import annotations
 
@@ -22,11 +23,53 @@ except ImportError:  # pragma: no cover - older/newer torch without it
         return False
 
 
+def transform_of(x: torch.Tensor) -> Optional[str]:
+    """The torch.func transform whose wrapper tensor x is (``"torch.func.vmap"``, ...), or None for
+    a tensor with memory of its own (also a meta or fake tensor). Such wrappers (functorch's
+    BatchedTensor and GradTrackingTensor, the FunctionalTensorWrapper of
+    ``torch.func.functionalize``) have no data pointer of their own."""
+    f = torch._C._functorch
+    if f.is_batchedtensor(x):
+        return "torch.func.vmap"
+    if f.is_gradtrackingtensor(x):
+        return "torch.func.grad / vjp / jacrev / jvp / jacfwd"
+    if torch._is_functional_tensor(x):
+        return "torch.func.functionalize"
+    return None
+
+
+def refuse_transforms(op: str, *tensors) -> None:
+    """RuntimeError when a tensor argument of the in-place operator ``op`` (``None`` entries and
+    nested lists allowed) is a torch.func wrapper tensor (`transform_of`): these operators write
+    their arguments in place and have no autograd, batching or functionalization rule, so under
+    ``vmap`` / ``grad`` / ``functionalize`` they would fail deep inside (or write a temporary) .
+    Nothing is checked while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return
+    stack = list(tensors)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, torch.Tensor):
+            how = transform_of(x)
+            if how is not None:
+                raise RuntimeError(
+                    f"entangle_ext.{op} is an in-place operator without autograd, batching or "
+                    f"functionalization rule: it is not supported under {how}; call it outside the "
+                    "transform (e.g. on the .grad tensors after backward), or use "
+                    "entangle_ext.project_orthogonal / augmented_lagrangian_term, which support the "
+                    "torch.func transforms")
+
+
 def has_memory(x: torch.Tensor) -> bool:
-    """False for meta and fake tensors and while `torch.compile` traces (no data pointers)."""
+    """False for meta and fake tensors, torch.func wrapper tensors (`transform_of`) and while
+    `torch.compile` traces (no data pointers of their own)."""
     if x.device.type == "meta" or torch.compiler.is_compiling():
         return False
-    return type(x) is torch.Tensor or not _is_fake(x)   # a plain tensor is never fake
+    if type(x) is torch.Tensor:
+        return transform_of(x) is None
+    return not _is_fake(x) and transform_of(x) is None
 
 
 def _dense(x: torch.Tensor) -> bool:

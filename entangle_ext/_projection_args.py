@@ -3,6 +3,7 @@ from the compiled extension, scalar checks, and the normalisation of gradient / 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -32,6 +33,23 @@ def refuse_tangent(op: str, *tensors) -> None:
                                     "in both modes")
 
 
+def refuse_grad(op: str, named) -> None:
+    """NotImplementedError when, with grad mode on, a tensor argument of the non-differentiable
+    ``op`` (`projection_gram`, `projection_solve`) requires grad (also under ``torch.func.grad`` /
+    ``vjp`` / ``jacrev``): its result is detached, so a gradient through it would silently be
+    zero. ``named``: ``(name, tensor or None)`` pairs."""
+    if not torch.is_grad_enabled():
+        return
+    for name, x in named:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            raise NotImplementedError(
+                f"reverse-mode AD (backward, torch.autograd.grad, torch.func.grad/vjp/jacrev) is not "
+                f"supported by entangle_ext.{op}: {name} requires grad, but the result has no autograd "
+                "and would give a zero gradient; pass detached tensors (e.g. x.detach()) or call it "
+                "under torch.no_grad(), or use entangle_ext.project_orthogonal, which is "
+                "differentiable in g")
+
+
 def check_tensor(op: str, name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -42,13 +60,30 @@ def check_k(op: str, k: int) -> None:
         raise ValueError(f"{op}: the number of basis vectors k must be in [1, {MAX_BASIS}], got {k}")
 
 
+def _is_real(x) -> bool:
+    """A Python int/float or a numpy real scalar (np.float32, np.int64, ...), not a bool. The
+    plain isinstance test comes first: under torch.compile a symbolic float takes that branch."""
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, (int, float)) or isinstance(x, numbers.Real)
+
+
+def _as_float(op: str, name: str, x) -> float:
+    """float(x), with a ValueError (not OverflowError) for an integer beyond the float range."""
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError(f"{op}: {name} must be finite, got an integer beyond the float range "
+                         f"({x!r:.40}...)") from None
+
+
 def check_rcond(op: str, rcond) -> Optional[float]:
     """None (the operators' DEFAULT_RCOND) or a float in [1e-15, 1)."""
     if rcond is None:
         return None
-    if isinstance(rcond, bool) or not isinstance(rcond, (int, float)):
+    if not _is_real(rcond):
         raise TypeError(f"{op}: rcond must be a float or None, got {type(rcond).__name__}")
-    rcond = float(rcond)
+    rcond = _as_float(op, "rcond", rcond)
     if not (1e-15 <= rcond < 1.0):
         raise ValueError(f"{op}: rcond must be in [1e-15, 1), got {rcond}")
     return rcond
@@ -59,9 +94,9 @@ def check_ridge(op: str, name: str, x) -> float:
     ``torch.compile(dynamic=True)`` a ridge from an argument, a default or a closure is a symbolic
     float, and ``math.isfinite`` of one is a graph break (an error with ``fullgraph=True``);
     comparisons are guards (NaN fails both)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
+    if not _is_real(x):
         raise TypeError(f"{op}: {name} must be a float, got {type(x).__name__}")
-    x = float(x)
+    x = _as_float(op, name, x)
     if not (0.0 <= x < math.inf):
         raise ValueError(f"{op}: {name} must be finite and >= 0, got {x}")
     return x

@@ -23,9 +23,9 @@ from typing import Optional
 import torch
 
 from . import _ext, _fwad
-from ._augmented_lagrangian_args import (Scalar, as_g, as_mu, check_dual_args, check_fits, check_kind,
+from ._augmented_lagrangian_args import (Scalar, as_g, as_mu, check_dual_args, check_fits, check_flag, check_kind,
                                          check_same_device, check_shapes, check_state_dtype, check_tensors)
-from ._overlap import check_disjoint
+from ._overlap import check_disjoint, refuse_transforms
 
 __all__ = ["dual_update_", "augmented_lagrangian_term"]
 
@@ -84,26 +84,32 @@ def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Scalar, *, kind: str = 
 
     Raises:
         TypeError: non-tensor lam/g, non-float32/64 lam, dtype mismatch between lam, g (other
-            than a float16/bfloat16 g) and mu, non-float bounds or damping.
+            than a float16/bfloat16 g) and mu, non-float bounds or damping, a check_finite that
+            is not a bool.
         ValueError: shape mismatch (lam not (m,), g not (m,), mu not () or (m,)), non-contiguous
             lam, device mismatch (a meta tensor among real ones too), lam sharing memory with g or
             mu (eager calls; not checked while torch.compile traces), unknown kind, damping
             outside [0, 1], lam_min > lam_max, a NaN bound, lam_min = +inf, lam_max = -inf,
             lam_max < 0 for inequality, mu <= 0 (Python float or CPU tensor, eager calls), a
-            Python-float mu, lam_min above or lam_max below the range of lam's dtype (e.g. 1e300
+            Python-float mu beyond the range of lam's dtype (e.g. 1e39 for float32 lam, or an
+            integer beyond the float range such as 10**400), lam_min above or lam_max below the range of lam's dtype (e.g. 1e300
             for float32 lam: it would become Inf; eager calls), non-finite g or mu (with
             check_finite; lam unchanged).
         RuntimeError: extension not loaded / CUDA tensor with a CPU-only build / lam requires grad
-            / check_finite=True during CUDA-graph capture.
+            / check_finite=True during CUDA-graph capture / a torch.func wrapper tensor (called
+            under ``torch.func.vmap``, ``grad``, ``functionalize``: an in-place step without
+            autograd, batching or functionalization rule).
         NotImplementedError: lam, g or mu carries a forward-mode tangent (``torch.func.jvp``,
             ``jacfwd``, dual tensors): the step is not differentiable, in either mode.
     """
     op = "dual_update_"
     check_tensors(op, lam=lam, g=g)
     _fwad.refuse(op, lam, g, mu)   # an in-place state update: no autograd in either mode
+    refuse_transforms(op, lam, g, mu)
     check_state_dtype(op, "lam", lam.dtype)
     lam_min, lam_max, damping = check_dual_args(op, kind, lam_min, lam_max, damping)
     check_fits(op, lam.dtype, lam_min=lam_min, lam_max=lam_max)
+    check_finite = check_flag(op, "check_finite", check_finite)
     if lam.requires_grad:
         raise RuntimeError(f"{op}: lam requires grad; multipliers are constants (use a tensor "
                            "created without requires_grad, or lam.detach())")

@@ -89,7 +89,8 @@ class AugmentedLagrangian:
         c0: ``(m,)`` pinned values.
 
     Raises (constructor), before anything has run, so never after an optimizer step:
-        ValueError: an unknown kind/update_with; an empty, non-finite or >1-D c0; mu not finite and
+        ValueError: an unknown kind/update_with; an empty, non-finite or >1-D c0, a c0 or
+            ``device`` on the meta device (no data); mu not finite and
             > 0 (float or tensor; a CUDA tensor is checked too, one host sync, except during
             CUDA-graph capture) or of a shape other than () and (m,); damping outside [0, 1];
             lam_min > lam_max; a NaN bound, lam_min = +inf or lam_max = -inf; lam_max < 0 with
@@ -174,14 +175,33 @@ class AugmentedLagrangian:
                 f"update_with={self.update_with!r}, device={self.device}, dtype={self.dtype})")
 
     # ------------------------------------------------------------------ step API
-    def _as_g(self, g: torch.Tensor) -> torch.Tensor:
+    def _as_g(self, g: torch.Tensor, what: str = "g") -> torch.Tensor:
+        """g (or the constraint values) as ``(m,)`` in the state dtype. Only floating tensors are
+        taken (TypeError for complex, integer and bool ones, as `augmented_lagrangian_term`
+        refuses them; a cast would drop the imaginary part or hide a wrong argument); a finite
+        entry that overflows in the cast to the state dtype (float64 -> float32 above ~3.4e38)
+        is a ValueError, not an Inf/NaN penalty (checked in eager calls outside CUDA-graph
+        capture; one host sync on CUDA, only for a g wider than the state)."""
         if not isinstance(g, torch.Tensor):
-            raise TypeError(f"AugmentedLagrangian: g must be a tensor, got {type(g).__name__}")
+            raise TypeError(f"AugmentedLagrangian: {what} must be a floating tensor, got "
+                            f"{type(g).__name__}")
+        if not g.is_floating_point():
+            raise TypeError(f"AugmentedLagrangian: {what} must be a floating tensor (float32/float64, "
+                            f"or float16/bfloat16, upcast), got {g.dtype}")
         m = self.num_constraints
         if g.numel() != m or g.dim() > 1:
-            raise ValueError(f"AugmentedLagrangian: g must have shape ({m},) (or () when m = 1), "
+            raise ValueError(f"AugmentedLagrangian: {what} must have shape ({m},) (or () when m = 1), "
                              f"got {tuple(g.shape)}")
-        return g.reshape(m).to(self.dtype)
+        out = g.reshape(m).to(self.dtype)
+        if (g.dtype.itemsize > self.dtype.itemsize and not torch.compiler.is_compiling()
+                and not g.is_meta and not (g.is_cuda and torch.cuda.is_current_stream_capturing())):
+            with torch.no_grad():
+                lost = torch.isfinite(g.reshape(m)) & ~torch.isfinite(out)
+            if bool(lost.any()):
+                raise ValueError(f"AugmentedLagrangian: {what} has finite entries beyond the range of "
+                                 f"the state dtype {self.dtype} (largest {torch.finfo(self.dtype).max:.4g}): "
+                                 f"{g.detach()[lost].tolist()[:4]}; they would become Inf")
+        return out
 
     def constraint(self, values: torch.Tensor) -> torch.Tensor:
         """g = values - c0, shape ``(m,)``, differentiable in ``values``.
@@ -191,7 +211,9 @@ class AugmentedLagrangian:
                 (e.g. the mean CE of a remote minibatch, in nats); cast to the state dtype, so a
                 float16/bfloat16 loss is compared in float32 and its gradient flows back to it.
         Raises:
-            TypeError / ValueError: not a tensor / wrong number of entries or device.
+            TypeError: not a floating tensor (complex, integer and bool tensors are refused).
+            ValueError: wrong number of entries or device; a finite entry beyond the range of
+                the state dtype (a float64 value above ~3.4e38 with float32 state).
         """
         if not isinstance(values, torch.Tensor):
             raise TypeError(f"AugmentedLagrangian.constraint: values must be a tensor, got "
@@ -199,7 +221,7 @@ class AugmentedLagrangian:
         if values.device != self.device:
             raise ValueError(f"AugmentedLagrangian.constraint: values are on {values.device} but "
                              f"the state is on {self.device}")
-        return self._as_g(values) - self.c0
+        return self._as_g(values, "values") - self.c0
 
     def penalty(self, g: torch.Tensor) -> torch.Tensor:
         """The augmented-Lagrangian term for g (``(m,)`` or ``()``), a 0-d tensor.
@@ -211,6 +233,11 @@ class AugmentedLagrangian:
         uses in ``update_with="pre"`` mode. Forward mode (``torch.func.jvp``) works; the
         torch.func reverse-mode transforms (``grad``, ``vjp``, ``jacrev``) raise RuntimeError, as
         for `entangle_ext.augmented_lagrangian_term` (use ``torch.autograd.grad``).
+
+        Raises:
+            TypeError: g not a floating tensor (a complex, integer or bool g is refused, not cast).
+            ValueError: g without m entries, or with a finite entry beyond the range of the
+                state dtype (float64 above ~3.4e38 with float32 state: it would become Inf).
         """
         g = self._as_g(g)
         self._last_g = g.detach()
@@ -226,9 +253,16 @@ class AugmentedLagrangian:
         `violation`), advances the step counter and applies the penalty schedule. No host sync
         unless ``check_finite`` is True on CUDA.
 
+        Args:
+            g: ``(m,)`` (or ``()`` when m = 1) floating tensor, cast to the state dtype; a Python
+                number is a TypeError (pass a tensor on the state's device).
+
         Raises:
+            TypeError: g (or the closure's result) not a floating tensor (a Python number, a
+                complex, integer or bool tensor).
             ValueError: both g and closure, closure in "pre" mode, no g in "post" mode, a
-                non-finite g (with check_finite; lam, mu and the counters unchanged), shape errors.
+                non-finite g (with check_finite; lam, mu and the counters unchanged), shape errors,
+                a finite g beyond the range of the state dtype.
             RuntimeError: ``update()`` in "pre" mode before any `penalty` call.
         """
         if g is not None and closure is not None:
@@ -247,7 +281,7 @@ class AugmentedLagrangian:
                 raise RuntimeError("AugmentedLagrangian.update: no g given and penalty() has not "
                                    "been called yet")
             g = self._last_g
-        g = self._as_g(g.detach())
+        g = self._as_g(g).detach()
         check = self.check_finite
         if check is None:
             check = not (self.lam.is_cuda and torch.cuda.is_current_stream_capturing())
@@ -316,7 +350,7 @@ class AugmentedLagrangian:
                 shape: build this instance with a c0 of the same size), a mu of shape other than
                 () or (m,) (prev_window alike), non-finite lam (or a negative one with
                 kind="inequality"), mu not finite and > 0, non-finite c0, negative or NaN window
-                sums, steps not a 0-d integer >= 0.
+                sums, a negative last_violation (|g|: >= 0, NaN or +Inf), steps not a 0-d integer >= 0.
             TypeError: state not a dict, a state entry that is not a tensor, a non-floating
                 lam / c0 / mu.
         """
@@ -341,8 +375,11 @@ class AugmentedLagrangian:
         any CUDA graph that used the old ones. TypeError for a dtype other than float32/float64,
         ValueError (nothing moved) when mu_max is beyond the range of the new dtype, or when a
         finite c0, mu or multiplier lam would become Inf in it (float64 -> float32 above ~3.4e38;
-        one host sync when the state is on CUDA)."""
+        one host sync when the state is on CUDA), or for device="meta" (no data)."""
         fdt = self.dtype if dtype is None else dtype
+        if device is not None and torch.device(device).type == "meta":
+            raise ValueError(f"{_OP}.to: the meta device holds no data; the state must stay on a "
+                             "real device (cpu or cuda)")
         check_state_dtype(f"{_OP}.to", "dtype", fdt)
         check_mu_max(f"{_OP}.to", self.mu_max, fdt)
         check_fits(f"{_OP}.to", fdt, lam_min=self.lam_min, lam_max=self.lam_max)

@@ -40,9 +40,10 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from . import _ext
+from ._overlap import refuse_transforms
 from ._projection_autograd import ProjectOrthogonalFunction
 from ._projection_args import (MAX_BASIS, DEFAULT_RCOND, check_k, check_rcond, check_ridge, check_tensor,
-                                gather_lists, refuse_tangent)
+                                gather_lists, refuse_grad, refuse_tangent)
 
 __all__ = ["project_orthogonal", "project_orthogonal_", "projection_gram", "projection_apply_",
            "projection_solve", "MAX_BASIS", "DEFAULT_RCOND"]
@@ -57,9 +58,13 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
                        ridge: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Project ``g`` onto the orthogonal complement of the span of the rows of ``basis``.
 
-    Computes ``out = g - V^T c`` with ``c = (V V^T + ridge I)^+ V g`` (docs/algorithm.md §5,
-    Prop. 4.1), the pseudo-inverse taken in float64 with the relative cutoff ``rcond`` on the
-    eigenvalues of the row-normalised Gram (see the module docstring).
+    Computes ``out = g - V^T c`` with ``c = S (S (V V^T + ridge I) S)^+ S V g``,
+    ``S = diag(1 / sqrt((V V^T)_ii + ridge))`` (docs/algorithm.md §5, Prop. 4.1): the
+    pseudo-inverse of the row-normalised Gram, taken in float64 with the relative cutoff ``rcond``
+    on its eigenvalues (module docstring). For well-conditioned independent rows this is
+    ``(V V^T + ridge I)^-1 V g``; with dependent rows ``out`` is the same projection but ``c`` is
+    the row-equilibrated solution, not ``pinv(V V^T) V g`` (V = [[1, 0], [2, 0]], g = [1, 0]:
+    c = [0.5, 0.25], pinv gives [0.2, 0.4]; V^T c = [1, 0] either way).
 
     Args:
         g: ``(P,)`` vector (any units), float32/float64/float16/bfloat16, contiguous, CPU or CUDA;
@@ -74,7 +79,11 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     Returns:
         ``(out, coeffs)``: ``out`` ``(P,)`` with the dtype, device and units of ``g``
         (computed in float64, rounded once); ``coeffs`` = c, ``(k,)`` float64 on the device of
-        ``g``, in units of g per unit of V (``V^T coeffs`` is the removed component).
+        ``g``, in units of g per unit of V (``V^T coeffs`` is the removed component). A
+        coefficient beyond the float64 range (a basis row tiny next to g, |g| / |v_i| above
+        ~1.8e308, e.g. a subnormal row) is +-inf while ``out`` is still right (the operator
+        applies the coefficients of power-of-two-rescaled rows); ``V^T coeffs``, and
+        `projection_apply_` fed with such coefficients, then give Inf/NaN.
 
     Autograd: differentiable with respect to ``g``; the map is linear with a symmetric matrix, so
     the gradient is the same projection of the incoming gradient of ``out``. ``basis`` is treated as
@@ -194,7 +203,9 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
 
     Returns:
         coeffs = c, ``(k,)`` float64 on the device of ``grads`` (not synchronised to the host;
-        zeros when every gradient is ``None``, without ``process_group``).
+        zeros when every gradient is ``None``, without ``process_group``); as in
+        `project_orthogonal` (which also says how c relates to ``pinv(V V^T) V g``), a
+        coefficient beyond the float64 range is +-inf while the gradients are projected right.
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output: a
     non-finite entry in ``grads`` or ``basis`` makes every coefficient and every gradient entry
@@ -219,10 +230,13 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasi
             entries), ``grads`` requiring grad in grad mode, ``rcond`` outside [1e-15, 1), a
             negative ridge, every entry ``None`` with a ``process_group``.
         RuntimeError: the native extension is not built/loaded, or a CUDA tensor with a CPU-only
-            build.
+            build; a torch.func wrapper tensor (called under ``torch.func.vmap``, ``grad``,
+            ``functionalize``, ...: the in-place operators have no autograd, batching or
+            functionalization rule).
     """
     op = "project_orthogonal_"
     refuse_tangent(op, grads, basis)
+    refuse_transforms(op, grads, basis)
     rcond, ridge = check_rcond(op, rcond), check_ridge(op, "ridge", ridge)
     if process_group is not None:
         from ._projection_dist import check_group, project_sharded_
@@ -247,11 +261,14 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
     `projection_solve` and `projection_apply_`.
 
     Args:
-        grads, basis: as in `project_orthogonal_` (read only here; ``grads`` may require grad).
+        grads, basis: as in `project_orthogonal_` (read only here; they may share memory). With
+            grad mode on, none of them may require grad (NotImplementedError below).
 
     Returns:
         ``(G, b)``: ``(k, k)`` and ``(k,)`` float64 on the device of ``grads`` (zeros when every
-        gradient is ``None``), in squared units of the tensors. Not differentiable.
+        gradient is ``None``), in squared units of the tensors. Not differentiable, in either
+        mode: an input that requires grad (grad mode on) or carries a forward-mode tangent is
+        refused (NotImplementedError), never a silent zero gradient.
 
     NaN/Inf are not rejected (that would need a device sync); they propagate to the output (a
     non-finite entry gives non-finite G or b, and `projection_solve` then NaN coefficients).
@@ -263,10 +280,16 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
     Raises:
         TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge; nothing is
             written, so ``grads`` may share memory with each other and with the basis).
+        NotImplementedError: a tensor of ``grads`` or ``basis`` requires grad while grad mode is
+            on (also under ``torch.func.grad`` / ``vjp`` / ``jacrev``), or carries a forward-mode
+            tangent.
     """
     op = "projection_gram"
     refuse_tangent(op, grads, basis)
     gs, flat, k, probe = gather_lists(op, grads, basis, inplace=False)
+    refuse_grad(op, [(f"grads[{t}]", x) for t, x in enumerate(grads)]
+                + [(f"basis[{i}]", v) for i, row in enumerate(basis)
+                   for v in ([row] if isinstance(row, torch.Tensor) else row)])
     if not gs:
         dev = probe.device if probe is not None else "cpu"
         return (torch.zeros(k, k, dtype=torch.float64, device=dev),
@@ -293,10 +316,12 @@ def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis,
     Raises:
         TypeError, ValueError, RuntimeError: as `project_orthogonal_` (overlapping ``grads``, a
             basis tensor or ``coeffs`` sharing memory with ``grads``: ValueError, in eager calls
-            only); ``coeffs`` not a ``(k,)`` float64 tensor on the device of ``grads``.
+            only); ``coeffs`` not a ``(k,)`` float64 tensor on the device of ``grads``; a
+            torch.func wrapper tensor (RuntimeError, as `project_orthogonal_`).
     """
     op = "projection_apply_"
     refuse_tangent(op, grads, basis, coeffs)
+    refuse_transforms(op, grads, basis, coeffs)
     check_tensor(op, "coeffs", coeffs)
     gs, flat, k, _ = gather_lists(op, grads, basis, inplace=True, also_read=[("coeffs", coeffs)])
     if not gs:   # nothing to write, but the coefficients are checked as the operator would
@@ -325,7 +350,8 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
         shift: >= 0, added to the diagonal of G (the fused operators pass ridge * T here).
 
     Returns:
-        c ``(k,)`` float64 on the device of ``gram``. Not differentiable. NaN/Inf are not rejected
+        c ``(k,)`` float64 on the device of ``gram``. Not differentiable, in either mode (an
+        input that requires grad with grad mode on, or carries a tangent, is refused). NaN/Inf are not rejected
         (that would need a device sync); they propagate to the output: when ``gram`` or ``vg``
         has a non-finite entry (anywhere, also in the unread upper triangle) every coefficient
         is NaN (a device-side ``torch.where``, no host synchronisation).
@@ -334,12 +360,16 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
         TypeError: non-tensor or non-floating inputs, a non-float rcond/shift.
         ValueError: wrong shapes, k outside [1, 8], mismatched devices, bad rcond/shift.
         RuntimeError: the native extension is not built/loaded.
+        NotImplementedError: ``gram`` or ``vg`` requires grad while grad mode is on (also under
+            ``torch.func.grad`` / ``vjp`` / ``jacrev``: the result has no autograd, a gradient
+            through it would be zero), or carries a forward-mode tangent.
     """
     op = "projection_solve"
     refuse_tangent(op, gram, vg)
     check_tensor(op, "gram", gram)
     check_tensor(op, "vg", vg)
     rcond, shift = check_rcond(op, rcond), check_ridge(op, "shift", shift)
+    refuse_grad(op, [("gram", gram), ("vg", vg)])
     for name, x in (("gram", gram), ("vg", vg)):
         if not x.is_floating_point():
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {x.dtype}")

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from . import _ext, _fwad
+from ._augmented_lagrangian_args import check_flag
 from ._wasserstein_args import OffsetsLike, normalize, reduce
 
 __all__ = ["wasserstein2_1d"]
@@ -80,13 +81,17 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets, a
-            max_seqlen that is not an int (a float, str or bool is not truncated).
+            max_seqlen that is not an int (a float, str or bool is not truncated), a validate
+            that is not a bool.
         ValueError: mismatched devices/shapes, empty distributions, empty or malformed offsets,
             a max_seqlen below 0, above 2**63 - 1 or below the longest segment, NaN/Inf values (when
-            ``validate``), unknown reduction.
+            ``validate``), unknown reduction (checked before anything is computed).
         RuntimeError: the native extension is not built/loaded, a CUDA tensor with a CPU-only
             build, or ``validate=True`` during CUDA-graph capture.
     """
+    if not isinstance(reduction, str) or reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{_OP}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    validate = check_flag(_OP, "validate", validate)
     seg = normalize(_OP, u, v, u_offsets, v_offsets, max_seqlen)
     cu, cv = seg.u, seg.v
     _ext.require(_OP, cu)

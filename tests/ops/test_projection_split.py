@@ -150,7 +150,10 @@ def test_split_errors():
         ee.projection_solve(torch.eye(2, dtype=torch.long), torch.zeros(2, dtype=D))
     with pytest.raises(ValueError, match="require grad"):
         ee.projection_apply_([a.clone().requires_grad_(True)], [[a]], torch.zeros(1, dtype=D))
-    G, _ = ee.projection_gram([a.clone().requires_grad_(True)], [[a]])  # read only: allowed
+    with pytest.raises(NotImplementedError, match="requires grad"):   # would be a zero gradient
+        ee.projection_gram([a.clone().requires_grad_(True)], [[a]])
+    with torch.no_grad():   # read only, without grad mode: allowed
+        G, _ = ee.projection_gram([a.clone().requires_grad_(True)], [[a]])
     assert not G.requires_grad
 
 
