@@ -31,9 +31,27 @@ class BuildError(RuntimeError):
     without nvcc); the message names the fix."""
 
 
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("", "0", "false", "no", "off")
+
+
 def flag(name: str) -> bool:
-    """True when the environment variable ``name`` is 1/true/yes/on."""
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    """The switch the environment variable ``name`` sets: True for 1/true/yes/on, False when unset,
+    empty or 0/false/no/off (any case, surrounding blanks ignored).
+
+    Raises:
+        ValueError: any other value (e.g. ``ENTANGLE_CPU_ONLY=maybe``), naming the variable and the
+            accepted values: read as "off", it would silently build or compile what it was set to
+            prevent.
+    """
+    value = os.environ.get(name, "")
+    word = value.strip().lower()
+    if word in FLAG_ON:
+        return True
+    if word in FLAG_OFF:
+        return False
+    raise ValueError(f"environment variable {name}={value!r} is not a switch value: set it to 1 (also "
+                     f"true/yes/on) or 0 (also false/no/off), or unset it")
 
 
 def _nvcc_top(nvcc: str) -> Optional[Path]:

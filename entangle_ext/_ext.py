@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import warnings
 
 import torch
@@ -24,8 +25,8 @@ _C = None
 _LOAD_ERROR: str | None = None
 _ROUTE: str | None = None
 
-_REBUILD = ("rebuild it against the installed torch with "
-            "`pip install --no-build-isolation .` (or `make test`)")
+_REBUILD = ("reinstall against the installed torch with `pip install --no-build-isolation <source dir>` "
+            "(`make build` in a checkout)")
 
 try:
     # the compiled extension, imported for its side effect: it registers torch.ops.entangle_ext.*
@@ -35,9 +36,14 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     if _build.flag("ENTANGLE_NO_JIT"):
         _LOAD_ERROR = (f"the compiled extension entangle_ext._C could not be imported ({exc}) and ENTANGLE_NO_JIT=1 "
-                       f"forbids compiling it at import; {_REBUILD}")
+                       f"forbids compiling it at import (and loading a copy an earlier import compiled): unset "
+                       f"ENTANGLE_NO_JIT, or {_REBUILD}")
     else:
         from . import _jit
+        if not isinstance(exc, ModuleNotFoundError):   # a compiled _C is there but does not load
+            print(f"entangle_ext: the installed {__package__}._C does not load with torch {torch.__version__} "
+                  f"({str(exc).splitlines()[0][:200]}; e.g. it was built for another torch): compiling the kernels "
+                  "from the shipped sources instead", file=sys.stderr, flush=True)
         try:
             _C = _jit.load(torch)
             _ROUTE = "first-import"

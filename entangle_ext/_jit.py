@@ -131,8 +131,10 @@ def _compile(torch, src: Path, out: Path, cuda: bool, note: str):
     if fresh:
         _check_tools(cuda)
         what = "CPU + CUDA" if cuda else "CPU"
+        took = "about 3 minutes on 2 cores" if not cuda else \
+            "10 minutes or more for CUDA on 2 cores; ENTANGLE_CPU_ONLY=1 builds the CPU kernels only"
         print(f"entangle_ext: first import with torch {torch.__version__}: compiling the {what} kernels{note} "
-              f"into {out} (once; a few minutes) ...", file=sys.stderr, flush=True)
+              f"of {src} into {out} (once; {took}) ...", file=sys.stderr, flush=True)
     arch = _build.cuda_arch_list(torch) if cuda else ""
     f = _build.compile_flags(torch, __version__, cuda, arch, shell_escaped=True)
     t = time.perf_counter()

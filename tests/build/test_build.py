@@ -182,3 +182,20 @@ def test_the_makefile_rebuilds_after_a_change_to_any_native_source():
                and p.suffix in (".h", ".cuh", ".cpp", ".cu", ".txt")}
     assert sources, "no native sources found under csrc/"
     assert sorted(str(p.relative_to(REPO_ROOT)) for p in sources - covered) == []
+
+
+@pytest.mark.parametrize("value,want", [("1", True), (" On ", True), ("yes", True), ("", False), ("0", False),
+                                        ("off", False), ("FALSE", False), ("maybe", None), ("2", None)])
+def test_a_build_switch_takes_on_off_values_and_refuses_others(monkeypatch, value, want):
+    """ENTANGLE_CPU_ONLY=maybe (or FORCE_CUDA=2, ENTANGLE_NO_JIT=maybe) was read as off without a
+    word, so a CPU-only wish compiled the CUDA kernels and a no-JIT wish compiled at import."""
+    from entangle_ext import _build
+    monkeypatch.setenv("ENTANGLE_CPU_ONLY", value)
+    if want is None:
+        with pytest.raises(ValueError, match=rf"environment variable ENTANGLE_CPU_ONLY={value!r} is not a switch "
+                                             r"value: set it to 1 \(also true/yes/on\) or 0"):
+            _build.flag("ENTANGLE_CPU_ONLY")
+    else:
+        assert _build.flag("ENTANGLE_CPU_ONLY") is want
+    monkeypatch.delenv("ENTANGLE_CPU_ONLY")
+    assert _build.flag("ENTANGLE_CPU_ONLY") is False
