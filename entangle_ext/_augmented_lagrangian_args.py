@@ -31,7 +31,9 @@ def as_real(op: str, name: str, x) -> float:
     try:
         return float(x)
     except OverflowError:
-        raise ValueError(f"{op}: {name} is beyond the float range, got {x!r:.40}") from None
+        digits = str(abs(int(x)))
+        raise ValueError(f"{op}: {name} is beyond the float range, got an integer of {len(digits)} digits "
+                         f"({'-' if x < 0 else ''}{digits[:12]}...)") from None
 
 
 def check_flag(op: str, name: str, x) -> bool:

@@ -34,7 +34,14 @@ try:
     _C = importlib.import_module(f"{__package__}._C")
     _ROUTE = "ahead-of-time"
 except ImportError as exc:  # pragma: no cover - depends on the install
-    if _build.flag("ENTANGLE_NO_JIT"):
+    try:
+        _no_jit = _build.flag("ENTANGLE_NO_JIT")
+    except ValueError as vexc:   # a bad switch value: the import goes on, the operators raise naming it
+        _no_jit, _LOAD_ERROR = False, f"the C++ kernels were not compiled at import: {vexc}"
+        warnings.warn(f"entangle_ext: {_LOAD_ERROR}", RuntimeWarning, stacklevel=2)
+    if _LOAD_ERROR is not None:
+        pass
+    elif _no_jit:
         _LOAD_ERROR = (f"the compiled extension entangle_ext._C could not be imported ({exc}) and ENTANGLE_NO_JIT=1 "
                        f"forbids compiling it at import (and loading a copy an earlier import compiled): unset "
                        f"ENTANGLE_NO_JIT, or {_REBUILD}")
@@ -42,12 +49,12 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         from . import _jit
         if not isinstance(exc, ModuleNotFoundError):   # a compiled _C is there but does not load
             print(f"entangle_ext: the installed {__package__}._C does not load with torch {torch.__version__} "
-                  f"({str(exc).splitlines()[0][:200]}; e.g. it was built for another torch): compiling the kernels "
+                  f"({(str(exc).splitlines() or [type(exc).__name__])[0][:200]}; e.g. it was built for another torch): compiling the kernels "
                   "from the shipped sources instead", file=sys.stderr, flush=True)
         try:
             _C = _jit.load(torch)
             _ROUTE = "first-import"
-        except _jit.JitBuildError as jexc:
+        except (_jit.JitBuildError, ValueError) as jexc:   # ValueError: a bad ENTANGLE_CPU_ONLY / FORCE_CUDA value
             _LOAD_ERROR = f"the C++ kernels could not be compiled at the first import: {jexc}"
             warnings.warn(f"entangle_ext: {_LOAD_ERROR}. The operators raise until this is fixed; the "
                           "pure-PyTorch references in entangle_ext.reference work.", RuntimeWarning, stacklevel=2)

@@ -43,8 +43,9 @@ def refuse_transforms(op: str, *tensors) -> None:
     nested lists allowed) is a torch.func wrapper tensor (`transform_of`): these operators write
     their arguments in place and have no autograd, batching or functionalization rule, so under
     ``vmap`` / ``grad`` / ``functionalize`` they would fail deep inside (or write a temporary) .
-    Nothing is checked while torch.compile traces."""
-    if torch.compiler.is_compiling():
+    Nothing is checked while torch.compile traces, nor outside every torch.func transform (one
+    query, so the operators' every call does not pay a per-tensor check)."""
+    if torch.compiler.is_compiling() or not _transforms_active():
         return
     stack = list(tensors)
     while stack:
@@ -67,9 +68,17 @@ def has_memory(x: torch.Tensor) -> bool:
     `torch.compile` traces (no data pointers of their own)."""
     if x.device.type == "meta" or torch.compiler.is_compiling():
         return False
+    wrapped = _transforms_active() and transform_of(x) is not None
     if type(x) is torch.Tensor:
-        return transform_of(x) is None
-    return not _is_fake(x) and transform_of(x) is None
+        return not wrapped
+    return not _is_fake(x) and not wrapped
+
+
+def _transforms_active() -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp, functionalize, ...) is running: only then
+    can a tensor be one of its wrappers."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return True if active is None else bool(active())
 
 
 def _dense(x: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@ with a message naming the argument rather than coerced (a float label is not tru
 attribute is read as absent as in the columns)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -50,7 +51,8 @@ def int_value(x, name: str, minimum: Optional[int] = None, hint: str = "") -> in
 
 
 def int_list(x, name: str, hint: str = "") -> List[int]:
-    """One integer label or a sequence of them (list, tuple, 1-D array / tensor) as a list of ints,
+    """One integer label or a collection of them (list, tuple, range, set, any other iterable but a
+    str, bytes or dict; a 1-D array / tensor) as a list of ints,
     each checked by `int_value`; a str is refused (TypeError), not read as a sequence."""
     if isinstance(x, str):
         raise TypeError(f"{name} must be an integer or a sequence of integers, got the str {x!r}{hint}")
@@ -60,7 +62,7 @@ def int_list(x, name: str, hint: str = "") -> List[int]:
         if x.ndim != 1:
             raise ValueError(f"{name} must be an integer or a 1-D sequence of integers, got shape {tuple(x.shape)}")
         return [int_value(v, f"{name}[{i}]", hint=hint) for i, v in enumerate(x)]
-    if isinstance(x, (list, tuple, range)):
+    if isinstance(x, Iterable) and not isinstance(x, (bytes, dict)):   # list, tuple, range, set, generator, Series
         return [int_value(v, f"{name}[{i}]", hint=hint) for i, v in enumerate(x)]
     return [int_value(x, name, hint=hint)]
 
@@ -102,6 +104,8 @@ def attr_matrix(attrs, names: Sequence[str]) -> np.ndarray:
 def present(value, name: str) -> bool:
     """A ``forget_subclass`` value read as `attr_matrix` reads an attribute: True / 1 present,
     False / 0 / -1 absent; anything else is refused (ValueError) rather than guessed."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0 and value.dtype in (torch.bool, np.bool_):
+        value = bool(value.item())
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     try:

@@ -251,7 +251,8 @@ class AugmentedLagrangian:
         g of the last `penalty` call (``update_with="pre"`` only); ``update(closure=fn)`` uses
         g = fn() - c0, fn run under no_grad (``update_with="post"`` only). Then records |g| (see
         `violation`), advances the step counter and applies the penalty schedule. No host sync
-        unless ``check_finite`` is True on CUDA.
+        unless ``check_finite`` is True on CUDA, or g has a wider dtype than the state (float64 g,
+        float32 state: one sync to refuse values the cast would overflow).
 
         Args:
             g: ``(m,)`` (or ``()`` when m = 1) floating tensor, cast to the state dtype; a Python

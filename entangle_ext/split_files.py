@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import numpy as np
+import torch
 
 from .unlearn.files import atomic_write
 
@@ -82,8 +83,11 @@ class IndexSplit:
 
 
 def _check_ints(lst, what: str) -> None:
-    """ValueError unless ``lst`` is a list / tuple of integers (Python int or numpy integer, not bool)."""
-    if not isinstance(lst, (list, tuple)):
+    """ValueError unless ``lst`` is a list / tuple / range / 1-D numpy array or tensor of integers
+    (Python int or numpy / torch integer, not bool)."""
+    if isinstance(lst, (np.ndarray, torch.Tensor)) and lst.ndim == 1:
+        lst = lst.tolist()
+    if not isinstance(lst, (list, tuple, range)):
         raise ValueError(f"{what} must be a list of integer indices, got {type(lst).__name__}")
     for i, v in enumerate(lst):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):

@@ -264,6 +264,9 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
     if not 1 <= k <= R:
         raise ValueError(f"k must be in [1, {R}] (the retain rows), got {k}")
     chunk = int_value(chunk, "chunk", minimum=1)
+    if isinstance(fraction, (np.ndarray, torch.Tensor)) and fraction.ndim == 0 and fraction.dtype not in (torch.bool, np.bool_) \
+            and not (fraction.is_complex() if isinstance(fraction, torch.Tensor) else np.iscomplexobj(fraction)):
+        fraction = fraction.item()   # a 0-d real array / tensor, as before
     if isinstance(fraction, (bool, np.bool_)) or not isinstance(fraction, (int, float, np.integer, np.floating)):
         raise TypeError(f"fraction must be a real number in (0, 1], got {type(fraction).__name__} {fraction!r}")
     if not 0.0 < fraction <= 1.0:

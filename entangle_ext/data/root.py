@@ -16,7 +16,7 @@ FileNotFoundError naming every place it looked at.
 The environment variables are not authoritative: a place without the data falls through to the
 next one. So that a mistyped or stale variable is not silently bypassed, `data_dirs` warns
 (`DataDirWarning`, once per variable and value) when ``ENTANGLE_DATA`` / ``ENTANGLE_SHARED_DATA``
-is set but is not an existing directory, and `find_data_file` / `data_root` warn (once per name and
+is set but is not an existing directory, and `find_data_file` warns (once per name and
 place) when the data are taken from a later place although such a variable is set. `read_npz` is the one reader of ``.npz`` archives
 with expected keys: a wrong or corrupt file gives a ValueError naming the file and what is wrong.
 """

@@ -215,6 +215,8 @@ def copy_model(model: torch.nn.Module, why: str) -> torch.nn.Module:
     inside the model's attributes."""
     try:
         return copy.deepcopy(model)
+    except (MemoryError, torch.OutOfMemoryError):   # out of memory is not "cannot be copied"
+        raise
     except Exception as e:   # pickling / copying errors of any attribute: TypeError, RuntimeError, ...
         raise TypeError(f"{why}, and the model ({type(model).__name__}) cannot be copied with copy.deepcopy: "
                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Make it "

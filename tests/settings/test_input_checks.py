@@ -384,3 +384,24 @@ def test_examples_refuse_a_file_as_out_before_any_work(name, flags, capsys, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err == [f"{name}: error: --out '{f}' exists and is not a directory"]
     assert not (tmp_path / "mini").exists()                      # no miniature written either
+
+
+def test_collections_and_0d_values_that_worked_before_still_do():
+    """The new integer / bool / index checks must not refuse what the builders took before: a
+    set or generator of fine classes, a 0-d array fraction, a 0-d bool tensor in forget_subclass,
+    range index lists and array targets."""
+    fine, f2c = np.array([0, 1, 2, 3, 0, 1]), np.array([0, 0, 1, 1])
+    want = split_by_hierarchy(fine, f2c, [0])
+    for given in ({0}, (c for c in [0]), {0: "x"}.keys(), np.array([0]), torch.tensor([0])):
+        got = split_by_hierarchy(fine, f2c, given)
+        assert (got.forget, got.adjacent, got.remote) == (want.forget, want.adjacent, want.remote)
+    g = torch.Generator().manual_seed(0)
+    fr, ff = torch.randn(20, 3, generator=g), torch.randn(4, 3, generator=g)
+    assert split_by_similarity(fr, ff, k=2, fraction=np.array(0.25)).adjacent == \
+        split_by_similarity(fr, ff, k=2, fraction=0.25).adjacent
+    attrs = {"A": np.array([1, 1, 0, 0]), "B": np.array([1, 0, 1, 0])}
+    assert split_by_attributes(attrs, ["A"], ["B"], {"A": torch.tensor(True), "B": np.bool_(True)}).forget == [0]
+    IndexSplit(forget=range(2), adjacent=[2, 3], remote=range(4, 6),
+               targets=np.array([0, 0, 1, 1, 2, 2])).check()
+    with pytest.raises(ValueError, match="must hold integers only"):
+        IndexSplit(forget=np.array([0.5]), adjacent=[1], remote=[2]).check()
