@@ -231,7 +231,7 @@ def _warn_ambiguous_tuple(model, out, rows: int) -> None:
         return
     cands = [i for i, v in enumerate(out) if isinstance(v, torch.Tensor) and v.dim() == 2
              and v.shape[0] == rows and v.is_floating_point()]
-    if len(cands) > 1:
+    if len(cands) > 1 and cands[0] == 0:   # (element 0 not a (batch, k) tensor: logits_of refuses it)
         shapes = ", ".join(f"{i}: (batch, {out[i].shape[1]})" for i in cands)
         warnings.warn(f"the model ({type(model).__name__}) returns a {type(out).__name__} of {len(out)} "
                       f"with several (batch, k) tensors ({shapes}): element 0 is taken as the logits, "

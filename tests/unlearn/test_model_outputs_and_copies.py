@@ -109,3 +109,11 @@ def test_a_held_out_subset_or_loader_sharing_train_samples_warns(small):
         warnings.simplefilter("error", OverlappingSplitsWarning)
         ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=Subset(ds, range(0, 50)),
                   remote_test=Subset(ds, range(50, 100))).check()
+
+
+def test_a_tuple_whose_element_0_is_not_a_tensor_is_the_logits_error_not_a_crash_of_the_warning(small):
+    class NoneFirst(FeaturesFirst):
+        def forward(self, x):
+            return (None,) + super().forward(x)
+    with pytest.raises(ValueError, match=r"the model must return 2-D logits \(batch, classes\); got NoneType"):
+        ee.unlearn(NoneFirst(), small, tiny_config(), progress=False)
