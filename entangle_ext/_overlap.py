@@ -77,8 +77,10 @@ def has_memory(x: torch.Tensor) -> bool:
 def _transforms_active() -> bool:
     """Whether a torch.func transform (vmap, grad, jvp, functionalize, ...) is running: only then
     can a tensor be one of its wrappers."""
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return True if active is None else bool(active())
+    return True if _ACTIVE is None else bool(_ACTIVE())
+
+
+_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)   # looked up once, not per tensor
 
 
 def _dense(x: torch.Tensor) -> bool:

@@ -40,7 +40,7 @@ def test_a_tuple_of_several_batch_tensors_warns_which_element_is_taken(small, lo
         ee.unlearn(FeaturesFirst(logits_first), small, tiny_config(), progress=False)
 
 
-def test_a_tuple_with_one_batch_tensor_or_a_dict_does_not_warn(small):
+def test_a_tuple_with_one_batch_tensor_does_not_warn(small):
     class Tup(torch.nn.Module):
         def __init__(self):
             super().__init__()
