@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common.h"
+#include "overlap.h"
 
 namespace entangle_ext {
 
@@ -49,6 +50,17 @@ inline int64_t check_al_inputs(const at::Tensor& lam, const at::Tensor& g, const
   check_same_device(lam, g, op, "lam", "g");
   check_same_device(lam, mu, op, "lam", "mu");
   return (mu.numel() == 1) ? 0 : 1;
+}
+
+// dual_update_'s tensor checks: those of check_al_inputs, then lam (written in place) shares no
+// memory with g or mu (ValueError; csrc/overlap.h). Returns the stride of mu.
+inline int64_t check_dual_update_tensors(const at::Tensor& lam, const at::Tensor& g,
+                                         const at::Tensor& mu, const char* op) {
+  const int64_t mu_stride = check_al_inputs(lam, g, mu, op);
+  check_inplace_disjoint(op, {{at::TensorList(lam), "lam", false, true},
+                              {at::TensorList(g), "g", false, false},
+                              {at::TensorList(mu), "mu", false, false}});
+  return mu_stride;
 }
 
 inline void check_dual_update_args(ConstraintKind kind, std::optional<double> lam_min,

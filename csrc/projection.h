@@ -14,6 +14,7 @@
 #pragma once
 
 #include "common.h"
+#include "overlap.h"
 
 #include <math.h>
 
@@ -393,6 +394,7 @@ inline ProjCall check_project_lists_call(at::TensorList grads, at::TensorList ba
   const int64_t k = check_projection_lists(grads, basis, op);
   const double rc = resolve_rcond(rcond, op);
   check_ridge(ridge, op, "ridge");
+  check_inplace_disjoint(op, {{grads, "grads", true, true}, {basis, "basis", true, false}});
   return {k, rc, ridge * static_cast<double>(grads.size())};
 }
 
@@ -411,6 +413,10 @@ inline int64_t check_projection_apply_call(at::TensorList grads, at::TensorList 
   const int64_t k = check_projection_lists(grads, basis, op);
   check_proj_vector(coeffs, k, grads[0].device(), op, "coeffs");
   if (scale.has_value()) check_proj_vector(*scale, k, grads[0].device(), op, "scale");
+  const at::Tensor none;
+  check_inplace_disjoint(op, {{grads, "grads", true, true}, {basis, "basis", true, false},
+                              {at::TensorList(coeffs), "coeffs", false, false},
+                              {at::TensorList(scale.has_value() ? *scale : none), "scale", false, false}});
   return k;
 }
 

@@ -6,7 +6,6 @@
 #ifdef TORCH_EXTENSION_NAME  // Python build (setup.py): add the pybind11 build-info module
 #include <torch/extension.h>
 #endif
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -142,134 +141,44 @@ TORCH_LIBRARY_IMPL(entangle_ext, ADInplaceOrView, m) {
 // Autograd kernel of the same in-place operators. They have no derivative, so (as ATen's in-place
 // ops refuse a leaf that requires grad) a written tensor that requires grad while grad mode is on
 // is refused (RuntimeError), whether it is a leaf, a view of one or a non-leaf (its gradient
-// through the write would silently be wrong). Then, for tensors with real memory (CPU/CUDA, not
-// fake, functional or other wrapper tensors), a written tensor that shares memory with another
-// argument is refused (ValueError), as the Python wrappers do: sorted intervals
-// [data_ptr, data_ptr + nbytes) of the dense non-overlapping tensors, O(n log n), metadata only
-// (no device sync). Then redispatch below autograd (ADInplaceOrView bumps the versions).
+// through the write would silently be wrong); then redispatch below autograd (ADInplaceOrView
+// bumps the versions). The memory-overlap check is the backend kernels' (csrc/overlap.h), so it
+// also holds under torch.inference_mode(), which skips this kernel. Names only on error.
 namespace {
-struct ArgRef {
-  at::Tensor t;
-  std::string name;
-  bool written;
-};
-
-// Only CPU/CUDA dense tensors with memory of their own and concrete sizes: fake tensors (Python
-// key; symbolic sizes under torch.compile), functional and functorch wrappers are left out.
-bool plain_memory(const at::Tensor& t) {
-  if (!t.defined()) return false;
-  const c10::DispatchKeySet ks = t.key_set();
-  if (ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::PythonTLSSnapshot) ||
-      ks.has(c10::DispatchKey::Functionalize) || ks.has(c10::DispatchKey::FuncTorchBatched) ||
-      ks.has(c10::DispatchKey::FuncTorchGradWrapper) ||
-      ks.has(c10::DispatchKey::BatchedNestedTensor)) {
-    return false;
-  }
-  const auto dev = t.device().type();
-  if (dev != c10::DeviceType::CPU && dev != c10::DeviceType::CUDA) return false;
-  if (t.layout() != c10::kStrided || t.is_nested() || !t.has_storage()) return false;
-  if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
-  return t.numel() > 0 && t.is_non_overlapping_and_dense();
-}
-
-// The list operators (project_orthogonal_, projection_apply_): leave a malformed call (no
-// gradient, a basis list that is not k * T tensors with 1 <= k <= kProjMaxK) to the kernels' own
-// messages, which name the real problem.
-bool lists_well_formed(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t start) {
-  const auto& args = schema.arguments();
-  int64_t T = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const c10::IValue& v = stack[start + i];
-    if (!v.isTensorList()) continue;
-    const int64_t n = static_cast<int64_t>(v.toTensorVector().size());
-    if (T < 0) {   // the first list: the gradients
-      if (n == 0) return false;
-      T = n;
-    } else if (n % T != 0 || n / T < 1 || n / T > entangle_ext::kProjMaxK) {
-      return false;
-    }
-  }
-  return true;
-}
-
-void check_no_overlap(const std::string& op, const std::vector<ArgRef>& args) {
-  struct Span {
-    uintptr_t start, end;
-    size_t idx;
-  };
-  std::vector<Span> spans;
-  c10::optional<c10::Device> dev;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const at::Tensor& t = args[i].t;
-    if (!plain_memory(t)) continue;
-    if (!dev.has_value()) dev = t.device();
-    if (t.device() != *dev) return;   // a device mismatch: the kernels refuse it with their message
-    const auto start = reinterpret_cast<uintptr_t>(t.data_ptr());
-    spans.push_back({start, start + static_cast<uintptr_t>(t.nbytes()), i});
-  }
-  std::sort(spans.begin(), spans.end(),
-            [](const Span& a, const Span& b) { return a.start < b.start || (a.start == b.start && a.idx < b.idx); });
-  // largest end so far among all intervals / among the written ones
-  long far_any = -1, far_w = -1;
-  uintptr_t end_any = 0, end_w = 0;
-  for (const Span& s : spans) {
-    const bool w = args[s.idx].written;
-    const long j = w ? far_any : far_w;
-    const uintptr_t end = w ? end_any : end_w;
-    if (j >= 0 && end > s.start) {
-      const ArgRef& a = args[spans[j].idx];
-      const ArgRef& b = args[s.idx];
-      const ArgRef& wr = a.written ? a : b;
-      const ArgRef& other = a.written ? b : a;
-      if (other.written) {
-        TORCH_CHECK_VALUE(false, op, ": ", a.name, " and ", b.name,
-                          " overlap in memory; every tensor updated in place needs memory of its "
-                          "own (pass a clone)");
-      }
-      TORCH_CHECK_VALUE(false, op, ": ", other.name, " shares memory with ", wr.name,
-                        ", which is updated in place; pass a clone");
-    }
-    const long pos = static_cast<long>(&s - spans.data());
-    if (far_any < 0 || s.end > end_any) { far_any = pos; end_any = s.end; }
-    if (w && (far_w < 0 || s.end > end_w)) { far_w = pos; end_w = s.end; }
-  }
+void refuse_written_requiring_grad(const c10::OperatorHandle& op, const c10::Argument& arg,
+                                   const at::Tensor& t, const std::string& index) {
+  const char* what = t.is_leaf() ? "a leaf Variable that requires grad"
+                     : (t.is_view() && t._base().is_leaf()) ? "a view of a leaf Variable that requires grad"
+                                                             : "a tensor that requires grad";
+  TORCH_CHECK(false, op.schema().name(), ": ", arg.name(), index, " is ", what,
+              " and is being used in an in-place operation that has no autograd (its gradient "
+              "would be wrong); pass a tensor that does not require grad (e.g. p.grad or "
+              "x.detach()) or call it under torch.no_grad()");
 }
 
 void inplace_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                       torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const std::string name = "entangle_ext::" + schema.name().substr(schema.name().find("::") + 2);
-  const auto& args = schema.arguments();
-  const size_t start = stack->size() - args.size();
-  std::vector<ArgRef> refs;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const c10::AliasInfo* alias = args[i].alias_info();
-    const bool written = alias != nullptr && alias->isWrite();
-    const c10::IValue& value = (*stack)[start + i];
-    if (value.isTensor()) {
-      refs.push_back({value.toTensor(), args[i].name(), written});
-    } else if (value.isTensorList()) {
-      const auto ts = value.toTensorVector();
-      for (size_t j = 0; j < ts.size(); ++j) {
-        refs.push_back({ts[j], args[i].name() + "[" + std::to_string(j) + "]", written});
+  if (at::GradMode::is_enabled()) {
+    const auto& args = op.schema().arguments();
+    const size_t start = stack->size() - args.size();
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::AliasInfo* alias = args[i].alias_info();
+      if (alias == nullptr || !alias->isWrite()) continue;
+      const c10::IValue& value = (*stack)[start + i];
+      if (value.isTensor()) {
+        const at::Tensor& t = value.toTensor();
+        if (t.defined() && t.requires_grad()) refuse_written_requiring_grad(op, args[i], t, "");
+      } else if (value.isTensorList()) {
+        const auto ts = value.toTensorList();
+        for (size_t j = 0; j < ts.size(); ++j) {
+          const at::Tensor t = ts.get(j);
+          if (t.defined() && t.requires_grad()) {
+            refuse_written_requiring_grad(op, args[i], t, "[" + std::to_string(j) + "]");
+          }
+        }
       }
     }
   }
-  if (at::GradMode::is_enabled()) {
-    for (const ArgRef& r : refs) {
-      if (!r.written || !r.t.defined() || !r.t.requires_grad()) continue;
-      const char* what = r.t.is_leaf() ? "a leaf Variable that requires grad"
-                         : (r.t.is_view() && r.t._base().is_leaf())
-                             ? "a view of a leaf Variable that requires grad"
-                             : "a tensor that requires grad";
-      TORCH_CHECK(false, name, ": ", r.name, " is ", what,
-                  " and is being used in an in-place operation that has no autograd (its gradient "
-                  "would be wrong); pass a tensor that does not require grad (e.g. p.grad or "
-                  "x.detach()) or call it under torch.no_grad()");
-    }
-  }
-  if (lists_well_formed(schema, *stack, start)) check_no_overlap(name, refs);
-  refs.clear();
   at::AutoDispatchBelowAutograd guard;
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
@@ -282,7 +191,6 @@ TORCH_LIBRARY_IMPL(entangle_ext, Autograd, m) {
 }
 
 #ifdef TORCH_EXTENSION_NAME
-#include "projection.h"
 
 namespace entangle_ext {
 const char* projection_cpu_kernel_name();  // csrc/cpu/projection.cpp

@@ -19,7 +19,7 @@ void dual_update_cpu(const at::Tensor& lam, const at::Tensor& g, const at::Tenso
                      c10::string_view kind_s, std::optional<double> lam_min,
                      std::optional<double> lam_max, double damping, bool check_finite) {
   const char* op = "dual_update_";
-  const int64_t mu_stride = check_al_inputs(lam, g, mu, op);
+  const int64_t mu_stride = check_dual_update_tensors(lam, g, mu, op);
   const ConstraintKind kind = parse_kind(kind_s, op);
   check_dual_update_args(kind, lam_min, lam_max, damping, op);
   const int64_t m = lam.size(0);
