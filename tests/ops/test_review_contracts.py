@@ -144,15 +144,21 @@ def test_raw_inplace_refuses_leaf_requiring_grad(name):
         _raw_calls(w, torch.randn(3, dtype=D))[name]()
 
 
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
 @pytest.mark.parametrize("name", ["project_orthogonal_", "projection_apply_", "dual_update_"])
-def test_raw_inplace_refuses_aliasing(name):
-    z = torch.randn(3, dtype=D)
-    with pytest.raises(ValueError, match="shares memory"):
-        _raw_calls(z, z)[name]()
-    buf = torch.randn(6, dtype=D)
-    with pytest.raises(ValueError, match="shares memory"):
-        _raw_calls(buf[:3], buf[2:5])[name]()
-    _raw_calls(buf[:3], buf[3:])[name]()   # adjacent, disjoint: fine
+def test_raw_inplace_refuses_aliasing(name, mode):
+    """In every mode: torch.inference_mode() skips the Autograd kernel, so the check lives in the
+    backend kernels (csrc/overlap.h)."""
+    with {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]():
+        z = torch.randn(3, dtype=D)
+        with pytest.raises(ValueError, match="shares memory"):
+            _raw_calls(z, z)[name]()
+        buf = torch.randn(6, dtype=D)
+        before = buf.clone()
+        with pytest.raises(ValueError, match="shares memory"):
+            _raw_calls(buf[:3], buf[2:5])[name]()
+        assert torch.equal(buf, before)     # refused before anything was written
+        _raw_calls(buf[:3], buf[3:])[name]()   # adjacent, disjoint: fine
 
 
 def test_raw_inplace_refuses_overlapping_written_tensors():
