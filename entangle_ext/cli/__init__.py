@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     ``entangle_ext.cli:main``): ``compare ...`` runs ``entangle_ext/cli/compare.py``, anything else
     one run (``entangle_ext/cli/run.py``). ``argv``: the arguments (None: ``sys.argv[1:]``).
     Returns the exit code: 0 success; 2 bad input (one ``entangle-unlearn: error: ...`` line on
-    stderr, before any training when the flags are at fault); 130 interrupted (the resume command
-    is printed)."""
+    stderr, before any training when the flags are at fault); 128 + the signal's number when
+    interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP; the resume command is printed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["compare"]:
         from .compare import main as compare_main

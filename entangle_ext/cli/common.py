@@ -1,5 +1,6 @@
 """What the command lines (``entangle_ext/cli/run.py``, ``entangle_ext/cli/compare.py``, ``python_examples/``)
-share: the device and seed flags, the one-line bad-input exit and SIGTERM/SIGHUP as Ctrl-C."""
+share: the device and seed flags, the one-line bad-input exit, SIGTERM/SIGHUP as Ctrl-C and the
+exit code of an interrupted command (128 + the signal's number)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,8 @@ from typing import Optional
 import torch
 
 __all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "seed_arg", "default_device", "fail",
-           "sigterm_interrupts", "exit_on_bad_input", "one_line_warnings"]
+           "sigterm_interrupts", "stop_signals", "SignalInterrupt", "interrupt_exit_code", "exit_on_bad_input",
+           "one_line_warnings"]
 
 PROG = "entangle-unlearn"
 
@@ -119,13 +121,43 @@ def fail(e: BaseException, prog: str = PROG) -> int:
     return 2
 
 
+class SignalInterrupt(KeyboardInterrupt):
+    """The KeyboardInterrupt `sigterm_interrupts` raises for signal number ``signum`` (kept as the
+    attribute ``signum``, an int), so the command can exit with that signal's code."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(_signal_name(self.signum))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def interrupt_exit_code(exc: BaseException) -> int:
+    """The exit code of a command that the KeyboardInterrupt ``exc`` stopped: 128 + the number of
+    the signal behind it, the shell's convention (130 for SIGINT / Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+    The signal is read from ``exc.signum`` (`SignalInterrupt`) or ``exc.signal``, a signal's name
+    (`entangle_ext.RunInterrupted`); a KeyboardInterrupt with neither (Python's own Ctrl-C, one
+    raised in code) gives 130."""
+    signum = getattr(exc, "signum", None)
+    name = getattr(exc, "signal", None)
+    if not isinstance(signum, int) and isinstance(name, str) and name in signal.Signals.__members__:
+        signum = int(signal.Signals[name])
+    return 128 + (signum if isinstance(signum, int) else int(signal.SIGINT))
+
+
 @contextlib.contextmanager
 def sigterm_interrupts(*signums):
-    """``signums`` (default SIGTERM) raise KeyboardInterrupt in the body (like Ctrl-C), so a killed
-    run ends the same way; the previous handlers are restored. A signal the process ignores
-    (``nohup`` sets SIGHUP to SIG_IGN) stays ignored. A no-op outside the main thread."""
+    """``signums`` (default SIGTERM) raise `SignalInterrupt`, a KeyboardInterrupt, in the body
+    (like Ctrl-C), so a killed run ends the same way; the previous handlers are restored. A signal
+    the process ignores (``nohup`` sets SIGHUP to SIG_IGN) stays ignored. A no-op outside the main
+    thread."""
     def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise SignalInterrupt(signum)
 
     signums = signums or (signal.SIGTERM,)
     before = {}
@@ -140,6 +172,12 @@ def sigterm_interrupts(*signums):
     finally:
         for s, h in before.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def stop_signals() -> tuple:
+    """SIGTERM and SIGHUP where the platform has them: what the commands stop on like Ctrl-C (a
+    kill, a closed terminal)."""
+    return tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @contextlib.contextmanager

@@ -26,14 +26,14 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from ..unlearn.files import WriteError
-from .common import fail, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts
+from .common import (fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts,
+                     stop_signals)
 
 __all__ = ["main", "build_parser"]
 
@@ -229,8 +229,8 @@ def main(argv=None) -> int:
     (one ``entangle-unlearn compare: error: ...`` line on stderr: a ValueError / TypeError /
     FileNotFoundError / missing package; flags are checked before any data is loaded); 1 a
     ``--jobs`` worker failed (its log is named) or a file could not be written (`WriteError`,
-    one line naming the file); 130 interrupted (rerunning the same command resumes
-    from the per-run cache)."""
+    one line naming the file); 128 + the signal's number when interrupted (130 Ctrl-C, 143
+    SIGTERM, 129 SIGHUP; rerunning the same command resumes from the per-run cache)."""
     from ..compare_jobs import ParentExited, WorkerFailed
     from ..threads import torch_threads
 
@@ -242,21 +242,21 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e, "entangle-unlearn compare")
     # SIGTERM / SIGHUP (a kill, a closed terminal) stop like Ctrl-C: --jobs workers are terminated
-    stop = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     try:
-        with one_line_warnings("entangle-unlearn compare"), torch_threads(threads), sigterm_interrupts(*stop):
+        with one_line_warnings("entangle-unlearn compare"), torch_threads(threads), \
+                sigterm_interrupts(*stop_signals()):
             res = _compare(args, out, device, variant, data, model, methods, threads)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e, "entangle-unlearn compare")
     except (WorkerFailed, ParentExited, WriteError) as e:   # a failed write: disk full, file-size limit
         print(f"entangle-unlearn compare: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         done = len(list(Path(out, "cache").glob("*/seed*.json")))   # (the runs' records, ResultCache.path)
         kept = f"{done} finished run(s) are cached in {out}/cache: rerun the same command to go on from there" \
             if done else "no run had finished, so none is cached: rerun the same command to start again"
         print(f"\nentangle-unlearn compare: interrupted; {kept}", file=sys.stderr)
-        return 130
+        return interrupt_exit_code(e)
     if res is None:   # a --worker process
         return 0
     print(f"{args.setting} ({variant.name}: {variant.summary}), {len(res.seeds)} seed(s)\n")

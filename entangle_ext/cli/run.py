@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..unlearn.files import WriteError
-from .common import PROG, command_prefix, fail, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts
+from .common import (PROG, command_prefix, fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg,
+                     sigterm_interrupts, stop_signals)
 from .config import build_config, check_conflicts, check_option_flags, flag_of, flag_tables, parse_overrides
 
 __all__ = ["main", "build_parser"]
@@ -210,8 +211,9 @@ def _jsonable(info: dict) -> dict:
     return out
 
 
-def _interrupted(argv: List[str], out: str) -> int:
-    """Ctrl-C / SIGTERM: say how to go on (the run keeps the last checkpoint under --out)."""
+def _interrupted(argv: List[str], out: str, code: int = 130) -> int:
+    """Ctrl-C / SIGTERM / SIGHUP: say how to go on (the run keeps the last checkpoint under --out);
+    returns ``code``, the exit code (`interrupt_exit_code`)."""
     ckpts = Path(out) / "checkpoints"
     rest, skip = [], False
     for a in argv:   # the same command without its --resume
@@ -225,7 +227,7 @@ def _interrupted(argv: List[str], out: str) -> int:
     else:
         print(f"\n{PROG}: interrupted before any checkpoint was written; run the same command again",
               file=sys.stderr)
-    return 130
+    return code
 
 
 def _run(args, plan: _Plan) -> int:
@@ -287,8 +289,8 @@ def main(argv=None) -> int:
     command line but ``compare ...``). ``argv``: the flags (None: ``sys.argv[1:]``). Returns the exit code:
     0 success; 2 bad input (one ``entangle-unlearn: error: ...`` line on stderr, before any
     training when the flags are at fault); 1 a file could not be written (`WriteError`: disk
-    full, a file-size limit; one line naming the file); 130 interrupted (the resume command is
-    printed)."""
+    full, a file-size limit; one line naming the file); 128 + the signal's number when interrupted
+    (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP; the resume command is printed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.given_flags = _typed_flags(argv)
@@ -298,7 +300,8 @@ def main(argv=None) -> int:
         plan = _plan(args)
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         return fail(e)
-    with one_line_warnings(PROG), torch_threads(plan.threads), sigterm_interrupts():
+    # SIGTERM / SIGHUP (a kill, a closed terminal) stop like Ctrl-C
+    with one_line_warnings(PROG), torch_threads(plan.threads), sigterm_interrupts(*stop_signals()):
         try:
             return _run(args, plan)
         except (ValueError, FileNotFoundError, ImportError) as e:
@@ -306,8 +309,8 @@ def main(argv=None) -> int:
         except WriteError as e:   # disk full, file-size limit: one line (it names the file), exit 1
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
-            return _interrupted(argv, args.out)
+        except KeyboardInterrupt as e:
+            return _interrupted(argv, args.out, interrupt_exit_code(e))
 
 
 def _typed_flags(argv) -> set:

@@ -75,7 +75,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
-            Ctrl-C / SIGTERM). A directory that already holds a run (its report.json or
+            Ctrl-C / SIGTERM / SIGHUP). A directory that already holds a run (its report.json or
             checkpoints/) is overwritten, with an `OutDirReusedWarning`, unless ``resume`` is given.
             One live run per dir: the run locks it (``OUT/.entangle_ext.lock``, an OS lock that
             ends with the process, so a killed run leaves no stale lock) from its checks to its
@@ -158,9 +158,9 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             says why none was written and what keeps one). Also when the final evaluation gives
             a NaN/Inf loss on a split (the weights diverged after the last checked step; no
             report is written).
-        RunInterrupted (a KeyboardInterrupt; ``entangle_ext.RunInterrupted``): Ctrl-C / SIGTERM
-            during a stage; a checkpoint of the last completed step is written (with out_dir) and
-            the message gives the call that resumes.
+        RunInterrupted (a KeyboardInterrupt; ``entangle_ext.RunInterrupted``): Ctrl-C / SIGTERM /
+            SIGHUP (unless ignored, as under ``nohup``) during a stage; a checkpoint of the last
+            completed step is written (with out_dir) and the message gives the call that resumes.
     """
     with disjoint_scope():   # the splits are checked again by the method and each evaluation
         check_model_and_splits(model, splits, "unlearn")

@@ -2,7 +2,7 @@
 a step function): epochs over a driving minibatch stream, a tqdm progress bar, device-side
 logging with a host read every ``log_every`` steps (also where non-finite losses are detected),
 a checkpoint every ``checkpoint_every`` steps, resume from such a checkpoint, and interrupts
-(Ctrl-C / SIGTERM) that end the run at a step boundary with a checkpoint of the last completed step.
+(Ctrl-C / SIGTERM / SIGHUP) that end the run at a step boundary with a checkpoint of the last completed step.
 
 A stage is written as::
 
@@ -72,7 +72,7 @@ def check_final_losses(method: str, final: Dict[str, dict], step: int, checkpoin
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A stage was interrupted (Ctrl-C / SIGINT, SIGTERM, or a KeyboardInterrupt raised in a step).
+    """A stage was interrupted (Ctrl-C / SIGINT, SIGTERM, SIGHUP, or a KeyboardInterrupt raised in a step).
 
     Attributes: stage, step (steps completed), signal (its name, or "KeyboardInterrupt"),
     checkpoint (path of the checkpoint of the last completed step, None without out_dir),
@@ -123,11 +123,12 @@ def updating():
 
 
 class _Interrupts:
-    """Defers SIGINT/SIGTERM to the end of the current step (main thread only; elsewhere signals
-    cannot arrive). A second SIGINT while one is pending raises `_Forced` at once."""
+    """Defers SIGINT/SIGTERM/SIGHUP to the end of the current step (main thread only; elsewhere
+    signals cannot arrive). A SIGHUP the process ignores (``nohup``) stays ignored. A second SIGINT
+    while one is pending raises `_Forced` at once."""
 
-    SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None))
-                    if s is not None)
+    SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+    KEEP_IGNORED = tuple(getattr(signal, n) for n in ("SIGHUP",) if hasattr(signal, n))
 
     def __init__(self):
         self.signum: Optional[int] = None
@@ -137,6 +138,8 @@ class _Interrupts:
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
                 try:
+                    if s in self.KEEP_IGNORED and signal.getsignal(s) is signal.SIG_IGN:
+                        continue
                     self._old[s] = signal.signal(s, self._handler)
                 except (ValueError, OSError):   # e.g. an embedded interpreter
                     pass
@@ -260,7 +263,7 @@ class StageLoop:
         Raises:
             NonFiniteLossError: a loss or logged value became NaN/Inf (the first bad step; no
                 checkpoint is written after it).
-            RunInterrupted (a KeyboardInterrupt): SIGINT/SIGTERM (acted on at the end of the
+            RunInterrupted (a KeyboardInterrupt): SIGINT/SIGTERM/SIGHUP (acted on at the end of the
                 step in progress) or a KeyboardInterrupt raised inside a step; ``checkpoint_fn``
                 is called for the last completed step first, whatever ``checkpoint_every``.
         """

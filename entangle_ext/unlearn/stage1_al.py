@@ -123,7 +123,7 @@ def stage1(model: torch.nn.Module, splits: Splits, config: Stage1Config, *,
         lagrangian).
     Raises:
         NonFiniteLossError: a loss became NaN/Inf (says the step; last good checkpoint kept).
-        RunInterrupted: Ctrl-C / SIGTERM (a checkpoint of the last completed step is written).
+        RunInterrupted: Ctrl-C / SIGTERM / SIGHUP (a checkpoint of the last completed step is written).
         ValueError: empty or missing splits, non 2-D logits, bad labels, no trainable
             parameters, an invalid config.
     """

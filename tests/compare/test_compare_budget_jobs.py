@@ -310,15 +310,15 @@ def test_sigterm_or_sighup_to_the_parent_stops_its_workers(tmp_path, sig):
     parent = textwrap.dedent(f"""
         import signal, sys
         signal.signal(signal.{sig}, signal.SIG_DFL)
-        from entangle_ext.cli.common import sigterm_interrupts as _sigterm_interrupts
+        from entangle_ext.cli.common import interrupt_exit_code, sigterm_interrupts as _sigterm_interrupts
         from entangle_ext.compare_jobs import plan_tasks, run_workers
         slow = lambda f: [sys.executable, "-c", "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(120)" % f]
         try:
             with _sigterm_interrupts(signal.SIGTERM, signal.SIGHUP):
                 run_workers([slow({str(pids[0])!r}), slow({str(pids[1])!r})], plan_tasks(["ga"], [0]),
                             {str(tmp_path / "jobs" / "1")!r}, progress=False, poll_s=0.05)
-        except KeyboardInterrupt:
-            sys.exit(130)
+        except KeyboardInterrupt as e:   # the code the compare command exits with: 128 + the signal's number
+            sys.exit(interrupt_exit_code(e))
     """)
     proc = subprocess.Popen([sys.executable, "-c", parent])
     try:
@@ -326,7 +326,7 @@ def test_sigterm_or_sighup_to_the_parent_stops_its_workers(tmp_path, sig):
         workers = [int(p.read_text()) for p in pids]
         assert all(_alive(w) for w in workers)
         proc.send_signal(getattr(signal, sig))
-        assert proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=60) == 128 + int(getattr(signal, sig))
         assert not any(_alive(w) for w in workers)
     finally:
         if proc.poll() is None:

@@ -3,6 +3,7 @@ whole run and refuses a different one (the two-stage family and the baselines: b
 resumes, other splits / config / method refused), interrupts (SIGTERM / Ctrl-C / KeyboardInterrupt)
 that lose nothing, messages that say why no checkpoint exists, and a warning before an out dir is
 reused. Checkpoints of earlier versions: test_run_resume_fixtures.py."""
+import contextlib
 import dataclasses
 import json
 import os
@@ -247,28 +248,72 @@ def _uninterrupted(small):
     return params(ee.unlearn(Net(), small, tiny_config(), progress=False).model)
 
 
+_SIGNAL_OF = {"sigterm": "SIGTERM", "sigint": "SIGINT", "sighup": "SIGHUP", "raise": None}
+
+
+def _handlers():
+    return tuple(signal.getsignal(getattr(signal, n)) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def _hup_default(on: bool):
+    """SIGHUP at its default disposition inside (under ``nohup make test`` it arrives ignored, and
+    the stage loop rightly keeps an inherited SIG_IGN)."""
+    if not on:
+        yield
+        return
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP here")
+def test_a_sighup_ignored_under_nohup_stays_ignored_in_a_stage(small):
+    seen = []
+
+    def hook(k):
+        if k == 4:
+            seen.append(signal.getsignal(signal.SIGHUP))
+            os.kill(os.getpid(), signal.SIGHUP)   # ignored: the run goes on
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        r = ee.unlearn(Net(hook), small, tiny_config(), progress=False)
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert seen == [signal.SIG_IGN] and r.report["steps"] == {"stage1": 7, "stage2": 3}
+
+
 @pytest.mark.parametrize("how, call, stage, steps", [
     ("sigterm", 4, 1, 4),        # SIGTERM in step 3: that step completes, then the checkpoint
+    ("sighup", 4, 1, 4),         # SIGHUP (a closed terminal) likewise; it was not handled: the process died
     ("sigint", 9, 2, 1),         # Ctrl-C in Stage-2 step 0 (its forget pass)
     ("raise", 4, 1, 3),          # KeyboardInterrupt raised in step 3's forward: steps 0-2 kept
     ("raise", 12, 2, 1),         # ... in Stage-2 step 1's forget forward
 ])
 def test_interrupt_writes_the_last_completed_step_and_resumes_exactly(small, tmp_path, how, call,
                                                                       stage, steps):
+    if how == "sighup" and not hasattr(signal, "SIGHUP"):
+        pytest.skip("no SIGHUP here")
+    sent = _SIGNAL_OF[how]
+
     def hook(k):
         if k == call:
-            if how == "raise":
+            if sent is None:
                 raise KeyboardInterrupt
-            os.kill(os.getpid(), signal.SIGTERM if how == "sigterm" else signal.SIGINT)
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+            os.kill(os.getpid(), getattr(signal, sent))
     cfg = tiny_config()    # checkpoint_every = 0
-    with pytest.raises(RunInterrupted) as ei:
-        ee.unlearn(Net(hook), small, cfg, out_dir=tmp_path, progress=False)
+    with _hup_default(how == "sighup"):
+        handlers = _handlers()
+        with pytest.raises(RunInterrupted) as ei:
+            ee.unlearn(Net(hook), small, cfg, out_dir=tmp_path, progress=False)
+        assert _handlers() == handlers
     e = ei.value
     assert isinstance(e, KeyboardInterrupt) and (e.stage, e.step) == (stage, steps)
+    assert e.signal == (sent or "KeyboardInterrupt")
     assert e.checkpoint.endswith(f"stage{stage}_step{steps:06d}.pt")
     assert f"resume={str(tmp_path)!r}" in str(e) and "entangle_ext.unlearn(" in str(e)
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
     r = ee.unlearn(Net(), small, resume=tmp_path, out_dir=tmp_path, progress=False)
     assert torch.equal(params(r.model), _uninterrupted(small))
     assert r.report["steps"] == {"stage1": 7, "stage2": 3}
