@@ -2,7 +2,10 @@
 
 A split is a map-style Dataset or a `torch.utils.data.DataLoader` (its dataset, ``collate_fn``,
 ``num_workers``, ``pin_memory``, ``worker_init_fn`` and ``multiprocessing_context`` are used; its
-batch size and order are not: every stage draws its own batch sizes and seeded orders). A Dataset
+batch size and order are not: every stage draws its own batch sizes and seeded orders). A
+DataLoader's items are its whole dataset under torch's default samplers (``shuffle=False`` /
+``True``) and the indices of a `SubsetRandomSampler`; any other sampler is refused
+(`loader_dataset`). A Dataset
 item is an ``(x, y)`` tuple (``y`` an integer class index) or a dict with a ``"labels"`` (or
 Hugging Face ``"label"``) entry plus model keyword inputs (e.g. ``input_ids``, ``attention_mask``).
 Datasets exposing ``.tensors`` (e.g. `torch.utils.data.TensorDataset`, possibly already on the GPU)

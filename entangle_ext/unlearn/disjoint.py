@@ -5,8 +5,9 @@ warns on the rest it can see:
 
 * the same object passed as two splits (also ``forget=R, remote=R``), or two DataLoaders over one
   dataset: ValueError;
-* `torch.utils.data.Subset`s (nested ones too) of one dataset that share indices: ValueError
-  naming the two splits and a few shared indices of that dataset;
+* `torch.utils.data.Subset`s (nested ones too, negative indices counted from the end, Subsets
+  inside a `ConcatDataset`, DataLoaders with a `SubsetRandomSampler`) of one dataset that share
+  indices: ValueError naming the two splits and a few shared indices of that dataset;
 * two `TensorDataset`s with identical input rows: `OverlappingSplitsWarning` (copies of one
   sample may be legitimate data, so this is not an error), naming the count and a few rows.
 
@@ -21,10 +22,12 @@ import contextlib
 import contextvars
 import itertools
 import warnings
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import ConcatDataset, DataLoader, Subset
+
+from .source import loader_dataset
 
 __all__ = ["check_disjoint", "check_held_out", "disjoint_scope", "OverlappingSplitsWarning"]
 
@@ -35,17 +38,35 @@ class OverlappingSplitsWarning(UserWarning):
     Silence it with ``warnings.filterwarnings("ignore", category=OverlappingSplitsWarning)``."""
 
 
-def _base(split) -> Tuple[Any, Optional[torch.Tensor]]:
-    """(underlying dataset, its int64 indices or None for all of it) of a split: DataLoaders are
-    unwrapped to their dataset, nested Subsets to the dataset they index."""
-    ds = split.dataset if isinstance(split, DataLoader) else split
-    idx = None
-    while isinstance(ds, Subset):
+def _bases(split) -> List[Tuple[Any, Optional[torch.Tensor]]]:
+    """The (underlying dataset, its int64 indices or None for all of it) pairs a split draws its
+    items from: DataLoaders are read as the items they stand for (`loader_dataset`), nested Subsets
+    down to the dataset they index (negative indices counted from the end, as Subset reads them),
+    and a ConcatDataset as its parts."""
+    return _parts(loader_dataset(split) if isinstance(split, DataLoader) else split, None)
+
+
+def _parts(ds, idx: Optional[torch.Tensor]) -> List[Tuple[Any, Optional[torch.Tensor]]]:
+    if isinstance(ds, Subset):
         own = torch.as_tensor(list(ds.indices) if not torch.is_tensor(ds.indices) else ds.indices,
                               dtype=torch.int64).reshape(-1)
-        idx = own if idx is None else own[idx]
-        ds = ds.dataset
-    return ds, idx
+        try:
+            own = torch.where(own < 0, own + len(ds.dataset), own)
+        except TypeError:   # an unsized dataset: its indices as given
+            pass
+        return _parts(ds.dataset, own if idx is None else own[idx])
+    if isinstance(ds, ConcatDataset):
+        out, start = [], 0
+        for part, end in zip(ds.datasets, ds.cumulative_sizes):
+            if idx is None:
+                out += _parts(part, None)
+            else:
+                mine = idx[(idx >= start) & (idx < end)] - start
+                if len(mine):
+                    out += _parts(part, mine)
+            start = end
+        return out
+    return [(ds, idx)]
 
 
 def _shared_indices(a: Optional[torch.Tensor], b: Optional[torch.Tensor], n: int) -> torch.Tensor:
@@ -129,13 +150,16 @@ def check_disjoint(named: Dict[str, Any]) -> None:
         OverlappingSplitsWarning: two TensorDatasets with identical input rows; inside a
             `disjoint_scope`, only at the first check of that pair of datasets.
     """
-    bases = {n: _base(s) for n, s in named.items()}
+    bases = {n: _bases(s) for n, s in named.items()}
     for (na, sa), (nb, sb) in itertools.combinations(named.items(), 2):
         if sa is sb:
             raise ValueError(f"splits {na!r} and {nb!r} are the same object: the train splits must be "
                              "disjoint sub-populations (docs/algorithm.md §1)")
-        (da, ia), (db, ib) = bases[na], bases[nb]
-        if da is db:
+        common = False
+        for (da, ia), (db, ib) in itertools.product(bases[na], bases[nb]):
+            if da is not db:
+                continue
+            common = True
             try:
                 n = len(da)
             except TypeError:
@@ -145,7 +169,9 @@ def check_disjoint(named: Dict[str, Any]) -> None:
                 raise ValueError(f"splits {na!r} and {nb!r} share {len(shared)} sample(s) of one dataset "
                                  f"(indices {shared[:5].tolist()}{' ...' if len(shared) > 5 else ''}): "
                                  "the train splits must be disjoint (docs/algorithm.md §1)")
+        if common or len(bases[na]) != 1 or len(bases[nb]) != 1:
             continue
+        (da, ia), (db, ib) = bases[na][0], bases[nb][0]
         if ia is None and ib is None and getattr(da, "tensors", None) and getattr(db, "tensors", None):
             scanned = _SCANNED.get()
             if scanned is not None:
@@ -171,13 +197,14 @@ def check_held_out(train: Dict[str, Any], held_out: Dict[str, Any]) -> None:
     """
     scanned = _SCANNED.get()
     for (nt, st), (nh, sh) in itertools.product(train.items(), held_out.items()):
-        (dt, it), (dh, ih) = _base(st), _base(sh)
-        if dt is not dh:
-            continue
-        try:
-            shared = len(_shared_indices(it, ih, len(dt)))
-        except TypeError:   # an unsized dataset: only the same object is decided
-            shared = int(st is sh)
+        shared = 0
+        for (dt, it), (dh, ih) in itertools.product(_bases(st), _bases(sh)):
+            if dt is not dh:
+                continue
+            try:
+                shared += len(_shared_indices(it, ih, len(dt)))
+            except TypeError:   # an unsized dataset: only the same object is decided
+                shared = max(shared, int(st is sh))
         if not shared:
             continue
         if scanned is not None:

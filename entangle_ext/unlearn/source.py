@@ -8,10 +8,11 @@ import numbers
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-from torch.utils.data import ConcatDataset, DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import (BatchSampler, ConcatDataset, DataLoader, IterableDataset, RandomSampler,
+                              SequentialSampler, Subset, SubsetRandomSampler, TensorDataset)
 from torch.utils.data._utils.collate import default_collate
 
-__all__ = ["Source", "as_source", "union_source", "indexed_tensors", "check_batch_size", "check_loader_options"]
+__all__ = ["Source", "as_source", "loader_dataset", "union_source", "indexed_tensors", "check_batch_size", "check_loader_options"]
 
 
 class Source(NamedTuple):
@@ -45,21 +46,54 @@ def as_source(data, collate_fn: Optional[Callable] = None, num_workers: int = 0)
     if isinstance(data, Source):
         return data
     if isinstance(data, DataLoader):
-        if data.batch_size is None:
-            raise ValueError("a DataLoader split needs automatic batching (batch_size not None): "
-                             "the stages draw their own batches of its dataset's items")
+        dataset = loader_dataset(data)
         kw = {"num_workers": data.num_workers, "pin_memory": data.pin_memory,
               "worker_init_fn": data.worker_init_fn, "timeout": data.timeout,
               "multiprocessing_context": data.multiprocessing_context}
         if data.num_workers > 0:
             kw["prefetch_factor"] = data.prefetch_factor
-        src = Source(data.dataset, data.collate_fn or default_collate, kw)
+        src = Source(dataset, data.collate_fn or default_collate, kw)
     else:
         src = Source(data, collate_fn or default_collate, {"num_workers": int(num_workers)})
     if isinstance(src.dataset, IterableDataset) or not hasattr(src.dataset, "__getitem__"):
         raise ValueError(f"a split must be a map-style Dataset (indexable, with a length) or a "
                          f"DataLoader over one; got {type(src.dataset).__name__}")
     return src
+
+
+def loader_dataset(loader: DataLoader):
+    """The items a DataLoader split stands for: its whole dataset when its sampler is torch's
+    default (``shuffle=False`` / ``True``), or the `torch.utils.data.Subset` of the indices a
+    `SubsetRandomSampler` draws from (also inside a `BatchSampler` given as ``batch_sampler``).
+    The loader's batch size, order, ``drop_last`` and generator are not used: every stage draws its
+    own batches and seeded orders of these items.
+
+    Raises ValueError for a loader without automatic batching (``batch_size=None`` and no
+    batch_sampler) and for any other sampler or batch_sampler (weighted, with replacement, a
+    DistributedSampler, one of one's own), whose choice of items the stages would otherwise
+    silently replace by the whole dataset: pass a `Subset` of the items to use instead.
+    """
+    sampler, where = loader.sampler, "sampler"
+    if loader.batch_size is None:
+        if loader.batch_sampler is None:
+            raise ValueError("a DataLoader split needs automatic batching (batch_size not None): "
+                             "the stages draw their own batches of its dataset's items")
+        sampler, where = getattr(loader.batch_sampler, "sampler", None), "batch_sampler"
+        if type(loader.batch_sampler) is not BatchSampler:
+            sampler = None
+    if isinstance(sampler, SubsetRandomSampler):
+        return Subset(loader.dataset, sampler.indices)
+    default = type(sampler) is SequentialSampler or (
+        type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset))
+    if default and sampler.data_source is loader.dataset:
+        return loader.dataset
+    what = type(loader.batch_sampler if where == "batch_sampler" else sampler).__name__
+    if type(sampler) is RandomSampler and where == "sampler":
+        what += f" (replacement={sampler.replacement}, num_samples={sampler.num_samples} of {len(loader.dataset)})"
+    raise ValueError(f"a DataLoader split with a {where} of type {what} is not supported: the stages draw "
+                     "their own batches and seeded orders of the loader's items, so which items it draws "
+                     "(and how often) would be ignored; pass the dataset, a torch.utils.data.Subset of the "
+                     "items to use, or a DataLoader with shuffle=True/False or a SubsetRandomSampler")
 
 
 def union_source(parts: Sequence[Any]) -> Source:
