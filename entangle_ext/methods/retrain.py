@@ -50,18 +50,30 @@ class RetrainConfig(MethodConfig):
 
 
 def reset_parameters_(model: torch.nn.Module) -> None:
-    """Re-initialise ``model`` in place with every module's own ``reset_parameters()`` (global
-    torch RNG). Raises ValueError, before changing anything, when a parameter belongs to no module
-    with ``reset_parameters`` (it would keep its trained value: pass ``model_fn`` instead)."""
+    """Re-initialise the trainable part of ``model`` in place with every module's own
+    ``reset_parameters()`` (global torch RNG). Frozen parameters (``requires_grad=False``, e.g. a
+    pretrained backbone) keep their values, since the training that follows would never restore
+    them: a module whose own parameters are all frozen is not reset at all (its buffers, e.g.
+    BatchNorm running statistics, stay too), and in a module with both, the frozen ones are put
+    back after its reset. Raises ValueError, before changing anything, when a trainable parameter
+    belongs to no module with ``reset_parameters`` (it would keep its trained value: pass
+    ``model_fn`` instead)."""
     resettable = [m for m in model.modules() if callable(getattr(m, "reset_parameters", None))]
     covered = {id(p) for m in resettable for p in m.parameters(recurse=False)}
-    missing = [n for n, p in model.named_parameters() if id(p) not in covered]
+    missing = [n for n, p in model.named_parameters() if id(p) not in covered and p.requires_grad]
     if missing:
         raise ValueError(f"retrain cannot re-initialise {missing[:4]}{' ...' if len(missing) > 4 else ''}: no "
                          "module with reset_parameters() owns them; pass model_fn= (a function building a "
                          "fresh model) to entangle_ext.unlearn")
     for m in resettable:
+        own = list(m.parameters(recurse=False))
+        frozen = [(p, p.detach().clone()) for p in own if not p.requires_grad]
+        if own and len(frozen) == len(own):
+            continue
         m.reset_parameters()
+        with torch.no_grad():
+            for p, value in frozen:
+                p.copy_(value)
 
 
 def _presets():

@@ -340,3 +340,37 @@ def test_retrain_resets_in_place_or_refuses():
     s, _ = digits_splits(max_train_per_digit=5)
     with pytest.raises(ValueError, match="model_fn"):
         ee.unlearn(WithBareParameter(), s, TrainRecipe(epochs=1), method="retrain", progress=False)
+
+
+def test_retrain_keeps_frozen_parameters():
+    """A frozen (requires_grad=False) layer, e.g. a pretrained backbone, was re-initialised and,
+    being frozen, never trained again: Retrain's "gold standard" had a random feature extractor."""
+    from entangle_ext.train import TrainRecipe
+    torch.manual_seed(1234)
+    backbone = torch.nn.Linear(64, 16).requires_grad_(False)
+    norm = torch.nn.BatchNorm1d(16)
+    norm.weight.requires_grad_(False)                                  # mixed: weight frozen, bias trainable
+    head = torch.nn.Linear(16, 2)
+    model = torch.nn.Sequential(backbone, torch.nn.ReLU(), norm, head)
+    norm.running_mean.fill_(0.5)
+    frozen, w_head = backbone.weight.clone(), head.weight.detach().clone()
+    norm.weight.data.fill_(2.0)
+    reset_parameters_(model)
+    assert torch.equal(backbone.weight, frozen) and backbone.bias.requires_grad is False
+    assert torch.equal(norm.weight, torch.full((16,), 2.0))            # frozen, put back after the module's reset
+    assert torch.equal(norm.running_mean, torch.zeros(16))            # the module itself was reset
+    assert not torch.equal(head.weight, w_head)                       # trainable: re-initialised
+    with pytest.raises(ValueError, match="scale.*model_fn"):          # a trainable bare parameter: refused
+        bare = torch.nn.Sequential(torch.nn.Linear(64, 2))
+        bare.register_parameter("scale", torch.nn.Parameter(torch.ones(2)))
+        reset_parameters_(bare)
+    frozen_bare = torch.nn.Sequential(torch.nn.Linear(64, 2))
+    frozen_bare.register_parameter("scale", torch.nn.Parameter(torch.ones(2), requires_grad=False))
+    reset_parameters_(frozen_bare)                                    # a frozen bare parameter keeps its value
+    pytest.importorskip("sklearn")
+    s, _ = digits_splits(max_train_per_digit=5)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16).requires_grad_(False), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    frozen = model[0].weight.clone()
+    ee.unlearn(model, s, TrainRecipe(epochs=1), method="retrain", progress=False)
+    assert torch.equal(model[0].weight, frozen) and not model[0].weight.requires_grad
