@@ -78,8 +78,8 @@ def _input_batches(data, batch_size: int, device, dtype):
     """The model inputs of ``data`` (a tensor or a Dataset of (x, y) / dict items), ``batch_size``
     samples at a time, on ``device``, floating tensors cast to ``dtype`` (None: as they are)."""
     from torch.utils.data import DataLoader
-    from torch.utils.data.dataloader import default_collate
     from .unlearn.data import cast_floating, move_batch, split_batch
+    from .unlearn.source import batch_items
 
     def inputs_of(b):
         if isinstance(b, dict):
@@ -95,7 +95,7 @@ def _input_batches(data, batch_size: int, device, dtype):
         if isinstance(data, torch.Tensor):
             x = data[s:s + batch_size]
         else:
-            x = inputs_of(default_collate([data[i] for i in range(s, min(n, s + batch_size))]))
+            x = inputs_of(batch_items([data[i] for i in range(s, min(n, s + batch_size))], "the dataset's items"))
         yield cast_floating(move_batch(x, device), dtype)
 
 

@@ -35,7 +35,7 @@ from .batch import (LABEL_DTYPES, batch_size_of, cast_floating, concat_batches, 
 from .disjoint import check_disjoint, check_held_out
 from .distributed import Dist, current
 from .source import (Source, as_source, check_batch_size, check_loader_options, indexed_tensors,  # noqa: F401
-                     union_source)  # (re-exported)
+                     named_collate, union_source)  # (re-exported)
 
 __all__ = ["Splits", "Source", "BatchStream", "BatchLargerThanSplitWarning", "batch_warning_scope", "forward_logits", "loss_logits", "move_batch", "batch_size_of",
            "concat_batches", "split_batch", "prepare_batch", "LABEL_DTYPES", "as_source", "union_source",
@@ -55,7 +55,8 @@ class Splits:
         forget_test, adjacent_test, remote_test: optional held-out parts, evaluation only.
         collate_fn: builds a batch from a list of items for the Dataset splits (e.g. padding
             variable-length token sequences), TensorDatasets included (given one, their batches
-            are collated from (x, y) items instead of indexed); default `default_collate`. A
+            are collated from (x, y) items instead of indexed); default torch's `default_collate`
+            (whose refusal of items it cannot batch, e.g. of unequal shapes, is a ValueError). A
             DataLoader split uses its own.
         num_workers: DataLoader worker processes for the Dataset splits (0 = in process).
     Each split is a map-style Dataset or a DataLoader (see the module docstring).
@@ -228,6 +229,7 @@ class BatchStream:
         self.dataset = self.source.dataset
         #: the dataset's tensors when batches are made by indexing them (`indexed_tensors`), else None
         self.tensors = indexed_tensors(self.source)
+        self._collate = named_collate(self.source.collate_fn, f"split {name!r}")
         self.batch_size = check_batch_size(batch_size, f"the batch size of stream {name!r}")
         self.shuffle, self.replay_first = shuffle, replay_first
         self.seed, self.name, self.device, self.input_dtype = seed, name, device, input_dtype
@@ -297,7 +299,7 @@ class BatchStream:
             return self._finish(tuple(t[dev_idx] for t in self.tensors))
         if idx.numel() == 0:
             return slice_batch(self.fetch(torch.zeros(1, dtype=torch.long)), 0, 0)
-        return self._finish(self.source.collate_fn([self.dataset[int(i)] for i in idx]))
+        return self._finish(self._collate([self.dataset[int(i)] for i in idx]))
 
     def _load(self, plan: Iterable[torch.Tensor]) -> Iterator[Any]:
         """Batches of the index batches of ``plan``, in order (a DataLoader when not tensors; an
@@ -311,7 +313,7 @@ class BatchStream:
                 empty.append(idx.numel() == 0)
                 yield idx if idx.numel() else torch.zeros(1, dtype=torch.long)
         dl = DataLoader(self.dataset, batch_sampler=_Plan(marked()),
-                        collate_fn=self.source.collate_fn, **self.source.loader_kwargs)
+                        collate_fn=self._collate, **self.source.loader_kwargs)
         return (self._finish(slice_batch(b, 0, 0) if empty.popleft() else b) for b in dl)
 
     def _feed(self, kind: str, key, plan: Callable[[], Iterable[torch.Tensor]]) -> Iterator[Any]:

@@ -4,21 +4,46 @@ several splits (`union_source`), and the checks of the batch size and loader opt
 entry point shares. The streams of entangle_ext/unlearn/data.py are built on these (and it re-exports them)."""
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import (BatchSampler, ConcatDataset, DataLoader, IterableDataset, RandomSampler,
                               SequentialSampler, Subset, SubsetRandomSampler, TensorDataset)
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import default_collate
 
-__all__ = ["Source", "as_source", "loader_dataset", "union_source", "indexed_tensors", "check_batch_size", "check_loader_options"]
+__all__ = ["Source", "as_source", "batch_items", "named_collate", "loader_dataset", "union_source", "indexed_tensors", "check_batch_size", "check_loader_options"]
+
+
+def batch_items(items: list, where: str = "") -> Any:
+    """torch's `default_collate` of a list of split items (the collate function of every split
+    given none of its own), with its refusals of items it cannot batch (tensors of unequal shapes,
+    e.g. variable-length sequences or images of several sizes; types it does not know, e.g. PIL
+    images) raised as a ValueError that says what to pass. ``where`` (e.g. "split 'forget'")
+    prefixes the message."""
+    try:
+        return default_collate(items)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{where + ': ' if where else ''}torch's default_collate cannot batch these items ({e}); "
+                         "items of unequal shapes (e.g. variable-length sequences, images of several sizes) or of "
+                         "other types need a collate function of one's own: Splits(collate_fn=...), e.g. one that "
+                         "pads, or the DataLoader's collate_fn (or a transform that makes the items tensors of "
+                         "one shape)") from None
+
+
+def named_collate(collate_fn: Callable, where: str) -> Callable:
+    """``collate_fn`` with ``where`` (e.g. "split 'forget'") in its error messages when it is
+    `batch_items`; a collate function of one's own is returned as it is. Picklable (DataLoader
+    workers)."""
+    return functools.partial(batch_items, where=where) if collate_fn is batch_items else collate_fn
 
 
 class Source(NamedTuple):
-    """How to load one split: a map-style dataset, its collate function and DataLoader options."""
+    """How to load one split: a map-style dataset, its collate function and DataLoader options
+    (`batch_items`, torch's default_collate with clear errors, when none of one's own is given)."""
     dataset: Any
-    collate_fn: Callable = default_collate
+    collate_fn: Callable = batch_items
     loader_kwargs: Dict[str, Any] = {}
 
 
@@ -52,9 +77,11 @@ def as_source(data, collate_fn: Optional[Callable] = None, num_workers: int = 0)
               "multiprocessing_context": data.multiprocessing_context}
         if data.num_workers > 0:
             kw["prefetch_factor"] = data.prefetch_factor
-        src = Source(dataset, data.collate_fn or default_collate, kw)
+        own = data.collate_fn if data.collate_fn not in (None, default_collate) else None
+        src = Source(dataset, own or batch_items, kw)
     else:
-        src = Source(data, collate_fn or default_collate, {"num_workers": int(num_workers)})
+        own = collate_fn if collate_fn not in (None, default_collate) else None
+        src = Source(data, own or batch_items, {"num_workers": int(num_workers)})
     if isinstance(src.dataset, IterableDataset) or not hasattr(src.dataset, "__getitem__"):
         raise ValueError(f"a split must be a map-style Dataset (indexable, with a length) or a "
                          f"DataLoader over one; got {type(src.dataset).__name__}")
@@ -131,4 +158,4 @@ def indexed_tensors(src: Source) -> Optional[Tuple[torch.Tensor, ...]]:
     a collate function of one's own (``Splits(collate_fn=...)``, a DataLoader's) builds the batches
     of a tensor dataset too, from its ``(x, y)`` items, so it is never skipped."""
     tensors = getattr(src.dataset, "tensors", None)
-    return tuple(tensors) if tensors is not None and src.collate_fn is default_collate else None
+    return tuple(tensors) if tensors is not None and src.collate_fn is batch_items else None
