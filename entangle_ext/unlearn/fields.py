@@ -41,17 +41,17 @@ def _field_names(cls) -> frozenset:
     return names
 
 
-def _matches(value, hint) -> bool:
+def _matches(value, hint, finite: bool = True) -> bool:
     """Does ``value`` fit the annotation ``hint`` (bool, int, float, str, Optional, Literal,
-    Tuple[...] or a config dataclass)?"""
+    Tuple[...] or a config dataclass)? ``finite=False``: a NaN / ±Inf fits a float."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
         return any(value == c and _matches(value, type(c)) for c in args)
     if origin is typing.Union:
-        return any(_matches(value, a) for a in args)
+        return any(_matches(value, a, finite) for a in args)
     if origin is tuple:
         return isinstance(value, (tuple, list)) and len(value) == len(args) and \
-            all(_matches(v, a) for v, a in zip(value, args))
+            all(_matches(v, a, finite) for v, a in zip(value, args))
     if hint is type(None):
         return value is None
     if hint is bool:
@@ -59,7 +59,7 @@ def _matches(value, hint) -> bool:
     if hint is int:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and (math.isfinite(value) or not finite)
     return isinstance(value, hint)
 
 
@@ -120,7 +120,8 @@ def _plain(value):
 
 def check_fields(cfg) -> None:
     """TypeError for a field whose value does not fit its annotation; ValueError for a value
-    outside a Literal's choices (a recipe switch). A numeric field given a numpy scalar holds the
+    outside a Literal's choices (a recipe switch) and for a NaN / ±Inf where a float goes (a
+    value of the right type that no range admits). A numeric field given a numpy scalar holds the
     built-in int / float of its value afterwards (so the config serialises to JSON)."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
@@ -134,6 +135,8 @@ def check_fields(cfg) -> None:
         choices = _choices(hint)
         if choices:
             raise ValueError(f"{where} must be one of {choices}, got {value!r}")
+        if _matches(value, hint, finite=False):
+            raise ValueError(f"{where} must be finite (NaN/Inf are refused), got {value!r}")
         raise TypeError(f"{where} must be {_expected(hint, value)}, got {value!r} ({type(value).__name__})")
 
 

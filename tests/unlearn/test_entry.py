@@ -115,7 +115,7 @@ def test_config_types_and_choices_are_checked_at_construction():
         ee.Stage2Config(epochs=1.5)
     with pytest.raises(TypeError, match="use_momentum"):
         ee.Stage2Config(use_momentum="yes")
-    with pytest.raises(TypeError, match="lr"):
+    with pytest.raises(ValueError, match="lr must be finite"):
         ee.Stage1Config(lr=float("nan"))
     with pytest.raises(TypeError, match="stage1"):
         ee.UnlearnConfig(stage1={"lr": 1e-3})
@@ -131,7 +131,7 @@ def test_config_types_and_choices_are_checked_at_construction():
     (lambda: ee.Stage2Config(epochs=1.5), "Stage2Config.epochs must be int (an integer, not a float), got 1.5 (float)"),
     (lambda: ee.Stage2Config(micro_batch=4.0), "Stage2Config.micro_batch must be int or 'auto' or None (an integer: "
                                                "write 4, not 4.0), got 4.0 (float)"),
-    (lambda: ee.Stage1Config(lr=float("inf")), "Stage1Config.lr must be float (finite: NaN/Inf are refused), got inf"),
+    (lambda: ee.Stage1Config(lr="1e-3"), "Stage1Config.lr must be float (finite: NaN/Inf are refused), got '1e-3'"),
     (lambda: ee.Stage1Config(adam_betas=(0.9, "x")), "Stage1Config.adam_betas must be (float, float) (finite: "
                                                      "NaN/Inf are refused), got (0.9, 'x') (tuple)"),
     (lambda: ee.Stage2Config(use_momentum="yes"), "Stage2Config.use_momentum must be bool, got 'yes' (str)"),
@@ -141,6 +141,21 @@ def test_config_type_errors_say_what_is_accepted(make, message):
     """The type error of a config field says what the field takes and nothing untrue: an int field
     refuses a whole float (and says to write the int), only a float field mentions finiteness."""
     with pytest.raises(TypeError) as ei:
+        make()
+    assert str(ei.value).startswith(message), str(ei.value)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ee.Stage1Config(lr=float("inf")), "Stage1Config.lr must be finite (NaN/Inf are refused), got inf"),
+    (lambda: ee.Stage2Config(lr=float("nan")), "Stage2Config.lr must be finite (NaN/Inf are refused), got nan"),
+    (lambda: ee.Stage1Config(adam_betas=(0.9, float("nan"))),
+     "Stage1Config.adam_betas must be finite (NaN/Inf are refused), got (0.9, nan)"),
+    (lambda: ee.UnlearnConfig.preset("digits", stage2={"alpha": float("-inf")}), "Stage2Config.alpha must be finite"),
+])
+def test_a_nan_or_inf_float_field_is_a_value_error(make, message):
+    """A NaN / ±Inf is a float of the right type that no range admits: a ValueError, as every other
+    out-of-range value (it was a TypeError, "must be float ... got nan (float)")."""
+    with pytest.raises(ValueError) as ei:
         make()
     assert str(ei.value).startswith(message), str(ei.value)
 
