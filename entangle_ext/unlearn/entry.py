@@ -124,6 +124,8 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
             raises for bad input does not also warn), before any training.
         SelectionWarning (``entangle_ext.SelectionWarning``): ``config.select`` found no probed
             state within its bounds; the model keeps its final state.
+        UserWarning: ``config.checkpoint_every`` > 0 without ``out_dir`` (no checkpoint can be
+            written).
     Raises:
         TypeError: ``model`` is not a `torch.nn.Module`, ``splits`` not a `Splits` (checked first);
             a ``model_fn`` that is not callable or (Retrain) returns no `torch.nn.Module`; an

@@ -27,7 +27,8 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError", "make_out_dir"]
+__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError", "make_out_dir",
+           "warn_unwritten_checkpoints"]
 
 #: The file under ``{out_dir}/checkpoints/`` that names the run's latest checkpoint: {"path": str}.
 POINTER_NAME = "latest.pt"
@@ -160,6 +161,16 @@ def check_out_dir_type(out_dir: Any, what: str = "out_dir") -> None:
     if out_dir is not None and os.fspath(out_dir) == "":
         raise ValueError(f"{what} is an empty path: pass None for no files, or a folder ('.' for the current "
                          "directory)")
+
+
+def warn_unwritten_checkpoints(config, out_dir) -> None:
+    """A UserWarning when ``config.checkpoint_every`` > 0 asks for mid-run checkpoints that no
+    ``out_dir`` (None) will receive: the field would be silently ignored."""
+    every = getattr(config, "checkpoint_every", 0)
+    if out_dir is None and isinstance(every, int) and every > 0:
+        warnings.warn(f"{type(config).__name__}.checkpoint_every={every} asks for a checkpoint every {every} "
+                      "steps, but out_dir is None: no checkpoint is written (pass out_dir=... to keep them)",
+                      UserWarning, stacklevel=3)
 
 
 def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir") -> Path:

@@ -24,7 +24,7 @@ from .distributed import current, scope
 from .evaluate import evaluate
 from .inputs import (check_changes_apply, check_model_and_splits, check_resume_arguments, check_resume_model,
                      model_device, preflight, probe_channels_last, require_trainable, training_grad_mode)
-from .files import make_out_dir
+from .files import make_out_dir, warn_unwritten_checkpoints
 from .lock import OutDirLock
 from .memory_format import channels_last_scope
 from .loop import check_final_losses
@@ -73,6 +73,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         config = cls.resolve_config(config, setting, hparams, ckpt)
         config = (config if seed is None else dataclasses.replace(config, seed=seed)).validate()
         splits.check(cls.splits_needed(config), by=f"method {cls.name!r}")
+        warn_unwritten_checkpoints(config, out_dir)
         fingerprint = splits_fingerprint(splits)
         require_trainable(model)
         device = model_device(model, device)

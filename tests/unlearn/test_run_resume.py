@@ -512,3 +512,14 @@ def test_resume_into_another_architecture_is_refused_and_leaves_the_model_untouc
         with pytest.raises(ValueError, match=r"resume: the checkpoint's model does not fit the model given.*" + says):
             ee.unlearn(m, small, method=method, resume=out, progress=False)
         assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+def test_checkpoint_every_without_out_dir_warns(small, tmp_path):
+    """checkpoint_every > 0 with no out_dir was silently ignored: no checkpoint, no word."""
+    cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
+    with pytest.warns(UserWarning, match=r"UnlearnConfig.checkpoint_every=2 .* out_dir is None: no checkpoint"):
+        ee.unlearn(Net(), small, cfg, progress=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*checkpoint_every")
+        ee.unlearn(Net(), small, cfg, out_dir=tmp_path, progress=False)          # with one: no warning
+        ee.unlearn(Net(), small, tiny_config(), progress=False)                  # 0: nothing asked for
