@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, require_graph, split_batch, union_source
 from .unlearn.files import WriteError, atomic_write, check_out_dir_type, make_out_dir, open_checkpoint
+from .unlearn.fields import MOMENTUM_RULE
 from .unlearn.inputs import model_device, training_grad_mode
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
 from .unlearn.precision import AMP_CHOICES, amp_scope, master_weight_optimizer, model_dtype, resolve_amp
@@ -98,8 +99,10 @@ class TrainRecipe:
             raise ValueError(f"TrainRecipe.epochs must be an integer >= 0, got {self.epochs}")
         if int(self.batch_size) != self.batch_size or self.batch_size < 1:
             raise ValueError(f"TrainRecipe.batch_size must be an integer >= 1, got {self.batch_size}")
-        if self.momentum < 0 or self.weight_decay < 0:
-            raise ValueError("TrainRecipe.momentum and weight_decay must be >= 0")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"TrainRecipe.momentum must be {MOMENTUM_RULE}, got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"TrainRecipe.weight_decay must be >= 0, got {self.weight_decay}")
         if int(self.crop_padding) != self.crop_padding or self.crop_padding < 0:
             raise ValueError(f"TrainRecipe.crop_padding must be an integer >= 0, got {self.crop_padding}")
         if self.amp is not None and self.amp not in AMP_CHOICES:

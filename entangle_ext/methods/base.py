@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Literal, Optio
 
 import torch
 
-from ..unlearn.fields import at_least, require
+from ..unlearn.fields import MOMENTUM_RULE, at_least, require
 from ..unlearn.data import BatchStream, Source, Splits, union_source
 from ..unlearn.precision import master_weight_optimizer
 # the registry and the base classes live below the run (entangle_ext/unlearn/method.py); the
@@ -88,7 +88,8 @@ class TrainConfig(MethodConfig):
     train_mode: bool = False
 
     def check_ranges(self) -> None:
-        at_least(self, 0, "lr", "momentum", "weight_decay", "epochs")
+        at_least(self, 0, "lr", "weight_decay", "epochs")
+        require(self, 0 <= self.momentum < 1, "momentum", MOMENTUM_RULE)
         at_least(self, 1, "batch_size", "forget_batch_size")
         require(self, self.lr_decay > 0, "lr_decay", "> 0")
         require(self, self.grad_clip is None or self.grad_clip > 0, "grad_clip", "None or > 0")

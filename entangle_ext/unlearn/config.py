@@ -30,7 +30,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
-from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields, check_seed, require
+from .fields import (HISTOGRAM_BINS_MAX, HISTOGRAM_BINS_RULE, MOMENTUM_RULE, Select, StrictFields, at_least,
+                     check_curve_fields, check_fields, check_seed, require)
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "RECIPE_OF_HPARAMS", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -131,7 +132,8 @@ class Stage2Config(StrictFields):
 
     Attributes:
         alpha: weight α ∈ [0, 1] of W2² in L̃_f = (1−α)·mean term + α·W2².
-        lr: plain SGD learning rate; momentum: m of v ← m·v + g_adj; use_momentum: False = paper.
+        lr: plain SGD learning rate; momentum: m of v ← m·v + g_adj, in [0, 1); use_momentum:
+            False = paper.
         epochs: passes E over the D_adj loader (0 = no step).
         adjacent_batch_size: D_adj minibatch (samples).
         forget_batch_size, forget_batch_limit: g_f sums over up to ``limit`` forget minibatches
@@ -202,7 +204,8 @@ class Stage2Config(StrictFields):
         require(self, 0.0 <= self.alpha <= 1.0, "alpha", "in [0, 1]")
         at_least(self, 1, "adjacent_batch_size", "forget_batch_size", "forget_batch_limit",
                   "remote_batch_size", "remote_batch_limit", "basis_every")
-        at_least(self, 0, "epochs", "lr", "momentum")
+        at_least(self, 0, "epochs", "lr")
+        require(self, 0 <= self.momentum < 1, "momentum", MOMENTUM_RULE)
         require(self, self.micro_batch in (None, "auto") or self.micro_batch >= 1, "micro_batch",
                  "None, \"auto\" or >= 1")
         require(self, self.rcond is None or 1e-15 <= self.rcond < 1, "rcond",
@@ -228,7 +231,7 @@ class UnlearnConfig(StrictFields):
             needs out_dir.
         eval_batch_size: batch size (>= 1) of the evaluation / c0 passes.
         run_stage1, run_stage2: skip a stage (e.g. α-ablations from a saved Stage-1 model).
-        histogram_bins: bins (>= 1) of the forget-loss histogram PNG.
+        histogram_bins: bins (1 to 10,000) of the forget-loss histogram PNG.
         amp: None, "bf16" or "auto": "bf16" runs every forward pass under `torch.autocast` with
             bfloat16 (parameters, gradients, optimizer state, λ/c0/μ and the W2 / projection
             arithmetic stay float32; losses are computed in float32); "auto" is "bf16" where the
@@ -293,7 +296,8 @@ class UnlearnConfig(StrictFields):
         check_fields(self)
         self.stage1.validate()
         self.stage2.validate()
-        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
+        at_least(self, 1, "log_every", "eval_batch_size")
+        require(self, 1 <= self.histogram_bins <= HISTOGRAM_BINS_MAX, "histogram_bins", HISTOGRAM_BINS_RULE)
         at_least(self, 0, "checkpoint_every")
         check_curve_fields(self)
         check_seed(self)

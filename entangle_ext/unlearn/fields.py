@@ -10,7 +10,7 @@ import typing
 from typing import Literal
 
 __all__ = ["check_fields", "require", "at_least", "StrictFields", "Select", "check_curve_fields", "check_seed",
-           "SEED_MIN", "SEED_MAX"]
+           "SEED_MIN", "SEED_MAX", "MOMENTUM_RULE", "HISTOGRAM_BINS_MAX", "HISTOGRAM_BINS_RULE"]
 
 Select = typing.Optional[Literal["first_within"]]   # checkpoint selection (None: keep the final state)
 
@@ -149,6 +149,14 @@ def at_least(cfg, lo, *names: str) -> None:
     for n in names:
         require(cfg, getattr(cfg, n) >= lo, n, f">= {lo}")
 
+
+#: The rule of every momentum field (Stage 2's heavy ball, the baselines' and the training's SGD).
+MOMENTUM_RULE = "in [0, 1) (a momentum of 1 or more lets the velocity grow without bound)"
+
+#: The most bins of the forget-loss histogram (``histogram_bins``): more draws nothing readable,
+#: and a million took minutes and gigabytes.
+HISTOGRAM_BINS_MAX = 10_000
+HISTOGRAM_BINS_RULE = f"an integer in [1, {HISTOGRAM_BINS_MAX}] (bins of the forget-loss histogram)"
 
 #: The seeds `torch.manual_seed` takes (a run config's ``seed``, `entangle_ext.compare`'s seeds).
 SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1

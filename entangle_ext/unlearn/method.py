@@ -12,7 +12,8 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 import torch
 
 from .checkpoint import optimizer_entry
-from .fields import Select, StrictFields, at_least, check_curve_fields, check_fields, check_seed
+from .fields import (HISTOGRAM_BINS_MAX, HISTOGRAM_BINS_RULE, Select, StrictFields, at_least, check_curve_fields,
+                     check_fields, check_seed, require)
 from .data import BatchStream, Splits, has_batchnorm, require_graph
 from .distributed import current
 from .loop import StageLoop
@@ -75,7 +76,7 @@ class MethodConfig(StrictFields):
         checkpoint_every: steps (>= 0) between mid-run checkpoints (0 = only at the end); needs
             out_dir.
         eval_batch_size: batch size (>= 1) of the evaluations.
-        histogram_bins: bins (>= 1) of the forget-loss histogram PNG under out_dir (as
+        histogram_bins: bins (1 to 10,000) of the forget-loss histogram PNG under out_dir (as
             `UnlearnConfig.histogram_bins`; a resume may change it).
         eval_every, curve_samples: the curve probes, as `UnlearnConfig`'s (0 = off, default).
         select, select_forget_acc, select_delta: checkpoint selection among the probes, as
@@ -114,7 +115,8 @@ class MethodConfig(StrictFields):
     def validate(self):
         """Check every field; returns self."""
         check_fields(self)
-        at_least(self, 1, "log_every", "eval_batch_size", "histogram_bins")
+        at_least(self, 1, "log_every", "eval_batch_size")
+        require(self, 1 <= self.histogram_bins <= HISTOGRAM_BINS_MAX, "histogram_bins", HISTOGRAM_BINS_RULE)
         at_least(self, 0, "checkpoint_every")
         check_curve_fields(self)
         check_seed(self)

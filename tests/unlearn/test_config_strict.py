@@ -93,3 +93,27 @@ def test_a_seed_torch_cannot_take_is_refused_by_the_config_not_by_torch_mid_run(
             ee.UnlearnConfig(seed=bad)
         with pytest.raises(ValueError, match=r"seed must be in \["):
             get_method("ga").Config(seed=bad)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: Stage2Config(momentum=m),
+    lambda m: METHODS["ft"].Config(momentum=m),
+    lambda m: METHODS["neggrad_plus"].Config(momentum=m),
+    lambda m: __import__("entangle_ext.train", fromlist=["TrainRecipe"]).TrainRecipe(momentum=m),
+])
+def test_every_momentum_field_is_in_zero_one(make):
+    """A momentum of 1.5 was accepted (torch's SGD takes it too) and the run went on to diverge."""
+    make(0.0), make(0.99)
+    for bad in (1.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\) .* got " + repr(bad)):
+            make(bad)
+
+
+@pytest.mark.parametrize("make", [lambda b: UnlearnConfig(histogram_bins=b),
+                                  lambda b: METHODS["ga"].Config(histogram_bins=b)])
+def test_histogram_bins_are_bounded(make):
+    """10**6 bins ran for minutes and took gigabytes drawing one PNG."""
+    make(1), make(10_000)
+    for bad in (0, 10_001, 10 ** 6):
+        with pytest.raises(ValueError, match=rf"histogram_bins must be an integer in \[1, 10000\] .* got {bad}"):
+            make(bad)
