@@ -10,6 +10,7 @@ import torch
 from ..settings import SETTINGS
 from ..train import TrainRecipe, fit
 from ..unlearn.checkpoint import seed_everything
+from ..unlearn.fields import field_values
 from ..unlearn.inputs import state_dict_mismatch
 from ..unlearn.loop import StageResult
 from ..unlearn.memory_format import channels_last_active
@@ -45,8 +46,9 @@ class RetrainConfig(MethodConfig):
 
     @classmethod
     def from_dict(cls, d: dict) -> "RetrainConfig":
-        d = dict(d)
-        return cls(recipe=TrainRecipe(**d.pop("recipe", {})), **d)
+        d = field_values(cls, d, "RetrainConfig.from_dict")
+        recipe = field_values(TrainRecipe, d.pop("recipe", {}), "RetrainConfig.from_dict (recipe)")
+        return cls(recipe=TrainRecipe(**recipe), **d)
 
 
 def reset_parameters_(model: torch.nn.Module) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
 from .fields import (HISTOGRAM_BINS_MAX, HISTOGRAM_BINS_RULE, MOMENTUM_RULE, Select, StrictFields, at_least,
-                     check_curve_fields, check_fields, check_seed, require)
+                     check_curve_fields, check_fields, check_seed, field_values, require)
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "RECIPE_OF_HPARAMS", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -342,15 +342,12 @@ class UnlearnConfig(StrictFields):
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
         s1, s2 = PRESETS[name]
-        cfg = cls(stage1=Stage1Config(**s1), stage2=Stage2Config(**s2), **overrides).with_recipe(recipe)
+        top = field_values(cls, overrides, "UnlearnConfig.preset", _STAGE_HINT)
+        cfg = cls(stage1=Stage1Config(**s1), stage2=Stage2Config(**s2), **top).with_recipe(recipe)
         for attr, changes in (("stage1", stage1), ("stage2", stage2)):
-            if changes:
+            if changes is not None:
                 current = getattr(cfg, attr)
-                known = {f.name for f in dataclasses.fields(current)}
-                unknown = sorted(set(changes) - known)
-                if unknown:
-                    raise ValueError(f"UnlearnConfig.preset: unknown {attr} field(s) {unknown}; "
-                                     f"choose from {sorted(known)}")
+                changes = field_values(type(current), changes, f"UnlearnConfig.preset({attr}=...)")
                 setattr(cfg, attr, dataclasses.replace(current, **changes))
         return cfg.validate()
 
@@ -359,13 +356,17 @@ class UnlearnConfig(StrictFields):
 
     @classmethod
     def from_dict(cls, d: dict) -> "UnlearnConfig":
-        """Inverse of `to_dict` (also after a JSON round trip); validates."""
-        d = dict(d)
-        s1 = dict(d.pop("stage1", {}))
-        if "adam_betas" in s1:
+        """Inverse of `to_dict` (also after a JSON round trip); validates. TypeError for a ``d``
+        (or a ``"stage1"`` / ``"stage2"`` entry) that is not a dict; ValueError for unknown keys."""
+        d = field_values(cls, d, "UnlearnConfig.from_dict")
+        s1 = field_values(Stage1Config, d.pop("stage1", {}), "UnlearnConfig.from_dict (stage1)")
+        s2 = field_values(Stage2Config, d.pop("stage2", {}), "UnlearnConfig.from_dict (stage2)")
+        if "adam_betas" in s1 and isinstance(s1["adam_betas"], list):
             s1["adam_betas"] = tuple(s1["adam_betas"])
-        return cls(stage1=Stage1Config(**s1), stage2=Stage2Config(**d.pop("stage2", {})), **d)
+        return cls(stage1=Stage1Config(**s1), stage2=Stage2Config(**s2), **d)
 
+
+_STAGE_HINT = " (a stage's fields, e.g. epochs or lr, go in stage1={...} / stage2={...})"
 
 # (Stage1 kwargs, Stage2 kwargs) per setting; sources in docs/algorithm.md §8.
 PRESETS = {

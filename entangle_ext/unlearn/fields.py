@@ -10,7 +10,7 @@ import typing
 from typing import Literal
 
 __all__ = ["check_fields", "require", "at_least", "StrictFields", "Select", "check_curve_fields", "check_seed",
-           "SEED_MIN", "SEED_MAX", "MOMENTUM_RULE", "HISTOGRAM_BINS_MAX", "HISTOGRAM_BINS_RULE"]
+           "SEED_MIN", "SEED_MAX", "MOMENTUM_RULE", "HISTOGRAM_BINS_MAX", "HISTOGRAM_BINS_RULE", "field_values"]
 
 Select = typing.Optional[Literal["first_within"]]   # checkpoint selection (None: keep the final state)
 
@@ -31,6 +31,25 @@ class StrictFields:
             raise AttributeError(f"{type(self).__name__} has no field {name!r}{hint} (fields: "
                                  f"{', '.join(sorted(names))})")
         object.__setattr__(self, name, value)
+
+
+def field_values(cls, d, where: str, hint: str = "") -> dict:
+    """``d`` as a dict of ``cls``'s dataclass fields (a copy), for ``cls(**...)``: TypeError when it
+    is not a mapping (e.g. a list of pairs, None); ValueError naming the unknown keys, the closest
+    field and all of them (``hint`` appended, e.g. where stage fields go). ``where`` names the
+    caller, e.g. "UnlearnConfig.from_dict"."""
+    import collections.abc
+    if not isinstance(d, collections.abc.Mapping):
+        raise TypeError(f"{where} takes a dict of {cls.__name__} fields, got {type(d).__name__} {d!r:.80}")
+    names = _field_names(cls)
+    unknown = sorted(str(k) for k in d if k not in names)
+    if unknown:
+        import difflib
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        near = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{where}: unknown {cls.__name__} field(s) {unknown}{near}; its fields: "
+                         f"{', '.join(sorted(names))}{hint}")
+    return dict(d)
 
 
 def _field_names(cls) -> frozenset:

@@ -13,7 +13,7 @@ import torch
 
 from .checkpoint import optimizer_entry
 from .fields import (HISTOGRAM_BINS_MAX, HISTOGRAM_BINS_RULE, Select, StrictFields, at_least, check_curve_fields,
-                     check_fields, check_seed, require)
+                     check_fields, check_seed, field_values, require)
 from .data import BatchStream, Splits, has_batchnorm, require_graph
 from .distributed import current
 from .loop import StageLoop
@@ -131,8 +131,9 @@ class MethodConfig(StrictFields):
 
     @classmethod
     def from_dict(cls, d: dict):
-        """Inverse of `to_dict` (also after a JSON round trip); validates."""
-        return cls(**d)
+        """Inverse of `to_dict` (also after a JSON round trip); validates. TypeError for a ``d``
+        that is not a dict; ValueError for unknown keys."""
+        return cls(**field_values(cls, d, f"{cls.__name__}.from_dict"))
 
     def replace(self, **changes):
         """A validated copy with ``changes`` applied."""

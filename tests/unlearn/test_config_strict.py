@@ -117,3 +117,34 @@ def test_histogram_bins_are_bounded(make):
     for bad in (0, 10_001, 10 ** 6):
         with pytest.raises(ValueError, match=rf"histogram_bins must be an integer in \[1, 10000\] .* got {bad}"):
             make(bad)
+
+
+@pytest.mark.parametrize("call, err, says", [
+    (lambda: UnlearnConfig.preset("digits", epochs=3), ValueError,
+     r"unknown UnlearnConfig field\(s\) \['epochs'\].*go in stage1=\{\.\.\.\} / stage2=\{\.\.\.\}"),
+    (lambda: UnlearnConfig.preset("digits", stage1=[("lr", 1e-3)]), TypeError,
+     r"preset\(stage1=\.\.\.\) takes a dict of Stage1Config fields, got list"),
+    (lambda: UnlearnConfig.from_dict([]), TypeError, "takes a dict of UnlearnConfig fields, got list"),
+    (lambda: UnlearnConfig.from_dict(""), TypeError, "got str"),
+    (lambda: UnlearnConfig.from_dict(None), TypeError, "got NoneType"),
+    (lambda: UnlearnConfig.from_dict({"sed": 1}), ValueError, r"\['sed'\] \(did you mean 'seed'\?\)"),
+    (lambda: UnlearnConfig.from_dict({"stage2": {"alhpa": 0.2}}), ValueError, r"Stage2Config field\(s\) \['alhpa'\]"),
+    (lambda: METHODS["ga"].Config.from_dict({"lrr": 1}), ValueError, r"GAConfig.from_dict: unknown GAConfig field"),
+    (lambda: METHODS["retrain"].Config.from_dict({"recipe": {"epoch": 1}}), ValueError,
+     r"unknown TrainRecipe field\(s\) \['epoch'\] \(did you mean 'epochs'\?\)"),
+])
+def test_config_dicts_of_the_wrong_form_say_so(call, err, says):
+    """from_dict([]) / from_dict("") returned the default config, from_dict(None) and unknown keys
+    raised Python's bare "unexpected keyword argument"/"not iterable" errors."""
+    with pytest.raises(err, match=says):
+        call()
+
+
+def test_config_dicts_round_trip():
+    for cfg in (UnlearnConfig.preset("cifar100", "paper"), METHODS["retrain"].Config(), METHODS["scrub"].Config()):
+        assert type(cfg).from_dict(json_round_trip(cfg.to_dict())) == cfg
+
+
+def json_round_trip(d):
+    import json
+    return json.loads(json.dumps(d))
