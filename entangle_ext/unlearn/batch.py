@@ -152,15 +152,17 @@ def logits_of(out) -> torch.Tensor:
     """The (B, C) logits in a model's output: the tensor itself, ``out["logits"]``,
     ``out.logits`` (Hugging Face), or element 0 of a tuple / list. Raises ValueError when that is
     not a 2-D tensor."""
+    where = ""
     if isinstance(out, dict) and "logits" in out:
-        out = out["logits"]
+        out, where = out["logits"], " (its \"logits\" entry)"
     elif hasattr(out, "logits"):
-        out = out.logits
+        out, where = out.logits, " (its .logits)"
     elif isinstance(out, (tuple, list)):
+        where = f" (element 0 of the {type(out).__name__} it returns: the logits must come first)"
         out = out[0] if len(out) else None
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}")
+        raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}{where}")
     return out
 
 

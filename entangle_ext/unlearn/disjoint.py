@@ -101,10 +101,18 @@ def _row_keys(x: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
 
 
 def _duplicate_rows(a, b) -> Tuple[int, list]:
-    """(count, a few (row in a, row in b)) of identical input rows of two TensorDatasets."""
+    """(count, a few (row in a, row in b)) of identical input rows of two TensorDatasets. Inputs
+    of two floating (or two integer) dtypes are compared in the wider one (a float64 copy of
+    float32 rows is the same samples: the run casts both to the model's dtype)."""
     xa, xb = a.tensors[0], b.tensors[0]
-    if xa.shape[1:] != xb.shape[1:] or xa.dtype != xb.dtype or len(xa) == 0 or len(xb) == 0:
+    if xa.shape[1:] != xb.shape[1:] or len(xa) == 0 or len(xb) == 0:
         return 0, []
+    if xa.dtype != xb.dtype:
+        kinds = {(t.is_floating_point(), t.is_complex(), t.dtype == torch.bool) for t in (xa, xb)}
+        if len(kinds) != 1:   # e.g. token ids against pixels: not the same kind of input
+            return 0, []
+        common = torch.promote_types(xa.dtype, xb.dtype)
+        xa, xb = xa.to(common), xb.to(common)
     ka, kb = _row_keys(xa), _row_keys(xb)
     cand = torch.nonzero(torch.isin(ka, kb)).reshape(-1)
     pairs = []

@@ -156,3 +156,20 @@ def test_every_copied_row_is_found_wherever_it_sits(small):
         z = torch.randn(9, 5) > 0 if dt is torch.bool else (torch.randn(9, 5) * 3).to(dt)
         keys = _row_keys(z, chunk=4)
         assert torch.equal(_row_keys(torch.cat([z[2:3], z]), chunk=3), torch.cat([keys[2:3], keys])), dt
+
+
+def test_identical_rows_in_two_dtypes_warn(small):
+    """A float64 copy of float32 rows is the same samples once the run casts both to the model's
+    dtype; it went unseen because the row scan skipped datasets of two dtypes."""
+    x, y = small.forget.tensors
+    s = ee.Splits(forget=small.forget, adjacent=small.adjacent, remote=TensorDataset(x[:3].double(), y[:3]))
+    with pytest.warns(OverlappingSplitsWarning, match=r"'forget' and 'remote' hold 3 identical input row\(s\)"):
+        s.check()
+    ids = TensorDataset(torch.arange(12).reshape(4, 3), torch.zeros(4, dtype=torch.long))
+    as_int32 = TensorDataset(ids.tensors[0][:2].int(), torch.zeros(2, dtype=torch.long))
+    with pytest.warns(OverlappingSplitsWarning, match="hold 2 identical"):
+        ee.Splits(forget=ids, adjacent=small.adjacent, remote=as_int32).check()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # floats against integers: another kind of input, not compared
+        ee.Splits(forget=TensorDataset(ids.tensors[0].float(), ids.tensors[1]), adjacent=small.adjacent,
+                  remote=ids).check()

@@ -115,5 +115,25 @@ def test_a_tuple_whose_element_0_is_not_a_tensor_is_the_logits_error_not_a_crash
     class NoneFirst(FeaturesFirst):
         def forward(self, x):
             return (None,) + super().forward(x)
-    with pytest.raises(ValueError, match=r"the model must return 2-D logits \(batch, classes\); got NoneType"):
+    with pytest.raises(ValueError, match=r"the model must return 2-D logits \(batch, classes\); got NoneType "
+                                         r"\(element 0 of the tuple it returns: the logits must come first\)"):
         ee.unlearn(NoneFirst(), small, tiny_config(), progress=False)
+
+
+@pytest.mark.parametrize("output, where", [
+    (lambda z: (z[:, 0], z), r"got \(2,\) \(element 0 of the tuple it returns: the logits must come first\)"),
+    (lambda z: {"logits": z[:, 0]}, r"got \(2,\) \(its \"logits\" entry\)"),
+    (lambda z: z[:, 0], r"got \(2,\)$"),
+])
+def test_the_logits_error_says_which_part_of_the_output_it_read(small, output, where):
+    """A model returning (per-sample score, logits) was told "got (2,)" without a word on where
+    that came from."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 2)
+
+        def forward(self, x):
+            return output(self.lin(x))
+    with pytest.raises(ValueError, match=r"the model must return 2-D logits \(batch, classes\); " + where):
+        ee.unlearn(Model(), small, tiny_config(), progress=False)
