@@ -121,9 +121,9 @@ def test_a_tuple_whose_element_0_is_not_a_tensor_is_the_logits_error_not_a_crash
 
 
 @pytest.mark.parametrize("output, where", [
-    (lambda z: (z[:, 0], z), r"got \(2,\) \(element 0 of the tuple it returns: the logits must come first\)"),
-    (lambda z: {"logits": z[:, 0]}, r"got \(2,\) \(its \"logits\" entry\)"),
-    (lambda z: z[:, 0], r"got \(2,\)$"),
+    (lambda z: (z[:, 0], z), r"got \(\d+,\) \(element 0 of the tuple it returns: the logits must come first\)"),
+    (lambda z: {"logits": z[:, 0]}, r"got \(\d+,\) \(its \"logits\" entry\)"),
+    (lambda z: z[:, 0], r"got \(\d+,\)$"),
 ])
 def test_the_logits_error_says_which_part_of_the_output_it_read(small, output, where):
     """A model returning (per-sample score, logits) was told "got (2,)" without a word on where
