@@ -193,12 +193,16 @@ def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: 
         `IndexSplit`; ``targets`` = ``labels`` with the flip applied.
     Raises:
         TypeError: ``forget_label`` / ``flip_label`` not an integer; ``groups`` given as one str.
-        ValueError: length mismatch, unknown group, or no sample of that group with that label.
+        ValueError: length mismatch, unknown group, no sample of that group with that label, or a
+            negative ``flip_label``.
     """
     if isinstance(groups, str):
         raise TypeError(f"groups must be a sequence with one group per sample, not one str {groups!r}")
     forget_label = int_value(forget_label, "forget_label")
     flip_label = None if flip_label is None else int_value(flip_label, "flip_label")
+    if flip_label is not None and flip_label < 0:
+        raise ValueError(f"flip_label must be a class index >= 0 (the label the forget samples become), "
+                         f"got {flip_label}")
     g = np.asarray([str(x) for x in (groups.tolist() if hasattr(groups, "tolist") else groups)])
     y = as_int_array(labels, "labels")
     if len(g) != len(y):

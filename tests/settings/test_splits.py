@@ -140,6 +140,8 @@ def test_split_by_group_properties_and_flip():
         split_by_group(g, y, "trans", 1)
     with pytest.raises(ValueError, match="empty forget"):
         split_by_group(g, y, "asian", 0)
+    with pytest.raises(ValueError, match=r"flip_label must be a class index >= 0 .* got -5"):   # was accepted
+        split_by_group(g, y, "lgbtq", forget_label=1, flip_label=-5)
 
 
 def test_save_load_tamper_and_errors(tmp_path):
