@@ -10,7 +10,28 @@ from typing import Optional
 
 import torch
 
-__all__ = ["physical_cores", "default_threads", "torch_threads"]
+__all__ = ["physical_cores", "default_threads", "torch_threads", "check_thread_count", "MAX_THREADS"]
+
+#: The most torch CPU threads a run may ask for. Far more than any CPU has; well under where
+#: the OpenMP runtime can no longer map the threads' stacks (``torch.set_num_threads(100000)``
+#: broke later imports with "failed to map segment from shared object" and crashed at exit).
+MAX_THREADS = 1024
+
+
+def check_thread_count(n, what: str = "the thread count") -> int:
+    """``n`` when it is an integer (not a bool) in [1, `MAX_THREADS`]; else ValueError naming
+    ``what`` (e.g. "--threads")."""
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"{what} must be an integer in [1, {MAX_THREADS}] (torch CPU threads; this process may "
+                         f"run on {_usable_cpus()} CPU(s)), got {n!r}")
+    return n
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def physical_cores() -> int:
@@ -50,14 +71,11 @@ def default_threads(preferred: Optional[int] = None) -> int:
 @contextlib.contextmanager
 def torch_threads(n: int):
     """``torch.set_num_threads(n)`` for the body; the previous count is restored on exit (also
-    when it raises). Raises ValueError for n < 1; warns (RuntimeWarning) when n exceeds the CPUs
-    this process may run on (e.g. ``--threads 256`` on 2 cores ran digits 6x slower than 1)."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"the thread count must be an integer >= 1, got {n!r}")
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 1
+    when it raises). Raises ValueError unless n is an integer in [1, `MAX_THREADS`]
+    (`check_thread_count`); warns (RuntimeWarning) when n exceeds the CPUs this process may run
+    on (e.g. ``--threads 256`` on 2 cores ran digits 6x slower than 1)."""
+    check_thread_count(n)
+    usable = _usable_cpus()
     if n > usable:
         warnings.warn(f"{n} torch threads on {usable} usable CPU(s): more threads than CPUs only adds contention "
                       f"(every step slows down); use at most {usable}", RuntimeWarning, stacklevel=3)

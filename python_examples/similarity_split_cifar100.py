@@ -31,7 +31,7 @@ from entangle_ext.data.cifar100 import CIFAR100_MEAN, CIFAR100_STD, load_cifar10
 from entangle_ext.data.tinyimagenet import images_to_tensor
 from entangle_ext.data.vit import vit_classifier
 from entangle_ext.splits import extract_features, split_by_similarity
-from entangle_ext.threads import torch_threads
+from entangle_ext.threads import check_thread_count, torch_threads
 from entangle_ext.train import TrainRecipe, train_original
 
 
@@ -71,8 +71,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     with exit_on_bad_input("similarity_split_cifar100"):   # bad input: one error line, exit code 2
         # every flag is checked before the data are read or a network is trained
-        if args.threads is not None and args.threads < 1:
-            raise ValueError(f"--threads must be an integer >= 1, got {args.threads}")
+        if args.threads is not None:
+            check_thread_count(args.threads, "--threads")
         recipe = TrainRecipe("adamw", lr=1e-3, epochs=args.epochs, batch_size=128, weight_decay=0.05, augment=True)
         rng = np.random.default_rng(numpy_seed(args.seed, '--seed'))
         with torch_threads(args.threads if args.threads is not None else torch.get_num_threads()):

@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..threads import check_thread_count
 from ..unlearn.files import WriteError
 from .common import (fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts,
                      stop_signals)
@@ -95,7 +96,11 @@ def _methods(spec: str):
     from ..compare import available_methods, check_method_names
 
     known = available_methods()
-    names = known if spec.strip() == "all" else [m.strip() for m in spec.split(",") if m.strip()]
+    parts = [m.strip() for m in spec.split(",")]
+    if spec.strip() != "all" and any(parts) and not all(parts):
+        raise ValueError(f"--methods {spec!r} has an empty entry: give method names separated by single commas "
+                         "(or 'all')")
+    names = known if spec.strip() == "all" else [m for m in parts if m]
     try:
         return check_method_names(names, known=known)
     except ValueError as e:
@@ -109,8 +114,8 @@ def _check_flags(args, out: str) -> None:
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None:
+        check_thread_count(args.threads, "--threads")
     if args.relearn_steps is not None and args.relearn_steps < 1:
         raise ValueError(f"--relearn-steps must be >= 1, got {args.relearn_steps}")
     if args.no_relearn and args.relearn_steps is not None:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..threads import check_thread_count
 from ..unlearn.files import WriteError
 from .common import (PROG, command_prefix, fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg,
                      sigterm_interrupts, stop_signals)
@@ -178,8 +179,8 @@ def _plan(args) -> _Plan:
         if flag is None:
             raise
         raise ValueError(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: {e}") from None
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None:
+        check_thread_count(args.threads, "--threads")
     if args.original is not None and not Path(args.original).exists():
         raise FileNotFoundError(f"--original {args.original}: no such file or directory")
     if not args.out.strip():

@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .._optional import optional_import
 from ..unlearn.files import atomic_write
 
 __all__ = ["minilm_path", "hf_model_dir", "load_hf_tokenizer", "load_hf_classifier", "sentence_embeddings"]
@@ -48,11 +49,7 @@ def _transformers():
     """The transformers module, offline (HF_HUB_OFFLINE=1). Raises ImportError with the install hint."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        import transformers
-    except ImportError as e:
-        raise ImportError("the ToxiGen setting needs the transformers package (pip install transformers)") from e
-    return transformers
+    return optional_import("transformers", "the ToxiGen setting", "text", "pip install transformers")
 
 
 def load_hf_tokenizer(model_path: Union[str, Path, None] = None):

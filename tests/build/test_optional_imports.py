@@ -34,3 +34,21 @@ def test_the_package_name_differs_from_the_module_name(monkeypatch):
     _block(monkeypatch, "sklearn")
     with pytest.raises(ImportError, match=r"MIA needs scikit-learn, .*'\.\[metrics\]'.*pip install scikit-learn"):
         optional_import("sklearn.svm", "MIA", "metrics")
+
+
+@pytest.mark.parametrize("body, says", [
+    ("raise ImportError('libfoo.so: failed to map segment from shared object')", "failed to map segment"),
+    ("import entangle_missing_dependency_xyz", "No module named 'entangle_missing_dependency_xyz'"),
+])
+def test_an_installed_package_that_fails_to_import_is_not_called_missing(tmp_path, monkeypatch, body, says):
+    """scipy failing to map its shared library (after torch.set_num_threads(100000)) was reported
+    as "needs scikit-learn ... pip install scikit-learn" although it was installed."""
+    (tmp_path / "entangle_broken_pkg").mkdir()
+    (tmp_path / "entangle_broken_pkg" / "__init__.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match=r"the thing needs entangle_broken_pkg, which is installed but failed to "
+                                          rf"import: .*{says}") as ei:
+        optional_import("entangle_broken_pkg", "the thing", "demo")
+    assert "pip install" not in str(ei.value)
+    with pytest.raises(ImportError, match="an optional dependency of entangle_ext: pip install"):
+        optional_import("entangle_absent_pkg_xyz.sub", "the thing", "demo")

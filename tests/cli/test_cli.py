@@ -44,6 +44,7 @@ def _no_prepare(monkeypatch):
     (["--alpha", "2"], "alpha"), (["--checkpoint-every", "-5"], "checkpoint_every"),
     (["--device", "gpu"], "--device 'gpu'"), (["--device", "xpu"], "unsupported device"),
     (["--max-train-per-class", "-3"], "max_train_per_class"), (["--threads", "0"], "--threads"),
+    (["--threads", "100000"], "--threads must be an integer in [1, 1024]"),   # was: "needs scikit-learn", SIGSEGV
     (["--original-epochs", "-1"], "TrainRecipe.epochs"), (["--set", "train.lr=-1"], "TrainRecipe.lr"),
     (["--set", "stage2.w2_scope=everything"], "w2_scope"), (["--set", "stage1.dual_update=later"], "dual_update"),
     (["--set", "stage2.lr=abc"], "Stage2Config.lr"), (["--set", "stage2.nope=1"], "unknown Stage2Config field"),

@@ -191,3 +191,16 @@ def test_a_refused_flag_value_names_the_flag(argv, starts, tmp_path, capsys, mon
     assert cli.main(["--setting", "digits", "--out", str(tmp_path / "o"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"entangle-unlearn: error: {starts}") and len(err.splitlines()) == 1, err
+
+
+def test_torch_threads_refuses_a_count_beyond_the_cap():
+    """torch.set_num_threads(100000) broke later imports ("failed to map segment") and crashed the
+    process at exit; every entry point's thread count now goes through one bound."""
+    import torch
+    from entangle_ext.threads import MAX_THREADS, check_thread_count, torch_threads
+    before = torch.get_num_threads()
+    for bad in (0, MAX_THREADS + 1, 100_000, True, 2.0):
+        with pytest.raises(ValueError, match=rf"must be an integer in \[1, {MAX_THREADS}\]"):
+            with torch_threads(bad):
+                pass
+    assert torch.get_num_threads() == before and check_thread_count(3) == 3

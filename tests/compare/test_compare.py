@@ -327,8 +327,9 @@ def test_cli_compare(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--threads", "-3"], "--threads must be >= 1, got -3"),
-    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--threads", "-3"], "--threads must be an integer in [1, 1024]"),
+    (["--threads", "0"], "--threads must be an integer in [1, 1024]"),
+    (["--threads", "100000"], "--threads must be an integer in [1, 1024]"),   # was: "needs scikit-learn", SIGSEGV
     (["--seeds", "0"], "--seeds must be >= 1, got 0"),
     (["--relearn-steps", "0"], "--relearn-steps must be >= 1"),
     (["--mia-max-samples", "0"], "--mia-max-samples must be >= 1"),
@@ -342,6 +343,7 @@ def test_cli_compare(tmp_path, capsys, monkeypatch):
     (["--budget", "1e308"], "training passes is not a finite number of passes"),   # was OverflowError
     # method names were checked only after the data and original model were ready
     (["--methods", "ga,nope"], "--methods: unknown method 'nope'"),
+    (["--methods", "ft,,ga"], "--methods 'ft,,ga' has an empty entry"),   # was silently dropped
     (["--methods", "ft,ga,ft", "--jobs", "2"], "--methods names ft more than once"),
     (["--methods", "original,ga"], "'original' is not a method"),
     (["--methods", " , "], "--methods is empty"),
