@@ -29,8 +29,8 @@ inline ConstraintKind parse_kind(c10::string_view kind, const char* op) {
   return ConstraintKind::kEquality;
 }
 
-// lam (m,) float32/float64 contiguous; g (m,) same dtype/device; mu () or (m,) (numel 1 or m,
-// at most 1-D) same dtype/device. Returns the stride of mu (0 when broadcast).
+// lam (m,) float32/float64 contiguous; g (m,) same dtype/device; mu () or (m,) same dtype/device
+// (a (1,) mu for m > 1 is refused, not broadcast). Returns the stride of mu (0 when 0-d).
 inline int64_t check_al_inputs(const at::Tensor& lam, const at::Tensor& g, const at::Tensor& mu,
                                const char* op) {
   check_dim(lam, 1, op, "lam");
@@ -39,8 +39,9 @@ inline int64_t check_al_inputs(const at::Tensor& lam, const at::Tensor& g, const
   const int64_t m = lam.size(0);
   TORCH_CHECK_VALUE(g.dim() == 1 && g.size(0) == m, op, ": g must have shape (m,) = (", m,
                     ",) like lam, got ", shape_str(g));
-  TORCH_CHECK_VALUE(mu.dim() <= 1 && (mu.numel() == 1 || (mu.dim() == 1 && mu.numel() == m)), op,
-                    ": mu must have shape () or (m,) = (", m, ",), got ", shape_str(mu));
+  TORCH_CHECK_VALUE(mu.dim() == 0 || (mu.dim() == 1 && mu.size(0) == m), op,
+                    ": mu must have shape () or (m,) = (", m, ",), got ", shape_str(mu),
+                    (mu.dim() == 1 && mu.numel() == 1) ? " (a (1,) mu is not broadcast: give a 0-d one)" : "");
   TORCH_CHECK_TYPE(g.scalar_type() == lam.scalar_type(), op, ": g is ", dtype_name(g),
                    " but lam is ", dtype_name(lam), " (same dtype required)");
   TORCH_CHECK_TYPE(mu.scalar_type() == lam.scalar_type(), op, ": mu is ", dtype_name(mu),
@@ -49,7 +50,7 @@ inline int64_t check_al_inputs(const at::Tensor& lam, const at::Tensor& g, const
   check_contiguous(mu, op, "mu");
   check_same_device(lam, g, op, "lam", "g");
   check_same_device(lam, mu, op, "lam", "mu");
-  return (mu.numel() == 1) ? 0 : 1;
+  return (mu.dim() == 0) ? 0 : 1;
 }
 
 // dual_update_'s tensor checks: those of check_al_inputs, then lam (written in place) shares no

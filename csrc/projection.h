@@ -115,9 +115,12 @@ ENTANGLE_HD void solve_projection_coeffs(const double* gram, const double* vg, i
     s[i] = (d[i] > 0.0 && d[i] <= kProjDblMax) ? 1.0 / ::sqrt(d[i]) : 0.0;
     bs[i] = s[i] * vg[i];
   }
+  // C_ii = 1 for a kept row (s_i^2 d_i, exactly); C_ij = (G_ij s_i) s_j in that order, so a tiny
+  // Gram (a subnormal diagonal, rows of magnitude ~1e-155) gives no s_i s_j = inf (it gave NaN
+  // and the row was dropped).
   for (int i = 0; i < k; ++i)
     for (int j = 0; j <= i; ++j) {
-      const double v = (i == j) ? s[i] * s[i] * d[i] : s[i] * s[j] * gram[tri_index(i, j)];
+      const double v = (i == j) ? (s[i] > 0.0 ? 1.0 : 0.0) : (gram[tri_index(i, j)] * s[i]) * s[j];
       C[i * k + j] = v;
       C[j * k + i] = v;
     }

@@ -88,12 +88,20 @@ def check_fits(op: str, dtype: torch.dtype, *, mu: Optional[float] = None, lam_m
     if mu is not None and top < mu < math.inf:
         raise ValueError(f"{op}: the penalty mu={mu:g} is beyond the range of the multipliers' dtype "
                          f"{dtype} (largest {top:.4g})")
+    if mu is not None and 0 < mu < math.inf and underflows(mu, dtype):
+        raise ValueError(f"{op}: the penalty mu={mu:g} underflows to 0 in the multipliers' dtype {dtype}: "
+                         "it must be > 0 there")
     if lam_min is not None and lam_min > top:
         raise ValueError(f"{op}: lam_min={lam_min:g} is beyond the range of the multipliers' dtype {dtype} "
                          f"(largest {top:.4g}): every multiplier would be clipped to +inf")
     if lam_max is not None and lam_max < -top:
         raise ValueError(f"{op}: lam_max={lam_max:g} is beyond the range of the multipliers' dtype {dtype} "
                          f"(lowest {-top:.4g}): every multiplier would be clipped to -inf")
+
+
+def underflows(x: float, dtype: torch.dtype) -> bool:
+    """A positive host float that rounds to 0 in ``dtype`` (e.g. 1e-50 in float32)."""
+    return float(torch.tensor(x, dtype=torch.float64).to(dtype)) == 0.0
 
 
 def check_state_dtype(op: str, name: str, dtype: torch.dtype) -> None:
@@ -199,6 +207,9 @@ def schedule_args(mu_growth, shrink_ratio, mu_max, schedule_every):
         raise ValueError(f"{CLASS}: shrink_ratio must be in (0, 1], got {shrink_ratio}")
     if not 0.0 < top < math.inf:
         raise ValueError(f"{CLASS}: mu_max must be finite and > 0, got {mu_max}")
+    if isinstance(schedule_every, bool) or not isinstance(schedule_every, numbers.Real):
+        raise TypeError(f"{CLASS}: schedule_every must be an integer >= 1, got {type(schedule_every).__name__} "
+                        f"{schedule_every!r}")
     every = as_real(CLASS, "schedule_every", schedule_every)
     if not (math.isfinite(every) and every >= 1 and every == int(every)):
         raise ValueError(f"{CLASS}: schedule_every must be an integer >= 1, got {schedule_every!r}")
@@ -276,9 +287,9 @@ def as_state_mu(mu, like: torch.Tensor, op: str = CLASS) -> torch.Tensor:
         if not capturing(mu_t) and not bool(((mu_t > 0) & torch.isfinite(mu_t)).all()):
             raise ValueError(f"{op}: mu must be finite and > 0, got {mu_t.tolist()}")
         return mu_t
-    if not (0 < as_real(op, "mu", mu) <= torch.finfo(like.dtype).max):
+    if not (0 < as_real(op, "mu", mu) <= torch.finfo(like.dtype).max) or underflows(mu, like.dtype):
         raise ValueError(f"{op}: mu must be a finite float > 0 (in the state dtype {like.dtype}), "
-                         f"got {mu}")
+                         f"got {mu}" + (" (it underflows to 0 there)" if 0 < mu < 1 else ""))
     return torch.full((), float(mu), dtype=like.dtype, device=like.device)
 
 

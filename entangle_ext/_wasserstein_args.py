@@ -81,8 +81,10 @@ def _as_offsets(op: str, off: OffsetsLike, name: str, device: torch.device) -> t
             raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got a {what} with "
                             "non-integer entries") from exc
         if off.dtype not in (torch.int32, torch.int64):
+            kind = "integer entries of another width" if not off.is_floating_point() and off.dtype != torch.bool \
+                else "non-integer entries"
             raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got a {what} with "
-                            f"non-integer entries ({off.dtype})")
+                            f"{kind} ({off.dtype}; int32 or int64 only)")
     if off.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: {name} must be int32 or int64 (cu_seqlens), got {off.dtype}")
     if off.dim() != 1 or off.numel() < 1:

@@ -344,7 +344,11 @@ def projection_solve(gram: torch.Tensor, vg: torch.Tensor, *, rcond: Optional[fl
 
     Args:
         gram: ``(k, k)`` Gram matrix G = V V^T, 1 <= k <= `MAX_BASIS` (its lower triangle is
-            read), floating point (converted to float64), CPU or CUDA.
+            read), floating point (converted to float64), CPU or CUDA. It must be positive
+            semidefinite, as a Gram matrix is: a row whose (shifted) diagonal is <= 0 is dropped
+            (c_i = 0) and negative eigenvalues of the equilibrated matrix are cut like those below
+            ``rcond`` (an indefinite G is not refused, which would need a host sync, so
+            ``-I`` gives c = 0, not ``pinv(-I) b``). Any scale works, subnormal entries included.
         vg: ``(k,)`` products b = V g, same device.
         rcond: relative eigenvalue cutoff in [1e-15, 1); None: `DEFAULT_RCOND`.
         shift: >= 0, added to the diagonal of G (the fused operators pass ridge * T here).

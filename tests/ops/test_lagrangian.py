@@ -198,6 +198,8 @@ def test_c0_of_more_than_one_dimension_is_refused_not_flattened():
      r"mu_max must be finite in the state dtype torch.float32 \(<= 3.4\d*e\+38\), got 1e\+300"),
     (dict(mu=1e300, dtype=torch.float32), ValueError, "mu must be a finite float > 0"),
     (dict(schedule_every=1.5), ValueError, "schedule_every must be an integer"),
+    (dict(schedule_every="3"), TypeError, "schedule_every must be an integer >= 1, got str '3'"),   # was "a float"
+    (dict(schedule_every=True), TypeError, "schedule_every must be an integer >= 1, got bool True"),
     (dict(dtype=torch.float16), TypeError, r"dtype must be float32 or float64 \(got torch.float16\)"),
 ])
 def test_constructor_checks_what_update_would_refuse(kw, exc, match):

@@ -89,6 +89,20 @@ def test_solve_matches_reference_and_handles_degenerate_grams():
     assert c.dtype == D
 
 
+@pytest.mark.parametrize("scale", [1e-310, 5e-324, 1e-300, 1e-200, 1.0, 1e200, 1e300])
+def test_solve_does_not_depend_on_the_scale_of_the_gram(scale):
+    """c = G^+ b is the same for (s G, s b) at any s: a subnormal Gram (rows of magnitude ~1e-155)
+    gave c = 0, since the equilibration's s_i s_j overflowed to inf and the row was dropped."""
+    G = torch.tensor([[4.0, 2.0], [2.0, 3.0]], dtype=D)
+    b = torch.tensor([1.0, 2.0], dtype=D)
+    want = torch.linalg.solve(G, b)
+    got = ee.projection_solve(G * scale, b * scale)
+    rtol = 1e-6 if scale < 1e-307 else 1e-12   # subnormal inputs carry fewer significant bits
+    torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+    one = ee.projection_solve(torch.tensor([[scale]], dtype=D), torch.tensor([scale], dtype=D))
+    torch.testing.assert_close(one, torch.ones(1, dtype=D), rtol=rtol, atol=0)
+
+
 def test_split_opcheck():
     gen = torch.Generator().manual_seed(3)
     grads, basis = make_lists([(4, 5), (0,), (9,)], 2, gen)

@@ -314,6 +314,8 @@ def test_offset_errors_name_the_operator(uo, exc):
     ((), ValueError, r"u_offsets must be .*int32 or int64.* got an empty tuple"),
     ([0, 2.5, 4], TypeError, r"u_offsets must be a 1-D int32 or int64 tensor or a sequence of ints .*"
                              r"got a list with non-integer entries"),
+    (__import__("numpy").array([0, 4], dtype="uint8"), TypeError,   # was "non-integer entries (torch.uint8)"
+     r"u_offsets must be .*got a ndarray with integer entries of another width \(torch.uint8; int32 or int64 only\)"),
     (5, TypeError, r"u_offsets must be a 1-D int32 or int64 tensor or a sequence of ints .*got int"),
     (torch.tensor([0, 4], device="meta"), ValueError, "u_offsets is on meta but u is on cpu"),
 ])
