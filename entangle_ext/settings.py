@@ -211,7 +211,7 @@ def _cache_file(cache_dir, setting: Setting, v: Variant, key: dict) -> Path:
 def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: int = 0, device="cpu",
             cache_dir=None, progress: bool = True, data: Optional[Mapping[str, Any]] = None,
             model: Optional[Mapping[str, Any]] = None, train: Optional[Mapping[str, Any]] = None,
-            original=None) -> Prepared:
+            original=None, before_training: Optional[Callable[[Any, Dict[str, Any]], None]] = None) -> Prepared:
     """Load a setting's splits and train (or load from the cache, or from ``original``) its
     original model θ0.
 
@@ -238,6 +238,10 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
         original: the model to use as θ0 instead of training or the cache: a state-dict file, a
             checkpoint of an `unlearn` run (its model), its ``checkpoints/latest.pt`` or its out dir
             (the latest checkpoint); see `entangle_ext.train.load_model_file`.
+        before_training: called as ``before_training(model, fingerprint)`` with the freshly built
+            model and the loaded splits' `splits_fingerprint`, after the data are loaded and before
+            θ0 is trained or loaded; what it raises propagates (the command line refuses there a
+            ``--resume`` checkpoint of other data or another architecture, before hours of training).
     Returns:
         `Prepared` (model in eval mode on ``device``; info gains "setting", "variant", "model").
     Raises:
@@ -273,6 +277,8 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     key = dict(setting=s.name, variant=v.name, data_root=root,
                data=data_kw, model=model_kw, recipe=recipe.to_dict(), seed=seed, version=__version__,
                splits=splits_fingerprint(splits), architecture=_architecture(net))
+    if before_training is not None:
+        before_training(net, key["splits"])
     if original is not None:
         cache = Path(original)
         load_model_file(net.to(device), cache, device=device).eval()

@@ -8,10 +8,10 @@ import ast
 import copy
 import dataclasses
 import typing
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "flag_of", "check_option_flags", "parse_overrides",
-           "hparams_and_recipe", "build_config", "check_conflicts", "has_stages", "named_recipe"]
+           "hparams_and_recipe", "build_config", "check_conflicts", "has_stages", "named_recipe", "resume_check"]
 
 OPTION_FLAGS = {"max_train_per_class": "data", "max_test_per_class": "data", "superclasses": "data",
                 "forget": "data", "model_path": "data", "weights": "model"}
@@ -258,3 +258,24 @@ def _check_rewrites(cls, cfg, given: Dict[Tuple[str, str], str]) -> None:
         if was != now:
             where = f"{section}.{name}" if stage else name
             raise ValueError(f"{label} does not apply to method {cls.name!r}: it sets {where} = {now!r}")
+
+
+def resume_check(ckpt: Optional[dict], flag: str) -> Optional[Callable]:
+    """For `entangle_ext.settings.prepare`'s ``before_training``: a ``--resume`` checkpoint whose
+    splits or model do not fit the loaded data and the freshly built model is refused (ValueError
+    naming ``flag``, e.g. "--resume runs/x") before the original model is trained, which can take
+    hours; a checkpoint of another setting used to be noticed only after that training. None
+    without a checkpoint."""
+    if ckpt is None:
+        return None
+
+    def check(model, fingerprint) -> None:
+        from ..unlearn.checkpoint import check_resume
+        from ..unlearn.inputs import check_resume_model
+        try:   # the splits (the config was checked before any data, with --allow-config-change's say)
+            check_resume(ckpt, fingerprint, ckpt.get("config", {}), allow_config_change=True)
+            check_resume_model(ckpt, model)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e} (was it written by a run of another --setting, --variant or data "
+                             "flags? Resume with that run's flags)") from None
+    return check

@@ -19,7 +19,8 @@ from ..threads import check_thread_count
 from ..unlearn.files import WriteError
 from .common import (PROG, command_prefix, fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg,
                      sigterm_interrupts, stop_signals)
-from .config import build_config, check_conflicts, check_option_flags, flag_of, flag_tables, parse_overrides
+from .config import (build_config, check_conflicts, check_option_flags, flag_of, flag_tables, parse_overrides,
+                     resume_check)
 
 __all__ = ["main", "build_parser"]
 
@@ -94,7 +95,8 @@ def _add_run_flags(ap, settings, variants, hparams, methods) -> None:
     ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
     ap.add_argument("--resume", default=None, help="checkpoint file, OUT/checkpoints/latest.pt or out dir OUT "
                     "(its latest checkpoint) to resume from, with the --method, data flags and configuration of "
-                    "the run that wrote it")
+                    "the run that wrote it (a checkpoint of other data or another model is refused once the data "
+                    "are loaded, before the original model is trained)")
     ap.add_argument("--allow-config-change", action="store_true", help="with --resume: accept a configuration "
                     "that differs from the checkpoint's (e.g. another --set lr=...), applied from the resume point "
                     "on and recorded in report.json (\"resume\": \"config_changes\"); the data must still be the same")
@@ -195,7 +197,11 @@ def _plan(args) -> _Plan:
         from ..unlearn.method import get_method
         check_method(resume, args.method, where=f"--resume {args.resume}: the checkpoint")
         eff = get_method(args.method).resolve_config(copy.deepcopy(cfg), setting.name, hparams).validate()
-        check_resume_config(resume, eff.to_dict(), allow_config_change=args.allow_config_change)
+        try:
+            check_resume_config(resume, eff.to_dict(), allow_config_change=args.allow_config_change)
+        except ValueError as e:   # many differences: often a checkpoint of another setting
+            raise ValueError(f"{e}. (A checkpoint of a run of another --setting or --variant differs in many "
+                             "fields: resume it with that run's flags)") from None
     threads = args.threads or default_threads(setting.threads)
     return _Plan(device, setting, variant, data, model, train, cfg, hparams, threads, resume)
 
@@ -255,7 +261,8 @@ def _run_ranks(args, plan: _Plan, procs, device) -> int:
         if turn == procs.is_main:
             run = prepare(args.setting, plan.variant.name, data_root=args.data_root, seed=args.seed, device=device,
                           cache_dir=args.out, progress=not args.no_progress and procs.is_main, data=plan.data,
-                          model=plan.model, train=plan.train, original=args.original)
+                          model=plan.model, train=plan.train, original=args.original,
+                          before_training=resume_check(plan.resume, f"--resume {args.resume}"))
         procs.barrier()
     if procs.is_main:
         print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))

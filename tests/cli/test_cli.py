@@ -364,7 +364,7 @@ def test_baseline_resume_checks_data_and_config_and_the_flag_allows_a_change(tmp
     capsys.readouterr()
     assert cli.main(run + ["--forget", "5", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "error: resume: the splits differ" in err and len(err.strip().splitlines()) == 1, err
+    assert f"error: --resume {tmp_path}: resume: the splits differ" in err and len(err.strip().splitlines()) == 1, err
     with monkeypatch.context() as m:
         m.setattr(S, "prepare", lambda *a, **k: pytest.fail("data loaded before the config was checked"))
         assert cli.main(run + ["--set", "lr=0.5", "--resume", str(tmp_path)]) == 2

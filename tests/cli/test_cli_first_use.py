@@ -74,3 +74,20 @@ def test_the_comparison_figure_says_what_its_error_bars_are():
         "bars: mean over 3 seeds; error bars: ± 1 sample standard deviation over the seeds"
     one = {"ft": {"acc_forget_test": {"mean": 1.0, "std": None, "n": 1}}}
     assert error_bar_caption(one, ["ft"]) == "one seed per method: no error bars"
+
+
+def test_a_resume_of_other_data_is_refused_before_the_original_is_trained(tmp_path, capsys, monkeypatch):
+    """A checkpoint of another setting (or other data flags) was noticed only after the original
+    model of the new flags had been trained: hours for cifar100 on a CPU, for an error."""
+    pytest.importorskip("sklearn")
+    from entangle_ext import cli, settings
+    out = tmp_path / "run"
+    tiny = ["--setting", "digits", "--out", str(out), "--original-epochs", "2", "--epochs", "1", "--stage1-epochs",
+            "1", "--batch-limit", "1", "--no-progress"]
+    assert cli.main(tiny + ["--max-train-per-class", "10"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(settings, "train_original", lambda *a, **k: pytest.fail("trained before refusing"))
+    argv = tiny + ["--max-train-per-class", "12", "--resume", str(out), "--allow-config-change"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {out}: resume: the splits differ" in err and "another --setting, --variant or data flags" in err
