@@ -12,6 +12,8 @@ from typing import Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ._dense import check_dense
+
 _KINDS = ("equality", "inequality")
 _STATE_DTYPES = (torch.float32, torch.float64)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -154,6 +156,7 @@ def check_tensors(op: str, **named) -> None:
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(op, name, t)
 
 
 def check_shapes(op: str, lam: torch.Tensor, g: torch.Tensor, mu: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from . import _ext, _fwad
+from ._dense import check_dense
 from ._overlap import check_disjoint
 
 
@@ -53,6 +54,7 @@ def refuse_grad(op: str, named) -> None:
 def check_tensor(op: str, name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(op, name, t)
 
 
 def check_k(op: str, k: int) -> None:

@@ -16,6 +16,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from ._dense import check_dense
+
 OffsetsLike = Union[torch.Tensor, Sequence[int]]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -149,6 +151,7 @@ def normalize(op: str, u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Off
     for name, t in (("u", u), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(op, name, t)
         if t.dtype not in _FLOAT_DTYPES:
             raise TypeError(f"{op}: {name} must be a floating tensor (float16/bfloat16/float32/"
                             f"float64), got {t.dtype}")

@@ -129,6 +129,7 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
             if v.device != g.device:
                 raise ValueError(f"{op}: basis[{i}] is on {v.device} but g is on {g.device}")
         basis = torch.stack([v.detach() for v in basis])
+    check_tensor(op, "basis", basis)
     if basis.dim() != 2:
         raise ValueError(f"{op}: basis must be 2-D (k, P), got shape {tuple(basis.shape)}")
     check_k(op, basis.shape[0])
