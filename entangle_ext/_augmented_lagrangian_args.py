@@ -350,7 +350,11 @@ def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int) -> 
     lam = out["lam"]
     if not capturing(lam):
         if not bool(torch.isfinite(lam).all()):
-            raise ValueError(f"{op}: lam must be finite, got {lam.tolist()}")
+            given = state["lam"].detach()
+            beyond = bool(torch.isfinite(given).all())   # finite as given: the cast to c0's dtype overflowed
+            raise ValueError(f"{op}: lam must be finite" + (
+                f" in the state dtype {c0.dtype}: {given.tolist()} ({given.dtype}) is beyond its range"
+                if beyond else f", got {given.tolist()}"))
         if kind == "inequality" and bool((lam < 0).any()):
             raise ValueError(f"{op}: an inequality multiplier is >= 0, got lam = {lam.tolist()}")
         for k in ("window_sum", "prev_window"):

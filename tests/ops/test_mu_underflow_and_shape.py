@@ -45,3 +45,13 @@ def test_raw_operators_refuse_a_one_element_mu_for_several_constraints(name):
         assert torch.equal(one[0], torch.tensor([10.0]))
     else:
         assert float(op(one[1], one[0], one[2], "equality")) == pytest.approx(10.0)
+
+
+def test_a_finite_lam_beyond_the_state_dtype_is_named_as_given():
+    """A float64 lam of 1e300 loaded into a float32 instance was reported as "got [inf, 0.0]", the
+    value after the cast, not the caller's finite one."""
+    st = ee.AugmentedLagrangian(torch.tensor([1.0, 2.0], dtype=torch.float64)).state_dict()
+    st["lam"] = torch.tensor([1e300, 0.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"lam must be finite in the state dtype torch.float32: \[1e\+300, 0.0\] "
+                                         r"\(torch.float64\) is beyond its range"):
+        ee.AugmentedLagrangian(torch.tensor([1.0, 2.0])).load_state_dict(st)
