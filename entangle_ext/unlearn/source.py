@@ -10,10 +10,10 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import (BatchSampler, ConcatDataset, DataLoader, IterableDataset, RandomSampler,
-                              SequentialSampler, Subset, SubsetRandomSampler, TensorDataset)
-from torch.utils.data import default_collate
+                              SequentialSampler, Subset, SubsetRandomSampler, TensorDataset, default_collate)
 
-__all__ = ["Source", "as_source", "batch_items", "named_collate", "loader_dataset", "union_source", "indexed_tensors", "check_batch_size", "check_loader_options"]
+__all__ = ["Source", "as_source", "batch_items", "named_collate", "loader_dataset", "union_source", "indexed_tensors",
+           "check_batch_size", "check_loader_options"]
 
 
 def batch_items(items: list, where: str = "") -> Any:
@@ -100,6 +100,8 @@ def loader_dataset(loader: DataLoader):
     DistributedSampler, one of one's own), whose choice of items the stages would otherwise
     silently replace by the whole dataset: pass a `Subset` of the items to use instead.
     """
+    if isinstance(loader.dataset, IterableDataset):   # refused by `as_source`, with its own reason
+        return loader.dataset
     sampler, where = loader.sampler, "sampler"
     if loader.batch_size is None:
         if loader.batch_sampler is None:
