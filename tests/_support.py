@@ -1,7 +1,9 @@
 """What test modules share besides fixtures (import it as ``from _support import ...``; tests/
 conftest.py puts tests/ on sys.path and re-exports these names): the repository root, the shared
 real-data folder, the devices to test on, and the ragged-segment generator of the operator tests."""
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -29,3 +31,18 @@ def ragged(lengths, gen, dtype=torch.float64, scale=3.0, distinct=True):
         x = torch.randint(-3, 4, (n,), generator=gen).to(dtype)
     off = torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int64)
     return x, off
+
+
+@contextlib.contextmanager
+def hup_default(on: bool = True):
+    """SIGHUP at its default disposition inside (under ``nohup make test`` it arrives ignored, and
+    the package rightly keeps an inherited SIG_IGN); nothing where there is no SIGHUP or ``on`` is
+    False."""
+    if not on or not hasattr(signal, "SIGHUP"):
+        yield
+        return
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)

@@ -14,7 +14,7 @@ import pytest
 from entangle_ext import RunInterrupted, cli
 from entangle_ext.cli.common import SignalInterrupt, interrupt_exit_code
 
-from _support import REPO_ROOT
+from _support import REPO_ROOT, hup_default as hup_at_default
 
 SIGNALS = [n for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
 KILLS = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
@@ -37,16 +37,8 @@ def test_an_interrupt_of_no_known_signal_exits_130(exc):
 
 @pytest.fixture
 def hup_default():
-    """SIGHUP at its default disposition for the test (under ``nohup make test`` it arrives
-    ignored, and the product rightly keeps an inherited SIG_IGN)."""
-    if not hasattr(signal, "SIGHUP"):
+    with hup_at_default():
         yield
-        return
-    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, before)
 
 
 def _signalled(name):

@@ -3,7 +3,6 @@ whole run and refuses a different one (the two-stage family and the baselines: b
 resumes, other splits / config / method refused), interrupts (SIGTERM / Ctrl-C / KeyboardInterrupt)
 that lose nothing, messages that say why no checkpoint exists, and a warning before an out dir is
 reused. Checkpoints of earlier versions: test_run_resume_fixtures.py."""
-import contextlib
 import dataclasses
 import json
 import os
@@ -18,7 +17,7 @@ import entangle_ext as ee
 from entangle_ext.methods import get_method
 from entangle_ext.unlearn import RunInterrupted, load_checkpoint
 
-from _support import REPO_ROOT
+from _support import REPO_ROOT, hup_default
 from _tiny import NaNAfter, mlp, params, tiny_config
 
 ALL_SPLITS = ("forget", "adjacent", "remote", "forget_test", "adjacent_test", "remote_test")
@@ -255,20 +254,6 @@ def _handlers():
     return tuple(signal.getsignal(getattr(signal, n)) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
-@contextlib.contextmanager
-def _hup_default(on: bool):
-    """SIGHUP at its default disposition inside (under ``nohup make test`` it arrives ignored, and
-    the stage loop rightly keeps an inherited SIG_IGN)."""
-    if not on:
-        yield
-        return
-    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, before)
-
-
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP here")
 def test_a_sighup_ignored_under_nohup_stays_ignored_in_a_stage(small):
     seen = []
@@ -304,7 +289,7 @@ def test_interrupt_writes_the_last_completed_step_and_resumes_exactly(small, tmp
                 raise KeyboardInterrupt
             os.kill(os.getpid(), getattr(signal, sent))
     cfg = tiny_config()    # checkpoint_every = 0
-    with _hup_default(how == "sighup"):
+    with hup_default(how == "sighup"):
         handlers = _handlers()
         with pytest.raises(RunInterrupted) as ei:
             ee.unlearn(Net(hook), small, cfg, out_dir=tmp_path, progress=False)
