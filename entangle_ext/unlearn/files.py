@@ -170,7 +170,7 @@ def warn_unwritten_checkpoints(config, out_dir) -> None:
     if out_dir is None and isinstance(every, int) and every > 0:
         warnings.warn(f"{type(config).__name__}.checkpoint_every={every} asks for a checkpoint every {every} "
                       "steps, but out_dir is None: no checkpoint is written (pass out_dir=... to keep them)",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)   # the caller of entangle_ext.unlearn
 
 
 def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir") -> Path:

@@ -502,8 +502,9 @@ def test_resume_into_another_architecture_is_refused_and_leaves_the_model_untouc
 def test_checkpoint_every_without_out_dir_warns(small, tmp_path):
     """checkpoint_every > 0 with no out_dir was silently ignored: no checkpoint, no word."""
     cfg = dataclasses.replace(tiny_config(), checkpoint_every=2)
-    with pytest.warns(UserWarning, match=r"UnlearnConfig.checkpoint_every=2 .* out_dir is None: no checkpoint"):
+    with pytest.warns(UserWarning, match=r"UnlearnConfig.checkpoint_every=2 .* out_dir is None: no checkpoint") as w:
         ee.unlearn(Net(), small, cfg, progress=False)
+    assert [x.filename for x in w if "checkpoint_every" in str(x.message)] == [__file__]   # the caller's line
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*checkpoint_every")
         ee.unlearn(Net(), small, cfg, out_dir=tmp_path, progress=False)          # with one: no warning
