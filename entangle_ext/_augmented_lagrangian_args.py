@@ -102,8 +102,11 @@ def check_fits(op: str, dtype: torch.dtype, *, mu: Optional[float] = None, lam_m
 
 
 def underflows(x: float, dtype: torch.dtype) -> bool:
-    """A positive host float that rounds to 0 in ``dtype`` (e.g. 1e-50 in float32)."""
-    return float(torch.tensor(x, dtype=torch.float64).to(dtype)) == 0.0
+    """A positive host float that rounds to 0 in ``dtype`` (e.g. 1e-50 in float32): at most half
+    the smallest subnormal (tiny * eps), which rounds to 0 (ties to even). Host arithmetic only: no
+    tensor is made on the per-step dual-update path."""
+    fi = torch.finfo(dtype)
+    return x <= fi.tiny * fi.eps / 2
 
 
 def check_state_dtype(op: str, name: str, dtype: torch.dtype) -> None:
