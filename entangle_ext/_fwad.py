@@ -1,12 +1,18 @@
-"""Forward-mode AD (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad`` dual tensors).
+"""Forward-mode AD (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad`` dual tensors)
+and the torch.func transforms.
 
 The operators' registered autograd (the C++ autograd of `wasserstein2_1d`, the
 ``torch.library.register_autograd`` of the augmented-Lagrangian term) is reverse mode only: under
-forward mode it used to give a zero / ``None`` tangent without an error. The wrappers therefore
-check for tangents (`has_tangent`, cheap: nothing is looked at when no dual level is open) and
+forward mode it used to give a zero / ``None`` tangent without an error, and it cannot run under
+the torch.func transforms (``grad``, ``vjp``, ``jacrev``: torch raises a RuntimeError about
+``setup_context``). The wrappers therefore check for tangents (`has_tangent`, cheap: nothing is
+looked at when no dual level is open) and torch.func wrapper tensors (`under_transform`) and
 
 * route `wasserstein2_1d`, `augmented_lagrangian_term` (and `project_orthogonal`, whose
-  autograd.Function has a ``jvp``) through an autograd.Function with a ``jvp`` rule;
+  autograd.Function has a ``jvp``) through an autograd.Function with ``setup_context``, a ``jvp``
+  and a vmap rule; its backward runs the operator's backward kernel through `FirstOrder`, whose
+  own derivatives (second derivatives of the operator, by any nesting of transforms) raise
+  NotImplementedError, as the registered autograd's double backward does;
 * `refuse` (NotImplementedError) in the operators that are not differentiable
   (`dual_update_`, `project_orthogonal_`, `projection_gram`, `projection_apply_`,
   `projection_solve`), where a dropped tangent would otherwise read as a zero derivative.
@@ -31,6 +37,20 @@ def has_tangent(*tensors) -> bool:
             if fwAD.unpack_dual(t, level=level).tangent is not None:
                 return True
     return False
+
+
+_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)   # looked up once
+
+
+def under_transform(*tensors) -> bool:
+    """True when a tensor argument is a torch.func wrapper (``grad`` / ``vjp`` / ``jacrev`` /
+    ``vmap`` / ``jvp`` levels): the operator's registered autograd cannot run under these, the
+    autograd.Functions here can. One query when no transform is running; False while
+    torch.compile traces (it traces the registered operator)."""
+    if torch.compiler.is_compiling() or (_ACTIVE is not None and not _ACTIVE()):
+        return False
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return any(wrapped(t) for t in _flatten(tensors))
 
 
 def _unbatched(t: torch.Tensor) -> torch.Tensor:
@@ -90,11 +110,74 @@ def _loop_vmap(fn, info, in_dims, args, single: bool):
     return stacked, (0,) * len(stacked)
 
 
+class FirstOrder(torch.autograd.Function):
+    """``kernel(*args[:nargs])`` (an operator's backward kernel, or its tangent rule) as a function
+    of ``args`` whose own derivatives raise NotImplementedError naming ``op``: the second
+    derivatives of W2 and of the augmented-Lagrangian term are not implemented (outside torch.func,
+    under plain forward AD, the tangent of the result is NaN instead: see ``jvp``). ``args[nargs:]``
+    are the operator's inputs the result depends on through tensors saved without a derivative
+    (W2's local gradients du, dv): passing them makes a second derivative reach the refusal
+    instead of reading as zero. (A backward kernel called bare would also fail inside torch under
+    the torch.func transforms: its registered autograd.)"""
+
+    @staticmethod
+    def forward(op, kernel, nargs, *args):
+        with torch.no_grad():
+            return kernel(*args[:nargs])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.op = inputs[0]
+        ctx.outputs = output
+
+    @staticmethod
+    def _refuse(op):
+        raise NotImplementedError(f"entangle_ext.{op}: second derivatives (double backward, hessian, "
+                                  "jacfwd/jacrev of a gradient or of a tangent) are not implemented")
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        if _ACTIVE is not None and _ACTIVE():   # torch.func (jacfwd of a gradient or tangent): refuse
+            FirstOrder._refuse(ctx.op)
+        # Plain forward AD computes tangents eagerly, also of a gradient taken while a dual level is
+        # open (dual input, then autograd.grad: a first-order use). That tangent would be a second
+        # derivative: NaN, so that reading it cannot pass for a value.
+        nan = [torch.full_like(o, float("nan")) for o in
+               (ctx.outputs if isinstance(ctx.outputs, tuple) else (ctx.outputs,))]
+        return tuple(nan) if isinstance(ctx.outputs, tuple) else nan[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        FirstOrder._refuse(ctx.op)
+
+    @staticmethod
+    def vmap(info, in_dims, op, kernel, nargs, *args):
+        moved = [a.movedim(d, 0) if d is not None else None for a, d in zip(args, in_dims[3:])]
+        outs = [FirstOrder.apply(op, kernel, nargs, *[a if m is None else m[i].contiguous()
+                                                      for a, m in zip(args, moved)])
+                for i in range(info.batch_size)]
+        if isinstance(outs[0], torch.Tensor):
+            return torch.stack(outs), 0
+        return tuple(torch.stack(col) for col in zip(*outs)), (0,) * len(outs[0])
+
+
+def _w2_tangent(du, dv, uo, vo, tu, tv):
+    t = None
+    if tu is not None:
+        t = _segment_sum(du * tu, uo)
+    if tv is not None:
+        tv_s = _segment_sum(dv * tv, vo)
+        t = tv_s if t is None else t + tv_s
+    return t
+
+
 class W2Forward(torch.autograd.Function):
     """``entangle_ext::wasserstein2_1d`` with a forward-mode rule. The kernel returns the local
     gradients du = dW2^2_s/du, dv = dW2^2_s/dv, so the tangent of segment s is
-    sum_{i in s} du_i tu_i + sum_{j in s} dv_j tv_j. Used only when an input carries a tangent (the
-    reverse-only C++ autograd stays the fast path); its backward is the operator's backward."""
+    sum_{i in s} du_i tu_i + sum_{j in s} dv_j tv_j. Used only when an input carries a tangent or is
+    a torch.func wrapper (the C++ autograd, which runs under neither, stays the fast path); its
+    backward is the operator's backward kernel. Both rules go through `FirstOrder`, so a second
+    derivative raises."""
 
     @staticmethod
     def vmap(info, in_dims, *args):
@@ -109,35 +192,40 @@ class W2Forward(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, _, uo, vo, _, _ = inputs
+        u, v, uo, vo, _, _ = inputs
         _, du, dv = output
         ctx.mark_non_differentiable(du, dv)
-        ctx.save_for_backward(du, dv, uo, vo)
-        ctx.fw = (du, dv, uo, vo)
+        ctx.save_for_backward(du, dv, uo, vo, u, v)
+        ctx.fw = (du, dv, uo, vo, u, v)
 
     @staticmethod
     def jvp(ctx, tu, tv, *_):
-        du, dv, uo, vo = ctx.fw
-        t = None
-        if tu is not None:
-            t = _segment_sum(du * tu, uo)
-        if tv is not None:
-            tv_s = _segment_sum(dv * tv, vo)
-            t = tv_s if t is None else t + tv_s
-        return t, None, None
+        du, dv, uo, vo, u, v = ctx.fw
+        return FirstOrder.apply("wasserstein2_1d", _w2_tangent, 6, du, dv, uo, vo, tu, tv, u, v), None, None
 
     @staticmethod
     def backward(ctx, grad, _gdu, _gdv):
-        du, dv, uo, vo = ctx.saved_tensors
-        gu, gv = torch.ops.entangle_ext.wasserstein2_1d_backward(grad.contiguous(), du, dv, uo, vo)
+        du, dv, uo, vo, u, v = ctx.saved_tensors
+        gu, gv = FirstOrder.apply("wasserstein2_1d", torch.ops.entangle_ext.wasserstein2_1d_backward,
+                                  5, grad.contiguous(), du, dv, uo, vo, u, v)
         return (gu if ctx.needs_input_grad[0] else None, gv if ctx.needs_input_grad[1] else None,
                 None, None, None, None)
+
+
+def _al_tangent(g, lam, mu, tg, kind):
+    slope = lam + mu * g
+    if kind == "inequality":
+        slope = slope.clamp(min=0)
+    return (slope * tg).sum(-1)
 
 
 class ALForward(torch.autograd.Function):
     """``entangle_ext::augmented_lagrangian`` with a forward-mode rule: the tangent is
     sum_i s_i t_i with s = lam + mu g (equality) or max(0, lam + mu g) (inequality), the gradient
-    of the term; lam and mu are constants (no tangent flows from them, as no gradient does)."""
+    of the term; lam and mu are constants (no tangent flows from them, as no gradient does). Used
+    when g carries a tangent or is a torch.func wrapper; both rules go through `FirstOrder`, so a
+    second derivative raises (the jvp rule's own tangent once read g without its outer tangent:
+    ``jacfwd(jacfwd(term))`` was zero instead of diag(mu))."""
 
     @staticmethod
     def vmap(info, in_dims, *args):
@@ -158,16 +246,14 @@ class ALForward(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, tg, *_):
         g, lam, mu = ctx.fw
-        slope = lam + mu * g
-        if ctx.kind == "inequality":
-            slope = slope.clamp(min=0)
-        return (slope * tg).sum(-1)
+        return FirstOrder.apply("augmented_lagrangian_term", _al_tangent, 5, g, lam, mu, tg, ctx.kind, g)
 
     @staticmethod
     def backward(ctx, grad):
         g, lam, mu = ctx.saved_tensors
         gg = None
         if ctx.needs_input_grad[0]:
-            gg = torch.ops.entangle_ext.augmented_lagrangian_backward(grad.contiguous(), g, lam, mu,
-                                                                      ctx.kind)
+            gg = FirstOrder.apply("augmented_lagrangian_term",
+                                  torch.ops.entangle_ext.augmented_lagrangian_backward,
+                                  5, grad.contiguous(), g, lam, mu, ctx.kind)
         return gg, None, None, None

@@ -38,6 +38,7 @@ class Segments:
 
 _OFFSETS_CACHE: "dict[tuple, torch.Tensor]" = {}
 _OFFSETS_CACHE_MAX = 64
+_FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)   # looked up once
 
 
 def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
@@ -45,8 +46,11 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
 
     Not cached while a CUDA graph is being captured (the tensor would live in the graph's pool),
     nor while torch.compile traces (a lookup keyed by the sizes would make Dynamo guard on them,
-    one graph per size). The cached tensor is always a normal one, also when the first call
-    runs under `torch.inference_mode` (an inference tensor cannot be saved for a later backward).
+    one graph per size), nor under a torch.func transform (a tensor made under ``grad`` / ``jvp``
+    is a wrapper of that transform's level; cached, it outlived the level and a later call under
+    another transform failed with functorch's internal "escaped?" assertion). The cached tensor is
+    always a normal one, also when the first call runs under `torch.inference_mode` (an inference
+    tensor cannot be saved for a later backward).
     """
     if torch.compiler.is_compiling():
         return torch.arange(S + 1, device=device, dtype=torch.int64) * n
@@ -58,6 +62,8 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
         off = torch.arange(S + 1, device=device, dtype=torch.int64) * n
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return off
+    if _FUNCTORCH_ACTIVE is not None and _FUNCTORCH_ACTIVE():
+        return off   # made under torch.func.grad / jvp it is that level's wrapper: it must not outlive it
     if len(_OFFSETS_CACHE) >= _OFFSETS_CACHE_MAX:
         _OFFSETS_CACHE.pop(next(iter(_OFFSETS_CACHE)))
     _OFFSETS_CACHE[key] = off

@@ -135,12 +135,12 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     constraint is active (lam_i + mu_i g_i > 0, term = lam_i g_i + mu_i g_i^2 / 2) and as
     -lam_i^2 / (2 mu_i) elsewhere (0 when lam_i = 0). Gradient with respect to g (fused backward
     kernel): equality lam + mu g; inequality max(0, lam + mu g). lam and mu are constants: no
-    gradient flows to them (they are detached). Double backward is not implemented. Forward mode
-    (``torch.func.jvp``, ``jacfwd``, dual tensors) works: the tangent is sum_i s_i t_i with s the
-    gradient above (no tangent flows from lam or mu). The torch.func reverse-mode transforms
-    (``grad``, ``vjp``, ``jacrev``, ``functional_call`` + ``grad``) are not supported: they raise
-    RuntimeError (the registered autograd cannot run under functorch); use
-    ``torch.autograd.grad``.
+    gradient flows to them (they are detached). Forward mode (``torch.func.jvp``, ``jacfwd``,
+    dual tensors) works: the tangent is sum_i s_i t_i with s the gradient above (no tangent flows
+    from lam or mu). So do the torch.func reverse-mode transforms (``grad``, ``vjp``, ``jacrev``,
+    ``functional_call`` + ``grad``, ``vmap`` of them: one kernel call per batch entry). Second
+    derivatives (double backward, ``hessian``, any nesting of ``jacfwd`` / ``jacrev``) are not
+    implemented: NotImplementedError.
 
     Args:
         g: ``(m,)`` constraint values (CPU or CUDA), usually requiring grad, in the dtype of
@@ -171,6 +171,7 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
             meta tensor among real ones), unknown kind, a non-finite or non-positive mu (Python
             float or CPU tensor, eager calls).
         RuntimeError: extension not loaded, or a CUDA tensor with a CPU-only build.
+        NotImplementedError: (when differentiated) a second derivative.
     """
     op = "augmented_lagrangian_term"
     check_tensors(op, g=g, lam=lam)
@@ -182,7 +183,8 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     check_shapes(op, lam_c, g, mu_t)
     check_same_device(op, lam_c, g=g, mu=mu_t)
     _ext.require(op, g, lam_c, mu_t)
-    if _fwad.has_tangent(g):  # forward mode (jvp/jacfwd/dual): register_autograd is reverse only
+    if _fwad.has_tangent(g) or _fwad.under_transform(g):
+        # forward mode (jvp/jacfwd/dual) or torch.func (grad/vjp/jacrev/vmap): the registered autograd runs under neither
         return _fwad.ALForward.apply(g, lam_c, mu_t.detach(), kind)
     return torch.ops.entangle_ext.augmented_lagrangian(g, lam_c, mu_t, kind)
 

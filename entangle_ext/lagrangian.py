@@ -230,9 +230,9 @@ class AugmentedLagrangian:
         lam^2). Differentiable in g (gradient lam + mu g, resp. max(0, lam + mu g)); g is cast to
         the state dtype first (a half-precision g gets its gradient back through the cast); the
         result has the state dtype. Records g.detach() as the pre-step value that ``update()``
-        uses in ``update_with="pre"`` mode. Forward mode (``torch.func.jvp``) works; the
-        torch.func reverse-mode transforms (``grad``, ``vjp``, ``jacrev``) raise RuntimeError, as
-        for `entangle_ext.augmented_lagrangian_term` (use ``torch.autograd.grad``).
+        uses in ``update_with="pre"`` mode. The first-order torch.func transforms (``grad``,
+        ``vjp``, ``jacrev``, ``jvp``, ``jacfwd``, ``vmap`` of them) work; second derivatives raise
+        NotImplementedError, as for `entangle_ext.augmented_lagrangian_term`.
 
         Raises:
             TypeError: g not a floating tensor (a complex, integer or bool g is refused, not cast).

@@ -71,13 +71,15 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
     Returns:
         W2^2 in squared units of the inputs: shape ``()`` for 1-D dense input, ``(S,)`` otherwise
         (or ``()`` with reduction mean/sum), dtype of the inputs, on their device. Differentiable
-        with respect to ``u`` and ``v`` (double backward raises NotImplementedError); zero segments
-        give an empty (or reduced) result that stays connected to the autograd graph. The autograd
-        is a C++ function: the ``torch.func`` gradient transforms (``grad``, ``vjp``, ``jacrev``,
-        ``functional_call`` + ``grad``) raise RuntimeError (``vmap`` of the forward works); for
-        per-sample gradients loop ``torch.autograd.grad`` over the samples. Forward mode
-        (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad`` dual tensors) works: the
-        tangent of segment s is the sum over s of the local gradients times the input tangents.
+        with respect to ``u`` and ``v``; zero segments give an empty (or reduced) result that
+        stays connected to the autograd graph. The autograd is a C++ function; under the
+        ``torch.func`` transforms (``grad``, ``vjp``, ``jacrev``, ``functional_call`` + ``grad``,
+        ``vmap``; per-sample gradients: ``vmap(grad(...))``) an autograd.Function with the same
+        kernels runs instead. Forward mode (``torch.func.jvp``, ``jacfwd``,
+        ``torch.autograd.forward_ad`` dual tensors) works: the tangent of segment s is the sum
+        over s of the local gradients times the input tangents. Second derivatives (double
+        backward, ``hessian``, any nesting of ``jacfwd`` / ``jacrev``) raise
+        NotImplementedError.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-integer offsets, a
@@ -88,6 +90,7 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
             ``validate``), unknown reduction (checked before anything is computed).
         RuntimeError: the native extension is not built/loaded, a CUDA tensor with a CPU-only
             build, or ``validate=True`` during CUDA-graph capture.
+        NotImplementedError: (when differentiated) a second derivative.
     """
     if not isinstance(reduction, str) or reduction not in ("none", "mean", "sum"):
         raise ValueError(f"{_OP}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
@@ -99,7 +102,8 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         raise RuntimeError(f"{_OP}: validate=True reads values back to the host, which is not "
                            "allowed during CUDA-graph capture; pass validate=False")
     max_seqlen = -1 if seg.max_seqlen is None else seg.max_seqlen
-    if _fwad.has_tangent(cu, cv):  # forward mode (jvp/jacfwd/dual): the C++ autograd is reverse only
+    if _fwad.has_tangent(cu, cv) or _fwad.under_transform(cu, cv):
+        # forward mode (jvp/jacfwd/dual) or torch.func (grad/vjp/jacrev/vmap): the C++ autograd runs under neither
         w2, _, _ = _fwad.W2Forward.apply(cu, cv, seg.u_offsets, seg.v_offsets, max_seqlen, validate)
     else:
         w2, _, _ = torch.ops.entangle_ext.wasserstein2_1d(  # autograd sets grad_u/grad_v as needed

@@ -135,6 +135,24 @@ def test_w2_forward_and_reverse_together():
     torch.testing.assert_close(gu @ tu, expect)
 
 
+@pytest.mark.parametrize("op", ["w2", "al"])
+def test_the_tangent_of_a_gradient_taken_at_a_dual_level_is_nan(op):
+    """A gradient taken while a dual level is open gets a tangent eagerly; it would be a second
+    derivative, which is not implemented: NaN, never the zero it used to be."""
+    gen = _gen(6)
+    u, v, tu = (torch.randn(6, generator=gen, dtype=F64) for _ in range(3))
+    lam = torch.ones(6, dtype=F64)
+    f = {"w2": lambda a: ee.wasserstein2_1d(a, v), "al": lambda a: ee.augmented_lagrangian_term(a, lam, 2.0)}[op]
+    ur = u.clone().requires_grad_()
+    with fwAD.dual_level():
+        (gu,) = torch.autograd.grad(f(fwAD.make_dual(ur, tu)), ur)
+        tangent = fwAD.unpack_dual(gu).tangent
+    x = u.clone().requires_grad_()
+    (want,) = torch.autograd.grad(f(x), x)
+    torch.testing.assert_close(fwAD.unpack_dual(gu).primal, want)
+    assert tangent is not None and tangent.isnan().all()
+
+
 # ----------------------------------------------------------------------------------------------
 # augmented_lagrangian_term: forward implemented
 # ----------------------------------------------------------------------------------------------
