@@ -53,6 +53,22 @@ def under_transform(*tensors) -> bool:
     return any(wrapped(t) for t in _flatten(tensors))
 
 
+def pre_step_value(g: torch.Tensor):
+    """The plain value of ``g`` (detached) to keep beyond a torch.func transform (what
+    `AugmentedLagrangian.penalty` records for ``update()``): under ``grad`` / ``jvp`` the tensor
+    under the wrappers (a wrapper must not outlive its level); under ``vmap`` there is one g per
+    batch entry and no single value, so a str saying so (``update()`` raises it)."""
+    f = torch._C._functorch
+    if torch.compiler.is_compiling() or (_ACTIVE is not None and not _ACTIVE()):
+        return g
+    while f.is_functorch_wrapped_tensor(g):
+        if f.is_batchedtensor(g):
+            return ("AugmentedLagrangian.update: the last penalty() ran under torch.func.vmap (one g "
+                    "per batch entry, no single pre-step value); pass the constraint: update(g)")
+        g = f.get_unwrapped(g)
+    return g
+
+
 def _unbatched(t: torch.Tensor) -> torch.Tensor:
     """The tensor under every ``torch.func.vmap`` layer of t (a BatchedTensor has no batching rule
     for ``_unpack_dual``; the tangent of ``jvp(vmap(f))`` lives on the tensor it wraps)."""

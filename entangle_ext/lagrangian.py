@@ -15,6 +15,7 @@ import torch
 from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_fits,
                                          check_mu_max, check_state_dtype, checked_state, schedule_args,
                                          state_dtype)
+from ._fwad import pre_step_value
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 
 __all__ = ["AugmentedLagrangian"]
@@ -137,7 +138,7 @@ class AugmentedLagrangian:
         self._window_sum = torch.zeros_like(self.lam)
         self._prev_window = torch.zeros_like(mu_t)
         self._steps = torch.zeros((), dtype=torch.int64, device=c0_t.device)
-        self._last_g: Optional[torch.Tensor] = None
+        self._last_g: Union[torch.Tensor, str, None] = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -240,7 +241,7 @@ class AugmentedLagrangian:
                 state dtype (float64 above ~3.4e38 with float32 state: it would become Inf).
         """
         g = self._as_g(g)
-        self._last_g = g.detach()
+        self._last_g = pre_step_value(g.detach())
         return augmented_lagrangian_term(g, self.lam, self._mu, kind=self.kind)
 
     def update(self, g: Optional[torch.Tensor] = None, *,
@@ -264,7 +265,8 @@ class AugmentedLagrangian:
             ValueError: both g and closure, closure in "pre" mode, no g in "post" mode, a
                 non-finite g (with check_finite; lam, mu and the counters unchanged), shape errors,
                 a finite g beyond the range of the state dtype.
-            RuntimeError: ``update()`` in "pre" mode before any `penalty` call.
+            RuntimeError: ``update()`` in "pre" mode before any `penalty` call, or after one
+                under ``torch.func.vmap`` (one g per batch entry: pass g).
         """
         if g is not None and closure is not None:
             raise ValueError("AugmentedLagrangian.update: pass g or closure, not both")
@@ -278,9 +280,9 @@ class AugmentedLagrangian:
             if self.update_with == "post":
                 raise ValueError("AugmentedLagrangian.update: update_with='post' needs the "
                                  "re-evaluated constraint: pass g or closure=")
-            if self._last_g is None:
-                raise RuntimeError("AugmentedLagrangian.update: no g given and penalty() has not "
-                                   "been called yet")
+            if not isinstance(self._last_g, torch.Tensor):   # None, or why there is none (vmap)
+                raise RuntimeError(self._last_g or "AugmentedLagrangian.update: no g given and "
+                                   "penalty() has not been called yet")
             g = self._last_g
         g = self._as_g(g).detach()
         check = self.check_finite

@@ -210,3 +210,18 @@ def test_a_refused_second_derivative_leaves_torch_func_usable():
     x = u.clone().requires_grad_(True)
     (want,) = torch.autograd.grad(ref.wasserstein2_1d(x, v), x)
     torch.testing.assert_close(torch.func.grad(f)(u), want, rtol=1e-10, atol=1e-12)
+
+
+def test_penalty_under_grad_records_a_plain_pre_step_g_and_under_vmap_none():
+    """update() after penalty() under torch.func: the recorded g is the plain value under grad
+    (it was the transform's wrapper, kept beyond its level); under vmap there is no single g and
+    update() says so (it failed inside functorch: "your tensor may have escaped")."""
+    g = torch.tensor([0.5, -1.0], dtype=D64)
+    al = ee.AugmentedLagrangian(torch.zeros(2, dtype=D64), mu=3.0)
+    torch.func.grad(al.penalty)(g)
+    assert not torch._C._functorch.is_functorch_wrapped_tensor(al._last_g)
+    torch.testing.assert_close(al.update(), 3.0 * g)
+    torch.func.vmap(torch.func.grad(al.penalty))(torch.stack([g, 2 * g]))
+    with pytest.raises(RuntimeError, match=r"penalty\(\) ran under torch.func.vmap"):
+        al.update()
+    torch.testing.assert_close(al.update(g), 6.0 * g)
