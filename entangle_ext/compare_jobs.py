@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ._signals import STOP_SIGNALS, signal_name
+
 __all__ = ["plan_tasks", "work", "run_workers", "worker_command", "die_with_parent", "WorkerFailed",
            "ParentExited"]
 
@@ -131,9 +133,6 @@ def work(queue: Path, run_task: Callable[[str, int], None], *, poll_s: float = 1
             time.sleep(poll_s)
 
 
-_STOP = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
 @contextlib.contextmanager
 def _signals_deferred():
     """Hold SIGINT/SIGTERM/SIGHUP while the workers are stopped (POSIX), so a second Ctrl-C or
@@ -142,7 +141,7 @@ def _signals_deferred():
     if block is None:
         yield
         return
-    old = block(signal.SIG_BLOCK, _STOP)
+    old = block(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
@@ -151,10 +150,7 @@ def _signals_deferred():
 
 def _exit_text(code: int) -> str:
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
+        name = signal_name(-code)
         return f"was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
     return f"exited with code {code}"
 

@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from .._signals import STOP_SIGNALS, signal_name
+
 __all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "seed_arg", "default_device", "fail",
            "sigterm_interrupts", "stop_signals", "SignalInterrupt", "interrupt_exit_code", "exit_on_bad_input",
            "one_line_warnings"]
@@ -127,14 +129,7 @@ class SignalInterrupt(KeyboardInterrupt):
 
     def __init__(self, signum: int):
         self.signum = int(signum)
-        super().__init__(_signal_name(self.signum))
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+        super().__init__(signal_name(self.signum))
 
 
 def interrupt_exit_code(exc: BaseException) -> int:
@@ -177,7 +172,7 @@ def sigterm_interrupts(*signums):
 def stop_signals() -> tuple:
     """SIGTERM and SIGHUP where the platform has them: what the commands stop on like Ctrl-C (a
     kill, a closed terminal)."""
-    return tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+    return tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .._signals import STOP_SIGNALS, signal_name
 from .checkpoint import capture_state, restore_objects
 from .data import BatchStream
 from .distributed import Dist, current
@@ -127,7 +128,7 @@ class _Interrupts:
     signals cannot arrive). A SIGHUP the process ignores (``nohup``) stays ignored. A second SIGINT
     while one is pending raises `_Forced` at once."""
 
-    SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+    SIGNALS = STOP_SIGNALS
     KEEP_IGNORED = tuple(getattr(signal, n) for n in ("SIGHUP",) if hasattr(signal, n))
 
     def __init__(self):
@@ -369,7 +370,7 @@ def _stop(intr: _Interrupts, d: Dist, log_point: bool) -> bool:
 
 
 def _signal_name(intr: _Interrupts) -> str:
-    return signal.Signals(intr.signum).name if intr.signum is not None else "signal on another rank"
+    return signal_name(intr.signum) if intr.signum is not None else "signal on another rank"
 
 
 def _bar(total: int, initial: int, desc: str, progress: bool):
