@@ -7,14 +7,13 @@ train = official train set, held-out = official test set. The splits come from
 
 Accepted on-disk formats (`load_cifar100`), looked up with `entangle_ext.data.find_data_file`:
 * torchvision's ``cifar-100-python/`` pickles (``train``, ``test``, ``meta``), read by a restricted
-  unpickler that admits only numpy array reconstruction (`_CifarUnpickler`);
+  unpickler that admits only numpy array reconstruction (`entangle_ext.data.cifar100_pickle`);
 * ``cifar100.npz`` (keys x_train, y_train_fine, y_train_coarse, x_test, y_test_fine, y_test_coarse,
   fine_names, coarse_names).
 """
 from __future__ import annotations
 
 import difflib
-import pickle
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
@@ -26,6 +25,7 @@ from .._optional import optional_import
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn.data import Splits
 from .checks import check_cap, check_float_dtype
+from .cifar100_pickle import read_pickle
 from .seeds import numpy_seed
 from .root import find_data_file, read_npz
 from .tinyimagenet import images_to_tensor
@@ -78,107 +78,17 @@ def load_cifar100(root: Union[str, Path, None] = None) -> dict:
                                                    "coarse_names": [str(s) for s in d["coarse_names"]]}
     out = {}
     for split in ("train", "test"):
-        p = _read_pickle(src / split, (b"data", b"fine_labels", b"coarse_labels"))
+        p = read_pickle(src / split, (b"data", b"fine_labels", b"coarse_labels"))
         try:
             out[f"x_{split}"] = np.asarray(p[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
         except ValueError as e:
             raise ValueError(f"{src / split}: 'data' is not a stack of 3x32x32 images ({e})") from e
         out[f"y_{split}_fine"] = np.asarray(p[b"fine_labels"], dtype=np.int64)
         out[f"y_{split}_coarse"] = np.asarray(p[b"coarse_labels"], dtype=np.int64)
-    m = _read_pickle(src / "meta", (b"fine_label_names", b"coarse_label_names"))
+    m = read_pickle(src / "meta", (b"fine_label_names", b"coarse_label_names"))
     out["fine_names"] = [s.decode() for s in m[b"fine_label_names"]]
     out["coarse_names"] = [s.decode() for s in m[b"coarse_label_names"]]
     return out
-
-
-class _Refused(pickle.UnpicklingError):
-    """A global or an array the CIFAR-100 reader does not load; the text says which."""
-
-
-try:   # numpy >= 2 (the pickles of numpy 1 and of the Python 2 originals name numpy.core.multiarray)
-    from numpy._core.multiarray import _reconstruct as _np_reconstruct
-except ImportError:   # pragma: no cover - numpy 1
-    from numpy.core.multiarray import _reconstruct as _np_reconstruct
-
-
-class _NdarrayMarker:
-    """What the pickled global numpy.ndarray stands for: only the first argument of `_reconstruct`,
-    not a class the file may call (``ndarray(shape, dtype, buffer, ...)``)."""
-
-
-def _reconstruct(cls, shape, typecode):
-    if not isinstance(cls, _NdarrayMarker):
-        raise _Refused(f"an array of type {getattr(cls, '__name__', cls)!r} (only numpy.ndarray)")
-    return _np_reconstruct(np.ndarray, shape, typecode)
-
-
-def _dtype(*args):
-    dt = np.dtype(*args)
-    if dt.hasobject:
-        raise _Refused(f"an object-dtype numpy array ({dt})")
-    return dt
-
-
-def _latin1_encode(obj, encoding="utf-8", errors="strict"):
-    # how Python 3 writes bytes at pickle protocols 0-2: _codecs.encode(str, "latin1")
-    if not isinstance(obj, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
-        raise _Refused(f"the pickled call _codecs.encode({type(obj).__name__}, {encoding!r}, {errors!r}) "
-                       "(only a str encoded as latin1)")
-    return obj.encode("latin1")
-
-
-# The only globals a CIFAR-100 pickle needs: numpy array reconstruction (the ``data`` array; the
-# originals were written by Python 2 with protocol 2) and, for a copy re-pickled by Python 3 at
-# protocol <= 2, the latin1 encoding of bytes. Dicts, lists, bytes, str and ints need no global.
-_ALLOWED = {("numpy.core.multiarray", "_reconstruct"): _reconstruct,
-            ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-            ("numpy", "ndarray"): _NdarrayMarker(),
-            ("numpy", "dtype"): _dtype,
-            ("_codecs", "encode"): _latin1_encode}
-
-
-class _CifarUnpickler(pickle.Unpickler):
-    """Unpickles torchvision's CIFAR-100 files without running code from them: every global but
-    those of `_ALLOWED` is refused (`_Refused`), and so are object-dtype arrays."""
-
-    def find_class(self, module, name):
-        f = _ALLOWED.get((module, name))
-        if f is None:
-            raise _Refused(f"the pickled global {module}.{name}")
-        return f
-
-
-def _check_no_object_arrays(obj) -> None:
-    """Refuse an object-dtype array however it was built (e.g. fields set on a plain dtype by its
-    pickled state), anywhere in the dicts, lists and tuples of a loaded file."""
-    stack, seen = [obj], set()
-    while stack:
-        o = stack.pop()
-        if isinstance(o, np.ndarray):
-            if o.dtype.hasobject:
-                raise _Refused(f"an object-dtype numpy array ({o.dtype})")
-        elif isinstance(o, (dict, list, tuple)) and id(o) not in seen:   # a pickle may hold cycles
-            seen.add(id(o))
-            stack.extend(o.values() if isinstance(o, dict) else o)
-
-
-def _read_pickle(path: Path, keys) -> dict:
-    """One of torchvision's CIFAR-100 pickles as a dict holding ``keys``; errors name the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing (torchvision cifar-100-python layout: train, test, meta)")
-    try:
-        with open(path, "rb") as f:
-            p = _CifarUnpickler(f, encoding="bytes").load()
-        _check_no_object_arrays(p)
-    except _Refused as e:
-        raise ValueError(f"{path}: refuses to load {e} (a CIFAR-100 file holds only arrays, lists and "
-                         "numbers)") from None
-    except Exception as e:   # unpickling a corrupt file can raise almost anything
-        raise ValueError(f"{path} is not a CIFAR-100 pickle: {type(e).__name__}: {e}") from e
-    missing = [k.decode() for k in keys if not isinstance(p, dict) or k not in p]
-    if missing:
-        raise ValueError(f"{path} is not a CIFAR-100 pickle: missing keys {missing}")
-    return p
 
 
 def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "aquarium_fish",
