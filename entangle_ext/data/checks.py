@@ -1,5 +1,6 @@
 """Checks of the options every data loader shares: a per-class cap (`check_cap`) and the floating
-dtype of returned inputs (`check_float_dtype`). `entangle_ext.settings.Setting.check_options`
+dtype of returned inputs (`check_float_dtype`); and of the arrays a loader reads from a file, before
+anything indexes with them (`check_images`, `check_labels`). `entangle_ext.settings.Setting.check_options`
 and the loaders called directly (`digits_splits`, `cifar100_splits`, `load_tinyimagenet`,
 `celeba_splits`, `toxigen_index_splits`) use the same ones, so a direct call refuses what the
 registry refuses."""
@@ -10,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-__all__ = ["check_cap", "check_float_dtype"]
+__all__ = ["check_cap", "check_float_dtype", "check_images", "check_labels"]
 
 
 def check_cap(value: Any, name: str) -> Optional[int]:
@@ -37,3 +38,43 @@ def check_float_dtype(dtype: Any, name: str = "dtype") -> torch.dtype:
         raise TypeError(f"{name} must be a floating torch dtype (e.g. torch.float32), got {dtype!r}: "
                         "the inputs are scaled floats, an integer dtype would truncate them")
     return dtype
+
+
+def check_images(x: Any, where: str, key: str, hwc: Optional[tuple] = None) -> int:
+    """The number of images in ``x``, which must be a uint8 (N, H, W, 3) numpy array (pixel values
+    0..255, channels last); ``hwc``: the required (H, W, 3), if fixed.
+
+    Raises:
+        ValueError: naming ``where`` (the file) and ``key``: another dtype (float images in [0, 1]
+            would be divided by 255 once more, int ones beyond 255 scaled past the range, both
+            without an error), another number of dimensions, channels first, another image size.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.uint8:
+        raise ValueError(f"{where}: {key!r} must hold uint8 images (pixel values 0..255), got dtype "
+                         f"{x.dtype} (floats in [0, 1] would be scaled by 1/255 twice)")
+    want = "(N, H, W, 3) (channels last)" if hwc is None else f"(N, {', '.join(map(str, hwc))})"
+    if x.ndim != 4 or x.shape[-1] != 3 or (hwc is not None and tuple(x.shape[1:]) != tuple(hwc)):
+        raise ValueError(f"{where}: {key!r} must have shape {want}, got {tuple(x.shape)}")
+    return int(x.shape[0])
+
+
+def check_labels(y: Any, n: int, num_classes: int, where: str, key: str) -> np.ndarray:
+    """``y`` as a 1-D int64 numpy array of ``n`` class labels in 0..num_classes-1.
+
+    Raises:
+        ValueError: naming ``where`` and ``key``: not a 1-D integer array (floats, strings, bools),
+            another length than ``n`` (the images it labels), a label outside 0..num_classes-1 (it
+            would index past the class names, or, negative, count from their end).
+    """
+    y = np.asarray(y)
+    if y.ndim != 1 or y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{where}: {key!r} must be a 1-D array of integer labels, got dtype {y.dtype} "
+                         f"and shape {tuple(y.shape)}")
+    if len(y) != n:
+        raise ValueError(f"{where}: {key!r} has {len(y)} labels for {n} images")
+    bad = y[(y < 0) | (y >= num_classes)]
+    if len(bad):
+        raise ValueError(f"{where}: {key!r} has labels outside 0..{num_classes - 1} (the {num_classes} "
+                         f"class names), e.g. {int(bad[0])}")
+    return y.astype(np.int64, copy=False)

@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 from .._optional import optional_import
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn.data import Splits
-from .checks import check_cap, check_float_dtype
+from .checks import check_cap, check_float_dtype, check_images, check_labels
 from .cifar100_pickle import read_pickle
 from .seeds import numpy_seed
 from .root import find_data_file, read_npz
@@ -41,7 +41,7 @@ _NPZ_KEYS = ("x_train", "y_train_fine", "y_train_coarse", "x_test", "y_test_fine
 
 
 def _is_cifar100(p: Path) -> bool:
-    return (p.is_file() and p.suffix == ".npz") or (p.is_dir() and p.name == "cifar-100-python")
+    return (p.is_file() and p.suffix.lower() == ".npz") or (p.is_dir() and p.name == "cifar-100-python")
 
 
 def _locate(root) -> Path:
@@ -67,15 +67,15 @@ def load_cifar100(root: Union[str, Path, None] = None) -> dict:
     Raises FileNotFoundError when no CIFAR-100 is found (see `find_cifar100`; the message names
     every place looked at) or a pickle of the ``cifar-100-python/`` layout is missing; ValueError,
     naming the file, when the file is not a CIFAR-100 archive (not a zip, missing keys, corrupt:
-    `entangle_ext.data.root.read_npz`) or a pickle is corrupt or lacks its keys, or pickles anything
+    `entangle_ext.data.root.read_npz`), its arrays are malformed (images not uint8 (N, 32, 32, 3),
+    labels not 1-D integers as many as the images and within the class names, names not unique
+    strings), or a pickle is corrupt or lacks its keys, or pickles anything
     but dicts, lists, bytes/str, numbers and plain numpy arrays (no code from a pickle is run: the
     message names the refused global).
     """
     src = _locate(root)
-    if src.suffix == ".npz" or not src.is_dir():
-        d = read_npz(src, _NPZ_KEYS, "CIFAR-100")
-        return {k: d[k] for k in _NPZ_KEYS[:6]} | {"fine_names": [str(s) for s in d["fine_names"]],
-                                                   "coarse_names": [str(s) for s in d["coarse_names"]]}
+    if src.suffix.lower() == ".npz" or not src.is_dir():
+        return _checked(read_npz(src, _NPZ_KEYS, "CIFAR-100"), str(src))
     out = {}
     for split in ("train", "test"):
         p = read_pickle(src / split, (b"data", b"fine_labels", b"coarse_labels"))
@@ -88,7 +88,47 @@ def load_cifar100(root: Union[str, Path, None] = None) -> dict:
     m = read_pickle(src / "meta", (b"fine_label_names", b"coarse_label_names"))
     out["fine_names"] = [s.decode() for s in m[b"fine_label_names"]]
     out["coarse_names"] = [s.decode() for s in m[b"coarse_label_names"]]
+    return _checked(out, str(src))
+
+
+def _checked(d: dict, where: str) -> dict:
+    """``d`` (the arrays of `load_cifar100`) checked before anything indexes with them, names as
+    lists of str: uint8 (N, 32, 32, 3) images, 1-D integer labels as many as the images and within
+    the class names, unique names; ValueError naming ``where`` (the file) otherwise."""
+    out = {}
+    for key in ("fine_names", "coarse_names"):
+        names = np.asarray(d[key])
+        if names.ndim != 1 or len(names) == 0 or not np.issubdtype(names.dtype, np.str_):
+            raise ValueError(f"{where}: {key!r} must be a non-empty 1-D array of strings, got dtype "
+                             f"{names.dtype} and shape {tuple(names.shape)}")
+        out[key] = [str(n) for n in names]
+        if len(set(out[key])) < len(out[key]):
+            raise ValueError(f"{where}: {key!r} repeats a name")
+    for split in ("train", "test"):
+        n = check_images(d[f"x_{split}"], where, f"x_{split}", (32, 32, 3))
+        out[f"x_{split}"] = d[f"x_{split}"]
+        for level in ("fine", "coarse"):
+            key = f"y_{split}_{level}"
+            out[key] = check_labels(d[key], n, len(out[f"{level}_names"]), where, key)
     return out
+
+
+def _fine_to_coarse(d: dict) -> np.ndarray:
+    """The superclass of every fine class, from the train and test labels. ValueError for a fine
+    class under two superclasses, or with no train image (its superclass would be unknown)."""
+    fine_names, coarse_names = d["fine_names"], d["coarse_names"]
+    f2c = np.full(len(fine_names), -1, dtype=np.int64)
+    for split in ("train", "test"):
+        for f, c in np.unique(np.stack([d[f"y_{split}_fine"], d[f"y_{split}_coarse"]], 1), axis=0):
+            if f2c[f] not in (-1, c):
+                raise ValueError(f"CIFAR-100 labels: fine class {fine_names[f]!r} appears under two "
+                                 f"superclasses, {coarse_names[f2c[f]]!r} and {coarse_names[c]!r} ({split})")
+            f2c[f] = c
+    missing = [fine_names[f] for f in np.flatnonzero(np.bincount(d["y_train_fine"], minlength=len(f2c)) == 0)]
+    if missing:
+        raise ValueError(f"CIFAR-100 labels: fine classes without train images: {missing[:5]}"
+                         + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return f2c
 
 
 def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "aquarium_fish",
@@ -114,7 +154,10 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
     Raises:
         ValueError: an unknown forget class or superclass (the message lists the choices), repeated
         superclasses, superclasses without the forget class's superclass or with nothing else (an
-        empty remote split), fine/coarse labels that disagree between samples, an image_size
+        empty remote split), fine/coarse labels that disagree between samples or a fine class
+        without train images (both name the class), arrays of the wrong dtype or shape (images not
+        uint8 (N, 32, 32, 3), labels not integers as many as the images or outside the class
+        names; also for ``data``), an image_size
         outside 1..32, a cap that is not None or an integer >= 1 (`check_cap`), an unreadable file
         (see `load_cifar100`). TypeError: superclasses given as one string, a dtype that is not
         floating. FileNotFoundError: no data.
@@ -124,15 +167,14 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
     max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
     max_test_per_class = check_cap(max_test_per_class, "max_test_per_class")
     check_float_dtype(dtype)
-    d = data if data is not None else load_cifar100(root)
-    fine_names, coarse_names = list(d["fine_names"]), list(d["coarse_names"])
+    d = _checked(data, "data") if data is not None else load_cifar100(root)
+    fine_names, coarse_names = d["fine_names"], d["coarse_names"]
     if forget_fine not in fine_names:
         raise ValueError(_unknown_name("fine class", forget_fine, fine_names)
                          + (f" ({forget_fine!r} is a superclass; forget takes one of its fine classes)"
                             if forget_fine in coarse_names else ""))
     f_id = fine_names.index(forget_fine)
-    f2c = np.zeros(len(fine_names), dtype=np.int64)
-    f2c[d["y_train_fine"]] = d["y_train_coarse"]
+    f2c = _fine_to_coarse(d)
     sup = int(f2c[f_id])
     keep = list(range(len(coarse_names))) if superclasses is None else _keep_superclasses(superclasses, coarse_names)
     if sup not in keep:
@@ -146,9 +188,7 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
     rng = np.random.default_rng(numpy_seed(seed))
     kw, idx_splits = {}, {}
     for split, cap, suffix in (("train", max_train_per_class, ""), ("test", max_test_per_class, "_test")):
-        x, fine, coarse = d[f"x_{split}"], d[f"y_{split}_fine"], d[f"y_{split}_coarse"]
-        if not np.array_equal(f2c[fine], coarse):
-            raise ValueError(f"CIFAR-100 {split} labels: a fine class appears under two coarse classes")
+        x, fine = d[f"x_{split}"], d[f"y_{split}_fine"]
         sel = _select(fine, f2k, cap, rng)
         s = split_by_hierarchy(fine[sel], f2k, f_id, fine_names=fine_names,
                                coarse_names=[coarse_names[c] for c in keep])
