@@ -83,6 +83,10 @@ def run(args, recipe, rng):
     """The comparison of `main` (flags already checked): pixel baselines, then the trained model's features."""
     d = load_cifar100(args.data_root)
     fine, coarse = d["y_train_fine"], d["y_train_coarse"]
+    if len(d["fine_names"]) != 100 or "aquarium_fish" not in d["fine_names"] or len(d["x_test"]) < 256:
+        raise ValueError(f"this example needs the whole CIFAR-100 (100 fine classes with aquarium_fish, and "
+                         f"at least 256 test images for the PCA-256 baseline); the data found has "
+                         f"{len(d['fine_names'])} fine classes and {len(d['x_test'])} test images")
     most = int(np.bincount(fine, minlength=100).min())
     if not 1 <= args.per_class <= most:
         raise ValueError(f"--per-class must be 1..{most} (train images per fine class), got {args.per_class}")

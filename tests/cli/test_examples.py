@@ -52,13 +52,33 @@ def test_cifar100_example_defaults_to_the_cpu_preset_on_a_cpu(argv, expect, monk
 def test_similarity_example_checks_per_class(per_class, monkeypatch, capsys):
     ex = load_example("similarity_split_cifar100")
     fine = np.repeat(np.arange(100), 3)   # 3 train images per fine class
-    fake = {"y_train_fine": fine, "y_train_coarse": fine // 5, "x_train": np.zeros((300, 32, 32, 3), np.uint8)}
+    fake = {"y_train_fine": fine, "y_train_coarse": fine // 5, "x_train": np.zeros((300, 32, 32, 3), np.uint8),
+            "fine_names": ["aquarium_fish"] + [f"c{i}" for i in range(1, 100)], "x_test": np.zeros((256, 32, 32, 3))}
     monkeypatch.setattr(ex, "load_cifar100", lambda root=None: fake)
     with pytest.raises(SystemExit) as info:
         ex.main(["--per-class", str(per_class), "--device", "cpu"])
     assert info.value.code == 2
     assert capsys.readouterr().err == (f"similarity_split_cifar100: error: --per-class must be 1..3 "
                                        f"(train images per fine class), got {per_class}\n")
+
+
+@pytest.mark.parametrize("n_fine, n_test", [(6, 300), (100, 255)])
+def test_similarity_example_needs_the_whole_cifar100(n_fine, n_test, monkeypatch, capsys):
+    """A reduced archive failed inside torch.pca_lowrank (q=256 > test images) or with "'aquarium_fish'
+    is not in list"; now one line naming what the example needs."""
+    ex = load_example("similarity_split_cifar100")
+    fine = np.repeat(np.arange(n_fine), 3)
+    fake = {"y_train_fine": fine, "y_train_coarse": fine // 5, "x_train": np.zeros((len(fine), 32, 32, 3), np.uint8),
+            "fine_names": ["aquarium_fish"] + [f"c{i}" for i in range(1, n_fine)],
+            "x_test": np.zeros((n_test, 32, 32, 3), np.uint8)}
+    monkeypatch.setattr(ex, "load_cifar100", lambda root=None: fake)
+    with pytest.raises(SystemExit) as info:
+        ex.main(["--per-class", "2", "--device", "cpu"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        "similarity_split_cifar100: error: this example needs the whole CIFAR-100 (100 fine classes with "
+        "aquarium_fish, and at least 256 test images for the PCA-256 baseline); the data found has "
+        f"{n_fine} fine classes and {n_test} test images\n")
 
 
 @pytest.mark.parametrize("name", ["cifar100_resnet18", "tinyimagenet_vit", "celeba_vit", "toxigen_transformer",
