@@ -129,7 +129,7 @@ def forward_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
     channel when training"): those layers normalise it with their running statistics (eval mode
     for this pass, their running statistics not updated) and are back in train mode afterwards.
     """
-    return logits_of(model_output(model, inputs))
+    return logits_of(model_output(model, inputs), lone=_batch_size(inputs) == 1)
 
 
 def model_output(model: torch.nn.Module, inputs):
@@ -148,10 +148,10 @@ def model_output(model: torch.nn.Module, inputs):
     return out
 
 
-def logits_of(out) -> torch.Tensor:
+def logits_of(out, lone: bool = False) -> torch.Tensor:
     """The (B, C) logits in a model's output: the tensor itself, ``out["logits"]``,
     ``out.logits`` (Hugging Face), or element 0 of a tuple / list. Raises ValueError when that is
-    not a 2-D tensor."""
+    not a 2-D tensor (``lone``: the batch held one sample, which the message then says)."""
     where = ""
     if isinstance(out, dict) and "logits" in out:
         out, where = out["logits"], " (its \"logits\" entry)"
@@ -162,15 +162,24 @@ def logits_of(out) -> torch.Tensor:
         out = out[0] if len(out) else None
     if not isinstance(out, torch.Tensor) or out.dim() != 2:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}{where}")
+        hint = ("; this batch held one sample: a model that squeezes its output (``.squeeze()``) "
+                "drops the batch dimension then (squeeze only the dimensions meant, e.g. "
+                "``.flatten(1)`` or ``.squeeze(-1)``)" if lone and isinstance(out, torch.Tensor)
+                and out.dim() == 1 else "")
+        raise ValueError(f"the model must return 2-D logits (batch, classes); got {shape}{where}{hint}")
     return out
+
+
+def _batch_size(inputs) -> Optional[int]:
+    """Dim 0 of the input tensor (of the first tensor of a dict of inputs); None when there is none."""
+    first = inputs if isinstance(inputs, torch.Tensor) else \
+        next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None) if isinstance(inputs, dict) else None
+    return None if first is None or first.dim() == 0 else int(first.shape[0])
 
 
 def _lone_sample_batchnorms(model: torch.nn.Module, inputs) -> List[torch.nn.Module]:
     """The BatchNorm layers of ``model`` in train mode when ``inputs`` hold one sample, else []."""
-    first = inputs if isinstance(inputs, torch.Tensor) else \
-        next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None) if isinstance(inputs, dict) else None
-    if first is None or first.dim() == 0 or first.shape[0] != 1:
+    if _batch_size(inputs) != 1:
         return []
     return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
 

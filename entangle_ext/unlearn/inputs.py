@@ -192,7 +192,7 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
                                  f"{_param_dtypes(model)}): {str(e).splitlines()[0]}") from e
             if C is None:   # once per run: the form of the output is the same for every split
                 _warn_ambiguous_tuple(model, out, len(y))
-            logits = logits_of(out)
+            logits = logits_of(out, lone=len(y) == 1)
             what = f"split {name!r}: the model ({type(model).__name__}) returned logits of shape " \
                    f"{tuple(logits.shape)} and dtype {logits.dtype} for {len(y)} samples"
             if logits.shape[0] != len(y):

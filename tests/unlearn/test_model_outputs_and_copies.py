@@ -2,6 +2,7 @@
 ``(features, logits)`` (element 0 of a tuple is taken as the logits), a model that cannot be
 deep-copied where a copy is needed (``inplace=False``, compare, SCRUB's teacher, relearn time),
 and a held-out split that is a train split."""
+import dataclasses
 import threading
 import warnings
 
@@ -137,3 +138,21 @@ def test_the_logits_error_says_which_part_of_the_output_it_read(small, output, w
             return output(self.lin(x))
     with pytest.raises(ValueError, match=r"the model must return 2-D logits \(batch, classes\); " + where):
         ee.unlearn(Model(), small, tiny_config(), progress=False)
+
+
+def test_a_squeezing_model_on_a_batch_of_one_is_told_why(small):
+    """A model ending in ``.squeeze()`` gives (C,) for a batch of one sample (here the last Stage-2
+    forget batch of a 9-sample split in batches of 8): the error says that this batch held one
+    sample and what to squeeze instead (it said only "got (2,)"); a (B,) output of a larger batch
+    is not told this."""
+    class Squeezing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 2)
+
+        def forward(self, x):
+            return self.lin(x).squeeze()
+    splits = dataclasses.replace(small, forget=Subset(small.forget, range(9)))
+    with pytest.raises(ValueError, match=r"got \(2,\); this batch held one sample: a model that squeezes its "
+                                         r"output .* drops the batch dimension"):
+        ee.unlearn(Squeezing(), splits, tiny_config(), progress=False)
