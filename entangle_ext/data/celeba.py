@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_attributes
 from ..unlearn.data import Splits
-from .checks import check_cap, check_float_dtype
+from .checks import check_cap, check_float_dtype, read_text_lines
 from .seeds import numpy_seed
 from .root import data_dirs
 from .tinyimagenet import images_to_tensor
@@ -77,7 +77,7 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
     """
     d = find_celeba(root)
     attr_file, part_file = d / "list_attr_celeba.txt", d / "list_eval_partition.txt"
-    lines = _read_lines(attr_file)
+    lines = read_text_lines(attr_file)
     if len(lines) < 2:
         raise ValueError(f"{attr_file} is too short (needs count, header, rows)")
     names = lines[1].split()
@@ -99,7 +99,7 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
             raise ValueError(f"{attr_file} line {n}: attribute values must be -1 or 1, got {r[1:][:8]} …")
         vals[i] = v
     part = {}
-    for n, l in enumerate(_read_lines(part_file), 1):
+    for n, l in enumerate(read_text_lines(part_file), 1):
         if l.strip():
             f = l.split()
             code = _ints(f[1:2], part_file, n) if len(f) >= 2 else [None]
@@ -111,13 +111,6 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
         raise ValueError(f"{part_file} lacks {len(missing)} image(s), e.g. {missing[:3]}")
     return {"files": files, "attrs": {n: vals[:, j] for j, n in enumerate(names)},
             "partition": np.array([part[f] for f in files], dtype=np.int64), "dir": d}
-
-
-def _read_lines(path: Path) -> list:
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not a UTF-8 text file ({e})") from e
 
 
 def _ints(fields: Sequence[str], path: Path, line: int) -> list:

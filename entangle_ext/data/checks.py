@@ -1,17 +1,27 @@
-"""Checks of the options every data loader shares: a per-class cap (`check_cap`) and the floating
-dtype of returned inputs (`check_float_dtype`); and of the arrays a loader reads from a file, before
-anything indexes with them (`check_images`, `check_labels`). `entangle_ext.settings.Setting.check_options`
-and the loaders called directly (`digits_splits`, `cifar100_splits`, `load_tinyimagenet`,
-`celeba_splits`, `toxigen_index_splits`) use the same ones, so a direct call refuses what the
-registry refuses."""
+"""Checks every data loader shares.
+
+Options: a per-class cap (`check_cap`) and the floating dtype of returned inputs
+(`check_float_dtype`). `entangle_ext.settings.Setting.check_options` and the
+loaders called directly (`digits_splits`, `cifar100_splits`, `load_tinyimagenet`, `celeba_splits`,
+`toxigen_index_splits`) use the same ones, so a direct call refuses what the registry refuses.
+
+Arrays read from a file, before anything indexes with them: images (`check_images`) and class
+labels (`check_labels`).
+
+Text files: `read_text_lines`, `line_fields` and `read_csv_rows` read the loaders' list files and
+CSV tables; a file that is not UTF-8, a malformed CSV or a line / row without the expected fields
+gives a ValueError naming the file and the line, never a raw UnicodeDecodeError or unpacking error."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import csv
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-__all__ = ["check_cap", "check_float_dtype", "check_images", "check_labels"]
+__all__ = ["check_cap", "check_float_dtype", "check_images", "check_labels", "read_text_lines", "line_fields",
+           "read_csv_rows"]
 
 
 def check_cap(value: Any, name: str) -> Optional[int]:
@@ -78,3 +88,50 @@ def check_labels(y: Any, n: int, num_classes: int, where: str, key: str) -> np.n
         raise ValueError(f"{where}: {key!r} has labels outside 0..{num_classes - 1} (the {num_classes} "
                          f"class names), e.g. {int(bad[0])}")
     return y.astype(np.int64, copy=False)
+
+
+def read_text_lines(path: Union[str, Path]) -> List[str]:
+    """The lines of the UTF-8 text file ``path`` (without line ends). The one reader of the
+    loaders' line-based list files (CelebA's lists, Tiny-ImageNet's ``wnids.txt`` / ``words.txt`` /
+    ``val_annotations.txt``). Raises ValueError naming the file when it is not UTF-8 text."""
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a UTF-8 text file ({e}); re-save it as UTF-8") from e
+
+
+def line_fields(line: str, path: Union[str, Path], lineno: int, count: int, sep: Optional[str] = None,
+                maxsplit: int = -1, form: Optional[str] = None) -> List[str]:
+    """``line.split(sep, maxsplit)`` when it has at least ``count`` fields; else ValueError naming
+    ``path``, the 1-based ``lineno`` and the expected ``form`` (e.g. "'<file><TAB><wnid>…'")."""
+    fields = line.split(sep, maxsplit)
+    if len(fields) < count:
+        sep_name = {"\t": "tab", None: "whitespace"}.get(sep, repr(sep))
+        want = form or f"at least {count} {sep_name}-separated fields"
+        raise ValueError(f"{path} line {lineno}: expected {want}, got {line.strip()[:60]!r}")
+    return fields
+
+
+def read_csv_rows(path: Union[str, Path]) -> Tuple[List[Dict[str, str]], List[str]]:
+    """(rows as dicts, column names) of the UTF-8 CSV file ``path`` (header on line 1). The one
+    reader of the loaders' CSV tables (ToxiGen, the Tiny-ImageNet hypernym table).
+
+    Raises:
+        ValueError (naming the file): not UTF-8, a malformed CSV, or truncated / malformed rows
+            (fewer or more fields than the header; the message lists the row numbers, header = 1).
+    """
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            cols = list(reader.fieldnames or [])
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a UTF-8 text file ({e}); re-save it as UTF-8") from e
+    except csv.Error as e:
+        raise ValueError(f"{path}: malformed CSV ({e})") from e
+    bad = [i + 2 for i, r in enumerate(rows) if None in r or any(r[c] is None for c in cols)]
+    if bad:
+        raise ValueError(f"{path}: truncated or malformed row(s) {bad[:5]} (data row numbers, header = 1): "
+                         f"field count differs from the header's {len(cols)}")
+    return rows, cols
+

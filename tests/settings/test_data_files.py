@@ -180,7 +180,7 @@ def test_toxigen_latin1_and_caps(tmp_path):
         with pytest.raises(ValueError, match="max_per_group_label must be an integer >= 1"):
             toxigen_index_splits(d, max_per_group_label=bad)
     p.write_bytes(p.read_bytes().replace(b"t0", "caf\u00e9".encode("latin-1")))
-    with pytest.raises(ValueError, match="is not UTF-8 text") as e:
+    with pytest.raises(ValueError, match="is not a UTF-8 text file") as e:
         load_toxigen(p)
     assert str(p) in str(e.value)
 
