@@ -1,0 +1,149 @@
+"""The two Tiny-ImageNet sources of `entangle_ext.data.tinyimagenet.load_tinyimagenet` (its module
+docstring describes them): the packed ``.npz`` (`read_npz_source`) and the standard
+``tiny-imagenet-200/`` folders with the WordNet hypernym table (`read_standard_layout`,
+`load_wordnet_csv`). Each returns the dict `load_tinyimagenet` documents."""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Dict, Optional, Union
+
+import numpy as np
+
+from .root import data_dirs, read_npz
+
+__all__ = ["find_wordnet_csv", "load_wordnet_csv", "read_npz_source", "read_standard_layout", "NPZ_KEYS"]
+
+NPZ_KEYS = ("wnids", "label", "split", "offsets", "jpeg_bytes", "hypernym_path", "class_names")
+"""The arrays of the packed Tiny-ImageNet ``.npz``."""
+
+
+def find_wordnet_csv(root: Union[str, Path, None] = None) -> Optional[Path]:
+    """``tinyimagenet_wordnet.csv`` in ``root``, its parent, or the data directories
+    (`entangle_ext.data.data_dirs`); None if absent."""
+    cands = []
+    if root is not None:
+        r = Path(root)
+        cands += [r, r.parent] if r.is_dir() else [r.parent]
+    for c in cands + [p for _, p in data_dirs()]:
+        if (c / "tinyimagenet_wordnet.csv").is_file():
+            return c / "tinyimagenet_wordnet.csv"
+    return None
+
+
+def load_wordnet_csv(path: Union[str, Path]) -> Dict[str, dict]:
+    """{wnid: {"words": str, "path": [node names leaf→root], "path_wnids": [...]}} from
+    ``tinyimagenet_wordnet.csv``. Raises FileNotFoundError / ValueError (missing columns)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no WordNet hypernym table at {p}")
+    with open(p, newline="", encoding="utf-8") as f:
+        r = csv.DictReader(f)
+        if not {"wnid", "words", "hypernym_path"} <= set(r.fieldnames or []):
+            raise ValueError(f"{p}: needs columns wnid, words, hypernym_path (found {r.fieldnames})")
+        return {row["wnid"]: {"words": row["words"], "path": [s.strip() for s in row["hypernym_path"].split(">")],
+                              "path_wnids": [s.strip() for s in row.get("hypernym_wnids", "").split(">") if s.strip()]}
+                for row in r}
+
+
+def _decode(jpeg: bytes, where: str) -> np.ndarray:
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(jpeg)) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except (OSError, ValueError, SyntaxError) as e:   # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(f"{where}: not a readable image ({type(e).__name__}: {e})") from e
+
+
+def _read_image(path: Path, size: int = 64) -> np.ndarray:
+    """(size, size, 3) uint8 RGB. Raises FileNotFoundError / ValueError (corrupt image), naming ``path``."""
+    from PIL import Image
+    if not path.is_file():
+        raise FileNotFoundError(f"missing image {path}")
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            if im.size != (size, size):
+                im = im.resize((size, size), Image.BILINEAR)
+            return np.asarray(im, dtype=np.uint8)
+    except (OSError, ValueError, SyntaxError) as e:   # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(f"{path}: not a readable image ({type(e).__name__}: {e})") from e
+
+
+def _cap(idx: np.ndarray, cap: Optional[int], rng) -> np.ndarray:
+    if cap is not None and len(idx) > cap:
+        idx = np.sort(rng.choice(idx, cap, replace=False))
+    return idx
+
+
+def read_npz_source(src: Path, classes, max_train_per_class, max_val_per_class, rng, *, wordnet_csv=None) -> dict:
+    """`load_tinyimagenet` from the packed ``.npz`` (its own hypernym paths; ``wordnet_csv`` unused)."""
+    d = read_npz(src, NPZ_KEYS, "Tiny-ImageNet")
+    all_wnids = [str(w) for w in d["wnids"]]
+    wnids = all_wnids if classes is None else list(classes)
+    bad = [w for w in wnids if w not in all_wnids]
+    if bad:
+        raise ValueError(f"unknown wnid(s) {bad} in {src.name}; it holds {all_wnids}")
+    label, split, off, jb = d["label"], d["split"], d["offsets"], d["jpeg_bytes"]
+    paths = {all_wnids[i]: [s.strip() for s in str(p).split(">")] for i, p in enumerate(d["hypernym_path"])}
+    names = {all_wnids[i]: str(n).split(",")[0] for i, n in enumerate(d["class_names"])}
+    out = {}
+    for part, code, cap in (("train", 0, max_train_per_class), ("val", 1, max_val_per_class)):
+        xs, ys = [], []
+        for new, w in enumerate(wnids):
+            idx = _cap(np.flatnonzero((label == all_wnids.index(w)) & (split == code)), cap, rng)
+            xs += [_decode(jb[off[i]:off[i + 1]].tobytes(), f"{src} image {i}") for i in idx]
+            ys += [new] * len(idx)
+        out[f"x_{part}"] = np.stack(xs) if xs else np.zeros((0, 64, 64, 3), np.uint8)
+        out[f"y_{part}"] = np.asarray(ys, dtype=np.int64)
+    return out | {"wnids": wnids, "names": [names[w] for w in wnids], "paths": [paths[w] for w in wnids],
+                  "source": str(src), "wordnet_nodes": sorted({n for p in paths.values() for n in p})}
+
+
+def read_standard_layout(src: Path, classes, max_train_per_class, max_val_per_class, rng, *,
+                          wordnet_csv=None) -> dict:
+    """`load_tinyimagenet` from the standard ``tiny-imagenet-200/`` folders (JPEG files, the
+    hypernym table ``wordnet_csv`` or `find_wordnet_csv`)."""
+    all_wnids = [l.strip() for l in (src / "wnids.txt").read_text().split() if l.strip()]
+    words_file = src / "words.txt"
+    if not words_file.is_file():
+        raise FileNotFoundError(f"{words_file} is missing (standard tiny-imagenet-200 layout)")
+    words = dict(l.split("\t", 1) for l in words_file.read_text(encoding="utf-8").splitlines() if "\t" in l)
+    wnids = all_wnids if classes is None else list(classes)
+    bad = [w for w in wnids if w not in all_wnids]
+    if bad:
+        raise ValueError(f"unknown wnid(s) {bad}: not in {src / 'wnids.txt'}")
+    wcsv = Path(wordnet_csv) if wordnet_csv is not None else find_wordnet_csv(src)
+    if wcsv is None:
+        raise FileNotFoundError("no tinyimagenet_wordnet.csv (WordNet hypernym paths) next to the data or in "
+                                + ", ".join(str(p) for _, p in data_dirs()) + "; pass wordnet_csv=")
+    wn = load_wordnet_csv(wcsv)
+    missing = [w for w in wnids if w not in wn]
+    if missing:
+        raise ValueError(f"wnid(s) {missing[:5]} have no hypernym path in {wcsv}")
+    xs, ys = [], []
+    for new, w in enumerate(wnids):
+        d = src / "train" / w / "images"
+        if not d.is_dir():
+            raise FileNotFoundError(f"missing class folder {d}")
+        files = np.array(sorted(p.name for p in d.glob("*.JPEG")))
+        for f in files[_cap(np.arange(len(files)), max_train_per_class, rng)]:
+            xs.append(_read_image(d / f))
+            ys.append(new)
+    ann = src / "val" / "val_annotations.txt"
+    if not ann.is_file():
+        raise FileNotFoundError(f"{ann} is missing (standard tiny-imagenet-200 layout)")
+    val = [l.split("\t")[:2] for l in ann.read_text().splitlines() if l.strip()]
+    vx, vy = [], []
+    for new, w in enumerate(wnids):
+        files = np.array(sorted(f for f, ww in val if ww == w))
+        for f in files[_cap(np.arange(len(files)), max_val_per_class, rng)]:
+            vx.append(_read_image(src / "val" / "images" / f))
+            vy.append(new)
+    empty = np.zeros((0, 64, 64, 3), np.uint8)
+    return {"x_train": np.stack(xs) if xs else empty, "y_train": np.asarray(ys, np.int64),
+            "x_val": np.stack(vx) if vx else empty, "y_val": np.asarray(vy, np.int64), "wnids": wnids,
+            "names": [words.get(w, wn[w]["words"]).split(",")[0].strip() for w in wnids],
+            "paths": [wn[w]["path"] for w in wnids], "source": str(src),
+            "wordnet_nodes": sorted({n for v in wn.values() for n in v["path"]})}
