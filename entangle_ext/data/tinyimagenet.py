@@ -88,11 +88,19 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
     Raises:
         FileNotFoundError: no source, a missing ``words.txt`` / ``val_annotations.txt`` / class folder
             / hypernym table / image. ValueError: a wnid in ``classes`` that the source does not
-            have; a file that is not a Tiny-ImageNet archive or a corrupt image (`read_npz`; the
-            message names the file); a cap that is not None or an integer >= 1 (`check_cap`).
+            have, or one repeated; a file that is not a Tiny-ImageNet archive or a corrupt image
+            (`read_npz`; the message names the file); npz arrays that disagree in length, shape or
+            dtype, a ``label`` outside 0..W-1, a ``split`` other than 0/1, ``offsets`` that do not
+            fit ``jpeg_bytes`` (`check_npz_arrays`; the message names the file and the key); a cap
+            that is not None or an integer >= 1 (`check_cap`). TypeError: ``classes`` is one string.
     """
     max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
     max_val_per_class = check_cap(max_val_per_class, "max_val_per_class")
+    if isinstance(classes, (str, bytes)):
+        raise TypeError(f"classes must be a list of wnids, got the string {classes!r}")
+    if classes is not None and len(set(classes)) != len(list(classes)):
+        raise ValueError(f"classes repeat {sorted({c for c in classes if list(classes).count(c) > 1})}: "
+                         "each class may appear once (its images would be loaded twice)")
     src = _locate(root)
     rng = np.random.default_rng(numpy_seed(seed))
     read = read_npz_source if src.suffix == ".npz" else read_standard_layout

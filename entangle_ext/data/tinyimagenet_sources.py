@@ -13,7 +13,8 @@ import numpy as np
 
 from .root import data_dirs, read_npz
 
-__all__ = ["find_wordnet_csv", "load_wordnet_csv", "read_npz_source", "read_standard_layout", "NPZ_KEYS"]
+__all__ = ["find_wordnet_csv", "load_wordnet_csv", "read_npz_source", "read_standard_layout", "check_npz_arrays",
+           "NPZ_KEYS"]
 
 NPZ_KEYS = ("wnids", "label", "split", "offsets", "jpeg_bytes", "hypernym_path", "class_names")
 """The arrays of the packed Tiny-ImageNet ``.npz``."""
@@ -47,11 +48,21 @@ def load_wordnet_csv(path: Union[str, Path]) -> Dict[str, dict]:
                 for row in r}
 
 
-def _decode(jpeg: bytes, where: str) -> np.ndarray:
+def _rgb(im, size: int) -> np.ndarray:
+    """(size, size, 3) uint8 RGB of the open Pillow image ``im`` (resized, bilinear, when another size)."""
+    from PIL import Image
+    im = im.convert("RGB")
+    if im.size != (size, size):
+        im = im.resize((size, size), Image.BILINEAR)
+    return np.asarray(im, dtype=np.uint8)
+
+
+def _decode(jpeg: bytes, where: str, size: int = 64) -> np.ndarray:
+    """As `_read_image`, from the bytes of one image of the npz (``where`` names it)."""
     from PIL import Image
     try:
         with Image.open(io.BytesIO(jpeg)) as im:
-            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+            return _rgb(im, size)
     except (OSError, ValueError, SyntaxError) as e:   # PIL.UnidentifiedImageError is an OSError
         raise ValueError(f"{where}: not a readable image ({type(e).__name__}: {e})") from e
 
@@ -63,10 +74,7 @@ def _read_image(path: Path, size: int = 64) -> np.ndarray:
         raise FileNotFoundError(f"missing image {path}")
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB")
-            if im.size != (size, size):
-                im = im.resize((size, size), Image.BILINEAR)
-            return np.asarray(im, dtype=np.uint8)
+            return _rgb(im, size)
     except (OSError, ValueError, SyntaxError) as e:   # PIL.UnidentifiedImageError is an OSError
         raise ValueError(f"{path}: not a readable image ({type(e).__name__}: {e})") from e
 
@@ -77,9 +85,57 @@ def _cap(idx: np.ndarray, cap: Optional[int], rng) -> np.ndarray:
     return idx
 
 
+def _found(values: np.ndarray) -> str:
+    return ", ".join(str(v) for v in sorted(set(values.tolist()))[:5])
+
+
+def check_npz_arrays(src: Path, d: Dict[str, np.ndarray]) -> None:
+    """Raise ValueError naming ``src`` and the key when the arrays `NPZ_KEYS` of a Tiny-ImageNet
+    npz disagree: each must be 1-D; ``wnids`` (W unique names, W >= 1), ``class_names`` and
+    ``hypernym_path`` strings of length W; ``label`` (N integers in 0..W-1) and ``split`` (N
+    integers, 0 train / 1 val); ``offsets`` N+1 non-decreasing integers from >= 0 to at most the
+    length of ``jpeg_bytes`` (uint8). Without this a short array failed with IndexError / KeyError
+    and an out-of-range label or split silently dropped its images."""
+    def bad(key: str, what: str):
+        raise ValueError(f"{src}: '{key}' {what}")
+    for k in NPZ_KEYS:
+        if d[k].ndim != 1:
+            bad(k, f"must be 1-D, got shape {d[k].shape}")
+    for k, kinds, want in (("wnids", "U", "strings"), ("class_names", "U", "strings"),
+                           ("hypernym_path", "U", "strings"), ("label", "iu", "integers"),
+                           ("split", "iu", "integers"), ("offsets", "iu", "integers"), ("jpeg_bytes", "u", "bytes")):
+        if d[k].dtype.kind not in kinds or (k == "jpeg_bytes" and d[k].dtype != np.uint8):
+            bad(k, f"must hold {want}, got dtype {d[k].dtype}")
+    w, n = len(d["wnids"]), len(d["label"])
+    wn = d["wnids"].tolist()
+    if w == 0 or len(set(wn)) != w:
+        bad("wnids", "is empty" if w == 0 else f"repeats {sorted({x for x in wn if wn.count(x) > 1})}")
+    per_class = {k: len(d[k]) for k in ("wnids", "class_names", "hypernym_path")}
+    if len(set(per_class.values())) > 1:
+        odd = min(per_class, key=lambda k: list(per_class.values()).count(per_class[k]))
+        bad(odd, "differs in length from the other per-class arrays (one entry per class each): "
+                 + ", ".join(f"'{k}' has {v}" for k, v in per_class.items()))
+    if len(d["split"]) != n:
+        bad("split", f"has {len(d['split'])} entries but 'label' has {n} (one per image)")
+    if len(d["offsets"]) != n + 1:
+        bad("offsets", f"has {len(d['offsets'])} entries but needs {n + 1} (one more than the {n} images of 'label')")
+    lab, split, off = d["label"], d["split"], d["offsets"].astype(np.int64)
+    if ((lab < 0) | (lab >= w)).any():
+        bad("label", f"has values outside 0..{w - 1} (found {_found(lab[(lab < 0) | (lab >= w)])}; "
+                     f"{w} classes in 'wnids')")
+    if not np.isin(split, (0, 1)).all():
+        bad("split", f"has values other than 0 (train) and 1 (val) (found {_found(split[~np.isin(split, (0, 1))])})")
+    if (off[:1] < 0).any() or (np.diff(off) < 0).any():
+        bad("offsets", "must be non-decreasing and start at >= 0 (image i is jpeg_bytes[offsets[i]:offsets[i+1]])")
+    if off[-1] > len(d["jpeg_bytes"]):
+        bad("offsets", f"end at {off[-1]}, beyond the {len(d['jpeg_bytes'])} bytes of 'jpeg_bytes'")
+
+
 def read_npz_source(src: Path, classes, max_train_per_class, max_val_per_class, rng, *, wordnet_csv=None) -> dict:
-    """`load_tinyimagenet` from the packed ``.npz`` (its own hypernym paths; ``wordnet_csv`` unused)."""
+    """`load_tinyimagenet` from the packed ``.npz`` (its own hypernym paths; ``wordnet_csv``
+    unused). Raises ValueError as `read_npz` and `check_npz_arrays`."""
     d = read_npz(src, NPZ_KEYS, "Tiny-ImageNet")
+    check_npz_arrays(src, d)
     all_wnids = [str(w) for w in d["wnids"]]
     wnids = all_wnids if classes is None else list(classes)
     bad = [w for w in wnids if w not in all_wnids]

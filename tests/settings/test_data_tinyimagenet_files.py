@@ -1,0 +1,87 @@
+"""Wrong or inconsistent Tiny-ImageNet files (the packed npz and the tiny-imagenet-200 folders):
+every reader raises ValueError naming the file and the key or line, never a raw IndexError /
+KeyError / UnicodeDecodeError, and never silently drops images. All data is tiny and synthetic."""
+import io
+
+import numpy as np
+import pytest
+
+
+DOG = "dog > canine > carnivore > placental > mammal > vertebrate > animal > entity"
+NPZ_CLASSES = [("n02085620", "Chihuahua", "Chihuahua > toy_dog > " + DOG),
+               ("n02094433", "Yorkshire terrier", "Yorkshire_terrier > terrier > hunting_dog > " + DOG),
+               ("n02099601", "golden retriever", "golden_retriever > retriever > sporting_dog > hunting_dog > " + DOG),
+               ("n02123045", "tabby, tabby cat", "tabby > domestic_cat > cat > feline > carnivore > placental > "
+                                                 "mammal > vertebrate > animal > entity")]
+
+
+def _jpeg(rng, side=8):
+    from PIL import Image
+    b = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(b, format="JPEG")
+    return np.frombuffer(b.getvalue(), np.uint8)
+
+
+def _tiny_npz(path, sides=None, **replace):
+    """A 4-class npz in the tinyimagenet_dogs_cats.npz format: 2 train + 1 val image per class
+    (8x8 JPEGs, or ``sides[i]`` pixels for image i); ``replace`` overrides arrays."""
+    pytest.importorskip("PIL")
+    rng = np.random.default_rng(0)
+    label, split = np.repeat(np.arange(4), 3), np.tile(np.array([0, 0, 1], np.int8), 4)
+    imgs = [_jpeg(rng, 8 if sides is None else sides[i]) for i in range(len(label))]
+    arrs = {"wnids": np.array([c[0] for c in NPZ_CLASSES]), "class_names": np.array([c[1] for c in NPZ_CLASSES]),
+            "hypernym_path": np.array([c[2] for c in NPZ_CLASSES]), "label": label, "split": split,
+            "offsets": np.r_[0, np.cumsum([len(i) for i in imgs])], "jpeg_bytes": np.concatenate(imgs)}
+    arrs.update(replace)
+    np.savez(path, **arrs)
+    return path
+
+
+def test_good_npz_keeps_every_image(tmp_path):
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    d = load_tinyimagenet(_tiny_npz(tmp_path / "t.npz"))
+    assert d["x_train"].shape == (8, 64, 64, 3) and d["x_val"].shape == (4, 64, 64, 3)
+    assert d["y_train"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and d["y_val"].tolist() == [0, 1, 2, 3]
+
+
+def test_npz_images_of_another_size_are_resized(tmp_path):
+    """One 64x64 image among 8x8 ones: every image comes back 64x64 like the folder layout's (np.stack
+    of mixed sizes raised numpy's 'all input arrays must have the same shape')."""
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    d = load_tinyimagenet(_tiny_npz(tmp_path / "t.npz", sides=[64] + [8] * 11))
+    assert d["x_train"].shape == (8, 64, 64, 3)
+
+
+@pytest.mark.parametrize("replace, msg", [
+    ({"wnids": np.array([c[0] for c in NPZ_CLASSES][:2])}, r"'wnids' differs in length .*'wnids' has 2, 'class_names' has 4"),
+    ({"class_names": np.array(["Chihuahua", "x"])}, r"'class_names' differs in length .*'class_names' has 2"),
+    ({"hypernym_path": np.array([NPZ_CLASSES[0][2]])}, r"'hypernym_path' differs in length .*'hypernym_path' has 1"),
+    ({"offsets": np.arange(6)}, r"'offsets' has 6 entries but needs 13 \(one more than the 12 images"),
+    ({"offsets": np.arange(13) * 10**6}, r"'offsets' end at 12000000, beyond the \d+ bytes of 'jpeg_bytes'"),
+    ({"offsets": np.r_[5, 0, np.arange(11) + 9]}, r"'offsets' must be non-decreasing"),
+    ({"label": np.r_[np.repeat(np.arange(4), 3)[:-1], 11]}, r"'label' has values outside 0..3 \(found 11;"),
+    ({"label": np.r_[-1, np.repeat(np.arange(4), 3)[1:]]}, r"'label' has values outside 0..3 \(found -1;"),
+    ({"label": np.repeat(np.arange(4.0), 3)}, r"'label' must hold integers, got dtype float64"),
+    ({"split": np.tile(np.array([0, 0, 2]), 4)}, r"'split' has values other than 0 \(train\) and 1 \(val\) \(found 2\)"),
+    ({"split": np.zeros(11, np.int8)}, r"'split' has 11 entries but 'label' has 12"),
+    ({"wnids": np.array(["n02085620"] * 4)}, r"'wnids' repeats \['n02085620'\]"),
+    ({"wnids": np.arange(4)}, r"'wnids' must hold strings"),
+    ({"label": np.repeat(np.arange(4), 3).reshape(3, 4)}, r"'label' must be 1-D, got shape \(3, 4\)"),
+])
+def test_inconsistent_npz_names_file_and_key(tmp_path, replace, msg):
+    """Shortened per-class arrays gave IndexError / KeyError, short offsets IndexError; labels
+    outside 0..W-1 and splits other than 0/1 silently dropped their images."""
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    p = _tiny_npz(tmp_path / "t.npz", **replace)
+    with pytest.raises(ValueError, match=msg) as e:
+        load_tinyimagenet(p)
+    assert str(p) in str(e.value)
+
+
+def test_repeated_or_string_classes_refused(tmp_path):
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    p = _tiny_npz(tmp_path / "t.npz")
+    with pytest.raises(ValueError, match=r"classes repeat \['n02085620'\]"):
+        load_tinyimagenet(p, classes=["n02085620", "n02094433", "n02085620"])
+    with pytest.raises(TypeError, match="list of wnids"):
+        load_tinyimagenet(p, classes="n02085620")
