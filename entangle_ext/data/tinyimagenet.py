@@ -91,7 +91,10 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
             have, or one repeated; a file that is not a Tiny-ImageNet archive or a corrupt image
             (`read_npz`; the message names the file); npz arrays that disagree in length, shape or
             dtype, a ``label`` outside 0..W-1, a ``split`` other than 0/1, ``offsets`` that do not
-            fit ``jpeg_bytes`` (`check_npz_arrays`; the message names the file and the key); a cap
+            fit ``jpeg_bytes`` (`check_npz_arrays`; the message names the file and the key); a
+            ``wnids.txt`` / ``words.txt`` / ``val_annotations.txt`` / hypernym table that is not
+            UTF-8, has a malformed line or row, repeats a wnid, or (annotations) names a wnid
+            absent from ``wnids.txt`` (the message names the file and line); a cap
             that is not None or an integer >= 1 (`check_cap`). TypeError: ``classes`` is one string.
     """
     max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")

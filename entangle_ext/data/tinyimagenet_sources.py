@@ -4,13 +4,13 @@ docstring describes them): the packed ``.npz`` (`read_npz_source`) and the stand
 `load_wordnet_csv`). Each returns the dict `load_tinyimagenet` documents."""
 from __future__ import annotations
 
-import csv
 import io
 from pathlib import Path
-from typing import Dict, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from .checks import line_fields, read_csv_rows, read_text_lines
 from .root import data_dirs, read_npz
 
 __all__ = ["find_wordnet_csv", "load_wordnet_csv", "read_npz_source", "read_standard_layout", "check_npz_arrays",
@@ -35,17 +35,20 @@ def find_wordnet_csv(root: Union[str, Path, None] = None) -> Optional[Path]:
 
 def load_wordnet_csv(path: Union[str, Path]) -> Dict[str, dict]:
     """{wnid: {"words": str, "path": [node names leaf→root], "path_wnids": [...]}} from
-    ``tinyimagenet_wordnet.csv``. Raises FileNotFoundError / ValueError (missing columns)."""
+    ``tinyimagenet_wordnet.csv``. Raises FileNotFoundError / ValueError naming the file: missing
+    columns, a wnid with several rows, and as `read_csv_rows` (not UTF-8, malformed or truncated rows)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"no WordNet hypernym table at {p}")
-    with open(p, newline="", encoding="utf-8") as f:
-        r = csv.DictReader(f)
-        if not {"wnid", "words", "hypernym_path"} <= set(r.fieldnames or []):
-            raise ValueError(f"{p}: needs columns wnid, words, hypernym_path (found {r.fieldnames})")
-        return {row["wnid"]: {"words": row["words"], "path": [s.strip() for s in row["hypernym_path"].split(">")],
-                              "path_wnids": [s.strip() for s in row.get("hypernym_wnids", "").split(">") if s.strip()]}
-                for row in r}
+    rows, cols = read_csv_rows(p)
+    if not {"wnid", "words", "hypernym_path"} <= set(cols):
+        raise ValueError(f"{p}: needs columns wnid, words, hypernym_path (found {cols})")
+    ids = [row["wnid"] for row in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{p}: wnid(s) {sorted({w for w in ids if ids.count(w) > 1})[:5]} have several rows")
+    return {row["wnid"]: {"words": row["words"], "path": [s.strip() for s in row["hypernym_path"].split(">")],
+                          "path_wnids": [s.strip() for s in row.get("hypernym_wnids", "").split(">") if s.strip()]}
+            for row in rows}
 
 
 def _rgb(im, size: int) -> np.ndarray:
@@ -157,15 +160,46 @@ def read_npz_source(src: Path, classes, max_train_per_class, max_val_per_class, 
                   "source": str(src), "wordnet_nodes": sorted({n for p in paths.values() for n in p})}
 
 
+def _read_class_lists(src: Path) -> Tuple[List[str], Dict[str, str]]:
+    """(wnids of ``wnids.txt``, {wnid: words} of ``words.txt``). Raises FileNotFoundError (a
+    missing ``words.txt``) and ValueError naming the file (and line): not UTF-8, no or repeated
+    wnids, a ``words.txt`` line without the tab between wnid and words."""
+    wnids_file, words_file = src / "wnids.txt", src / "words.txt"
+    all_wnids = [w for l in read_text_lines(wnids_file) for w in l.split()]
+    if not all_wnids or len(set(all_wnids)) != len(all_wnids):
+        raise ValueError(f"{wnids_file}: " + ("lists no wnid" if not all_wnids else
+                         f"repeats {sorted({w for w in all_wnids if all_wnids.count(w) > 1})[:5]}"))
+    if not words_file.is_file():
+        raise FileNotFoundError(f"{words_file} is missing (standard tiny-imagenet-200 layout)")
+    words = {}
+    for n, l in enumerate(read_text_lines(words_file), 1):
+        if l.strip():
+            w, text = line_fields(l, words_file, n, 2, "\t", 1, form="'<wnid><TAB><words>'")
+            words[w.strip()] = text
+    return all_wnids, words
+
+
+def _read_val_annotations(ann: Path, all_wnids: List[str]) -> List[Tuple[str, str]]:
+    """(file, wnid) per line of ``val_annotations.txt`` (``file<TAB>wnid<TAB>x0 y0 x1 y1``).
+    Raises FileNotFoundError (missing) and ValueError naming the file and line: not UTF-8, a line
+    without the tab-separated file and wnid, a wnid not in ``wnids.txt`` (its image would vanish)."""
+    if not ann.is_file():
+        raise FileNotFoundError(f"{ann} is missing (standard tiny-imagenet-200 layout)")
+    known, val = set(all_wnids), []
+    for n, l in enumerate(read_text_lines(ann), 1):
+        if l.strip():
+            f, w = line_fields(l, ann, n, 2, "\t", form="'<file><TAB><wnid><TAB>x0<TAB>y0<TAB>x1<TAB>y1'")[:2]
+            if w not in known:
+                raise ValueError(f"{ann} line {n}: wnid {w!r} is not in wnids.txt")
+            val.append((f, w))
+    return val
+
+
 def read_standard_layout(src: Path, classes, max_train_per_class, max_val_per_class, rng, *,
                           wordnet_csv=None) -> dict:
     """`load_tinyimagenet` from the standard ``tiny-imagenet-200/`` folders (JPEG files, the
     hypernym table ``wordnet_csv`` or `find_wordnet_csv`)."""
-    all_wnids = [l.strip() for l in (src / "wnids.txt").read_text().split() if l.strip()]
-    words_file = src / "words.txt"
-    if not words_file.is_file():
-        raise FileNotFoundError(f"{words_file} is missing (standard tiny-imagenet-200 layout)")
-    words = dict(l.split("\t", 1) for l in words_file.read_text(encoding="utf-8").splitlines() if "\t" in l)
+    all_wnids, words = _read_class_lists(src)
     wnids = all_wnids if classes is None else list(classes)
     bad = [w for w in wnids if w not in all_wnids]
     if bad:
@@ -187,10 +221,7 @@ def read_standard_layout(src: Path, classes, max_train_per_class, max_val_per_cl
         for f in files[_cap(np.arange(len(files)), max_train_per_class, rng)]:
             xs.append(_read_image(d / f))
             ys.append(new)
-    ann = src / "val" / "val_annotations.txt"
-    if not ann.is_file():
-        raise FileNotFoundError(f"{ann} is missing (standard tiny-imagenet-200 layout)")
-    val = [l.split("\t")[:2] for l in ann.read_text().splitlines() if l.strip()]
+    val = _read_val_annotations(src / "val" / "val_annotations.txt", all_wnids)
     vx, vy = [], []
     for new, w in enumerate(wnids):
         files = np.array(sorted(f for f, ww in val if ww == w))

@@ -85,3 +85,57 @@ def test_repeated_or_string_classes_refused(tmp_path):
         load_tinyimagenet(p, classes=["n02085620", "n02094433", "n02085620"])
     with pytest.raises(TypeError, match="list of wnids"):
         load_tinyimagenet(p, classes="n02085620")
+
+
+def _load_folder_error(root, exc=ValueError, match=None):
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    with pytest.raises(exc, match=match) as e:
+        load_tinyimagenet(root)
+    return str(e.value)
+
+
+def test_val_annotations_line_without_tabs(tiny_root):   # noqa: F811
+    """Gave 'not enough values to unpack (expected 2, got 1)'."""
+    ann = tiny_root / "val" / "val_annotations.txt"
+    lines = ann.read_text().splitlines()
+    ann.write_text("\n".join(lines[:2] + [lines[2].replace("\t", " ")] + lines[3:]) + "\n")
+    msg = _load_folder_error(tiny_root, match=r"val_annotations.txt line 3: expected '<file><TAB><wnid>")
+    assert str(ann) in msg
+
+
+def test_val_annotations_unknown_wnid(tiny_root):   # noqa: F811
+    """An annotation naming a class absent from wnids.txt: its image silently vanished."""
+    ann = tiny_root / "val" / "val_annotations.txt"
+    ann.write_text(ann.read_text().replace("n01443537", "n09999999", 1))
+    msg = _load_folder_error(tiny_root, match=r"val_annotations.txt line 7: wnid 'n09999999' is not in wnids.txt")
+    assert str(ann) in msg
+
+
+@pytest.mark.parametrize("name", ["words.txt", "wnids.txt", "val/val_annotations.txt"])
+def test_non_utf8_list_file(tiny_root, name):   # noqa: F811
+    """Gave a raw UnicodeDecodeError."""
+    p = tiny_root / name
+    p.write_bytes(p.read_bytes().replace(b"\n", "\n\u00e9 ".encode("latin-1"), 1))
+    msg = _load_folder_error(tiny_root, match="is not a UTF-8 text file")
+    assert str(p) in msg
+
+
+def test_words_line_without_tab_and_repeated_wnids(tiny_root):   # noqa: F811
+    words, wnids = tiny_root / "words.txt", tiny_root / "wnids.txt"
+    good = words.read_text()
+    words.write_text(good.replace("n02094433\t", "n02094433 "))     # the line used to be skipped silently
+    assert str(words) in _load_folder_error(tiny_root, match=r"words.txt line 2: expected '<wnid><TAB><words>'")
+    words.write_text(good)
+    wnids.write_text(wnids.read_text() + "n02085620\n")             # its images were loaded twice
+    assert str(wnids) in _load_folder_error(tiny_root, match=r"wnids.txt: repeats \['n02085620'\]")
+
+
+def test_wordnet_csv_problems_name_the_file(tiny_root):   # noqa: F811
+    table = tiny_root.parent / "tinyimagenet_wordnet.csv"
+    good = table.read_text()
+    table.write_text(good.rstrip("\n").rsplit("\n", 1)[0] + "\nn01443537,goldfish\n")   # truncated row
+    assert str(table) in _load_folder_error(tiny_root, match=r"truncated or malformed row\(s\) \[5\]")
+    table.write_bytes(good.replace("Chihuahua,", "Chihuahua\u00e9,", 1).encode("latin-1"))
+    assert str(table) in _load_folder_error(tiny_root, match="is not a UTF-8 text file")
+    table.write_text(good + good.splitlines()[1] + "\n")
+    assert str(table) in _load_folder_error(tiny_root, match=r"wnid\(s\) \['n02085620'\] have several rows")
