@@ -207,19 +207,24 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
         the `IndexSplit` objects ("index_splits": {"train", "val"}).
     Raises:
         FileNotFoundError / ValueError: as `load_tinyimagenet`, `resolve_classes`, `superclass_map`;
-        ValueError when the forget classes span several superclasses or have no images.
+        ValueError when the forget classes span several superclasses or have no images, or when a
+        forget class's hypernym path contains none of the superclasses (e.g. the npz's paths lack
+        "dog"; the message names the source, the class and its path).
     """
     d = data if data is not None else load_tinyimagenet(root, classes=classes, max_train_per_class=max_train_per_class,
                                                         max_val_per_class=max_val_per_class, seed=seed,
                                                         wordnet_csv=wordnet_csv)
+    dropped = []
     if superclasses is None:   # the defaults without the names no loaded class falls under
         default = list(DOGS_CATS_SUPERCLASSES if d["source"].endswith(".npz") else DEFAULT_SUPERCLASSES)
         hit = set(_assign(d["paths"], default).tolist())
         superclasses = [s for i, s in enumerate(default) if i in hit]
+        dropped = [s for s in default if s not in superclasses]
     if forget is None:
         forget = "Chihuahua" if d["source"].endswith(".npz") else "dog"
     f2c = superclass_map(d["paths"], superclasses, d.get("wordnet_nodes"))
     ff = resolve_classes(forget, d["wnids"], d["names"], d["paths"])
+    _check_forget_covered(d, ff, f2c, superclasses, dropped)
     kw, idx_splits = {}, {}
     for part, suffix in (("train", ""), ("val", "_test")):
         y = d[f"y_{part}"]
@@ -248,6 +253,19 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
             "forget_superclass": tr.meta["coarse_name"], "sizes": {k: len(v) for k, v in kw.items()},
             "index_splits": idx_splits}
     return splits, info
+
+
+def _check_forget_covered(d: dict, ff: Sequence[int], f2c: np.ndarray, superclasses, dropped) -> None:
+    """ValueError when a forget class falls under none of ``superclasses``: its hypernym path (in the
+    data) lacks the expected superclass; ``dropped`` = default superclasses on no loaded class's path."""
+    out = [i for i in ff if f2c[i] < 0]
+    if not out:
+        return
+    names = [d["names"][i] for i in out]
+    why = f"; no loaded class's hypernym path has the default superclass(es) {dropped}" if dropped else ""
+    raise ValueError(f"{d['source']}: the hypernym path of forget class(es) {names} contains none of the "
+                     f"superclasses {list(superclasses)}{why} (path of {names[0]!r}: "
+                     f"{' > '.join(d['paths'][out[0]])})")
 
 
 def load_setting(root, *, seed, device, cache_dir=None, max_train_per_class=None, max_test_per_class=None,

@@ -139,3 +139,20 @@ def test_wordnet_csv_problems_name_the_file(tiny_root):   # noqa: F811
     assert str(table) in _load_folder_error(tiny_root, match="is not a UTF-8 text file")
     table.write_text(good + good.splitlines()[1] + "\n")
     assert str(table) in _load_folder_error(tiny_root, match=r"wnid\(s\) \['n02085620'\] have several rows")
+
+
+def test_forget_class_path_without_its_superclass(tmp_path):
+    """Hypernym paths without "dog": said 'forget fine class 0 is unknown or excluded
+    (fine_to_coarse has 4 entries)'; now names the file, the class, the missing superclass and the path."""
+    from entangle_ext.data.tinyimagenet import tinyimagenet_splits
+    paths = np.array([c[2].replace("> dog >", "> canid >") for c in NPZ_CLASSES])
+    p = _tiny_npz(tmp_path / "t.npz", hypernym_path=paths)
+    with pytest.raises(ValueError, match=r"forget class\(es\) \['Chihuahua'\] contains none of the superclasses "
+                                         r"\['feline'\]; .* default superclass\(es\) \['dog'\].*toy_dog > canid") as e:
+        tinyimagenet_splits(p)
+    assert str(p) in str(e.value)
+    with pytest.raises(ValueError, match=r"\['Chihuahua'\] contains none of the superclasses \['feline'\] "
+                                         r"\(path of 'Chihuahua'"):
+        tinyimagenet_splits(p, superclasses=["feline"], forget="Chihuahua")
+    s, info = tinyimagenet_splits(_tiny_npz(tmp_path / "ok.npz"))      # the intact paths still work
+    assert info["forget_classes"] == ["Chihuahua"] and info["coarse_names"] == ["dog", "feline"]
