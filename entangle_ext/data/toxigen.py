@@ -160,7 +160,9 @@ def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", 
         ``test_rows`` (row numbers of ``data``); ``targets`` hold the flipped labels.
     Raises:
         ValueError: unknown group (message lists the groups), bad test_fraction, a
-            max_per_group_label that is not an int >= 1, empty forget set.
+            max_per_group_label that is not an int >= 1, empty forget set; a train (or held-out)
+            part left empty or without forget samples by test_fraction / max_per_group_label (the
+            message names the part and the options).
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
@@ -180,13 +182,29 @@ def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", 
             keep[rng.permutation(idx)[:max_per_group_label]] = True
     test = _stratified_holdout(strata, test_fraction, seed, keep)
     train_rows, test_rows = np.flatnonzero(keep & ~test), np.flatnonzero(test)
-    tr = split_by_group(g[train_rows], y[train_rows], fg, forget_label=1, flip_label=0)
-    te = split_by_group(g[test_rows], y[test_rows], fg, forget_label=1, flip_label=0) if len(test_rows) else None
+    why = f"test_fraction={test_fraction}" + ("" if max_per_group_label is None else
+                                              f" with max_per_group_label={max_per_group_label}")
+    tr = _split_part(g, y, train_rows, fg, "train", why)
+    te = _split_part(g, y, test_rows, fg, "held-out", why) if len(test_rows) else None
     for s in (tr, te):
         if s is not None:
             s.meta.update(setting="toxigen", seed=seed, test_fraction=test_fraction, label_rule=
                           f"toxic = toxicity_ai + toxicity_human > {TOXIC_THRESHOLD}")
     return tr, te, train_rows, test_rows
+
+
+def _split_part(g: np.ndarray, y: np.ndarray, rows: np.ndarray, fg: str, part: str, why: str) -> IndexSplit:
+    """`split_by_group` on the ``rows`` of one part; a part without rows or without the forget
+    group / forget samples gets a ValueError naming the part and ``why`` (the options that emptied it)."""
+    if len(rows) == 0:
+        raise ValueError(f"the ToxiGen {part} part is empty: {why} holds out every row of every (group, label) "
+                         "stratum; lower test_fraction")
+    try:
+        return split_by_group(g[rows], y[rows], fg, forget_label=1, flip_label=0)
+    except ValueError as e:
+        n = int((g[rows] == fg).sum())
+        raise ValueError(f"the ToxiGen {part} part ({len(rows)} rows, {n} of group {fg!r}) has no forget sample "
+                         f"(toxic {fg!r} row) after the split {why}: {e}") from e
 
 
 class TextClassificationDataset(Dataset):
@@ -231,7 +249,8 @@ def toxigen_splits(path: Union[str, Path, None] = None, tokenizer=None, *, forge
         ("index_splits": {"train", "test"} with row numbers into the file).
     Raises:
         FileNotFoundError / ValueError as `load_toxigen` and `toxigen_index_splits`; ValueError when
-        neither or both of tokenizer / encode are given.
+        neither or both of tokenizer / encode are given, or when ``encode`` does not return one
+        row of features per text (an (N, D) tensor / array; the message gives both row counts).
     """
     if (tokenizer is None) == (encode is None):
         raise ValueError("pass exactly one of tokenizer= (HF model) or encode= (frozen features)")
@@ -252,8 +271,8 @@ def toxigen_splits(path: Union[str, Path, None] = None, tokenizer=None, *, forge
             if tokenizer is not None:
                 kw[name + suffix] = TextClassificationDataset(t, y, tokenizer, max_length)
             else:
-                x = torch.as_tensor(encode(t)).float()
-                kw[name + suffix] = torch.utils.data.TensorDataset(x, torch.as_tensor(y, dtype=torch.long))
+                kw[name + suffix] = torch.utils.data.TensorDataset(_encoded(encode, t),
+                                                                   torch.as_tensor(y, dtype=torch.long))
     splits = Splits(**kw)
     splits.check()
     glob = lambda s, rows: {n: [int(rows[i]) for i in getattr(s, n)] for n in IndexSplit.NAMES}
@@ -262,6 +281,21 @@ def toxigen_splits(path: Union[str, Path, None] = None, tokenizer=None, *, forge
             "index_splits": {"train": tr, "test": te}, "rows": {"train": glob(tr, tr_rows),
                                                                  "test": glob(te, te_rows) if te else None}}
     return splits, info
+
+
+def _encoded(encode, texts: Sequence[str]) -> torch.Tensor:
+    """``encode(texts)`` as an (N, D) float tensor, N = len(texts); ValueError naming ``encode``
+    for anything else (not a tensor/array, another row count, not 2-D)."""
+    out = encode(texts)
+    try:
+        x = torch.as_tensor(out).float()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"encode must return an (N, D) float tensor or array; for {len(texts)} texts it returned "
+                         f"{type(out).__name__} ({e})") from e
+    if x.ndim != 2 or len(x) != len(texts):
+        raise ValueError(f"encode must return one row of features per text: for {len(texts)} texts it returned "
+                         f"shape {tuple(x.shape)} (expected ({len(texts)}, D))")
+    return x
 
 
 def load_setting(root, *, seed, device, cache_dir=None, max_train_per_class=None, forget="lgbtq", model_path=None,

@@ -185,6 +185,34 @@ def test_toxigen_latin1_and_caps(tmp_path):
     assert str(p) in str(e.value)
 
 
+def test_toxigen_fraction_that_empties_a_part(tmp_path):
+    """test_fraction=0.99 on a small file said 'unknown group 'lgbtq'; groups: []' although the file
+    has the group; now the message names the empty train part and the fraction."""
+    import torch
+    from entangle_ext.data.toxigen import toxigen_splits
+    p = _toxigen_csv(tmp_path / "x.csv", GOOD_ROWS)
+    enc = lambda texts: torch.zeros(len(texts), 3)
+    with pytest.raises(ValueError, match=r"ToxiGen train part is empty: test_fraction=0.99 holds out"):
+        toxigen_splits(p, encode=enc, test_fraction=0.99)
+    other = [f"o{i},asian,{a},{a}" for i, a in enumerate([4, 1] * 5)]         # lgbtq: 1 row per stratum
+    p = _toxigen_csv(tmp_path / "y.csv", GOOD_ROWS[:2] + other)
+    with pytest.raises(ValueError, match=r"train part \(4 rows, 0 of group 'lgbtq'\) has no forget sample .*"
+                                         r"test_fraction=0.6"):
+        toxigen_splits(p, encode=enc, test_fraction=0.6)
+
+
+@pytest.mark.parametrize("encode, msg", [
+    (lambda t: __import__("torch").zeros(len(t) + 1, 3), r"for 1 texts it returned shape \(2, 3\) \(expected \(1, D\)\)"),
+    (lambda t: __import__("torch").zeros(len(t)), r"for 1 texts it returned shape \(1,\)"),
+    (lambda t: "not features", r"encode must return an \(N, D\) float tensor or array; .* returned str"),
+])
+def test_toxigen_encode_with_wrong_rows(tmp_path, encode, msg):
+    """Gave 'AssertionError: Size mismatch between tensors' (a 1-D result was accepted as x)."""
+    from entangle_ext.data.toxigen import toxigen_splits
+    with pytest.raises(ValueError, match=msg):
+        toxigen_splits(_toxigen_csv(tmp_path / "x.csv", GOOD_ROWS), encode=encode)
+
+
 @pytest.mark.parametrize("make", [
     lambda p: p.write_bytes(_npy_bytes(np.zeros((3, 4), np.float32))[:-8]),       # truncated
     lambda p: p.write_bytes(_npy_bytes(np.zeros((3, 4), np.float32))[:20]),       # header only
