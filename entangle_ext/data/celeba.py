@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 
 from ..splits import IndexSplit, split_by_attributes
 from ..unlearn.data import Splits
-from .checks import check_cap, check_float_dtype, read_text_lines
+from .checks import check_cap, check_float_dtype, check_image_size, read_text_lines
 from .seeds import numpy_seed
 from .root import data_dirs
 from .tinyimagenet import images_to_tensor
@@ -123,9 +123,11 @@ def _ints(fields: Sequence[str], path: Path, line: int) -> list:
 def load_celeba_images(directory: Union[str, Path], files: Sequence[str], image_size: int = 64) -> np.ndarray:
     """(N, image_size, image_size, 3) uint8: each image centre-cropped to a square and resized
     (Pillow, bilinear). Raises FileNotFoundError naming the first missing image and ValueError
-    naming the first image Pillow cannot read."""
+    naming the first image Pillow cannot read; ValueError for an ``image_size`` that is not an
+    integer >= 1 (`check_image_size`)."""
     from PIL import Image
 
+    image_size = check_image_size(image_size)
     out = np.zeros((len(files), image_size, image_size, 3), np.uint8)
     for i, f in enumerate(files):
         p = Path(directory) / "img_align_celeba" / f
@@ -168,10 +170,12 @@ def celeba_splits(root: Union[str, Path, None] = None, *, target_attrs: Sequence
         an empty forget set in the train or held-out partition (the message names the partition and
         the cap that emptied it), an empty partition, a malformed list file or unreadable image
         (see `read_celeba_attributes` / `load_celeba_images`), a cap that is not None or an integer
-        >= 1 (`check_cap`). TypeError: a ``dtype`` that is not floating.
+        >= 1 (`check_cap`), an ``image_size`` that is not an integer >= 1 (`check_image_size`;
+        checked before any file is read). TypeError: a ``dtype`` that is not floating.
     """
     max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
     max_test_per_class = check_cap(max_test_per_class, "max_test_per_class")
+    image_size = check_image_size(image_size)
     check_float_dtype(dtype)
     a = read_celeba_attributes(root)
     rng = np.random.default_rng(numpy_seed(seed))

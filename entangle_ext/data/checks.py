@@ -1,7 +1,7 @@
 """Checks every data loader shares.
 
-Options: a per-class cap (`check_cap`) and the floating dtype of returned inputs
-(`check_float_dtype`). `entangle_ext.settings.Setting.check_options` and the
+Options: a per-class cap (`check_cap`), the floating dtype of returned inputs (`check_float_dtype`)
+and an image side (`check_image_size`). `entangle_ext.settings.Setting.check_options` and the
 loaders called directly (`digits_splits`, `cifar100_splits`, `load_tinyimagenet`, `celeba_splits`,
 `toxigen_index_splits`) use the same ones, so a direct call refuses what the registry refuses.
 
@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-__all__ = ["check_cap", "check_float_dtype", "check_images", "check_labels", "read_text_lines", "line_fields",
-           "read_csv_rows"]
+__all__ = ["check_cap", "check_float_dtype", "check_image_size", "check_images", "check_labels",
+           "read_text_lines", "line_fields", "read_csv_rows"]
 
 
 def check_cap(value: Any, name: str) -> Optional[int]:
@@ -135,3 +135,14 @@ def read_csv_rows(path: Union[str, Path]) -> Tuple[List[Dict[str, str]], List[st
                          f"field count differs from the header's {len(cols)}")
     return rows, cols
 
+
+def check_image_size(value: Any, name: str = "image_size", max_size: Optional[int] = None) -> int:
+    """``value`` as an int when it is a valid image side in pixels: a Python / numpy integer >= 1
+    (and <= ``max_size`` when given; a bool, float or str is not coerced). Raises ValueError
+    naming ``name`` and the allowed range otherwise (0 or a negative side would fail deep inside
+    the image resizing, blaming an image)."""
+    hi = "" if max_size is None else f" and <= {max_size}"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1 or \
+            (max_size is not None and value > max_size):
+        raise ValueError(f"{name} must be an integer >= 1{hi} (pixels), got {value!r}")
+    return int(value)

@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 from .._optional import optional_import
 from ..splits import IndexSplit, split_by_hierarchy
 from ..unlearn.data import Splits
-from .checks import check_cap, check_float_dtype, check_images, check_labels
+from .checks import check_cap, check_float_dtype, check_image_size, check_images, check_labels
 from .cifar100_pickle import read_pickle
 from .seeds import numpy_seed
 from .root import find_data_file, read_npz
@@ -157,13 +157,12 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
         empty remote split), fine/coarse labels that disagree between samples or a fine class
         without train images (both name the class), arrays of the wrong dtype or shape (images not
         uint8 (N, 32, 32, 3), labels not integers as many as the images or outside the class
-        names; also for ``data``), an image_size
-        outside 1..32, a cap that is not None or an integer >= 1 (`check_cap`), an unreadable file
+        names; also for ``data``), an image_size that is not an integer in 1..32
+        (`check_image_size`), a cap that is not None or an integer >= 1 (`check_cap`), an unreadable file
         (see `load_cifar100`). TypeError: superclasses given as one string, a dtype that is not
         floating. FileNotFoundError: no data.
     """
-    if int(image_size) != image_size or not 1 <= image_size <= 32:
-        raise ValueError(f"image_size must be an integer in 1..32, got {image_size!r}")
+    image_size = check_image_size(image_size, max_size=32)
     max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
     max_test_per_class = check_cap(max_test_per_class, "max_test_per_class")
     check_float_dtype(dtype)

@@ -261,3 +261,14 @@ def test_digits_setting_forget_option():
     with pytest.raises(ValueError, match="forget must be a digit"):
         load_digits_setting(None, seed=0, device="cpu", forget="3.7")
     assert load_digits_setting(None, seed=0, device="cpu", forget="5", max_train_per_class=2)[1]["groups"]["forget"] == [5]
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "64"])
+def test_celeba_image_size_checked_up_front(celeba_root, bad):   # noqa: F811
+    """0 blamed a good image ('not a readable image'), -3 gave numpy's 'negative dimensions are not
+    allowed'; now one ValueError naming the option, as cifar100_splits (the same check)."""
+    from entangle_ext.data.celeba import celeba_splits, load_celeba_images
+    with pytest.raises(ValueError, match=rf"image_size must be an integer >= 1 \(pixels\), got {bad!r}"):
+        celeba_splits(celeba_root[0], image_size=bad)
+    with pytest.raises(ValueError, match="image_size must be an integer >= 1"):
+        load_celeba_images(celeba_root[0] / "celeba", ["000001.jpg"], bad)
