@@ -93,7 +93,9 @@ def split_by_hierarchy(fine_labels, fine_to_coarse, forget_fine: Union[int, Sequ
             raise ValueError(f"forget fine class {k} is unknown or excluded (fine_to_coarse has {len(f2c)} entries)")
     sups = {int(f2c[k]) for k in ff}
     if len(sups) != 1:
-        raise ValueError(f"the forget fine classes {ff} lie in several coarse classes {sorted(sups)}")
+        named = lambda ids, names: ids if names is None else [f"{names[i]} ({i})" for i in ids]
+        raise ValueError(f"the forget fine classes {named(ff, fine_names)} lie in several coarse classes "
+                         f"{named(sorted(sups), coarse_names)}: forget classes must share one superclass")
     sup = sups.pop()
     coarse = f2c[fine] if fine.size else fine
     forget = np.isin(fine, ff)

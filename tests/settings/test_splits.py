@@ -52,6 +52,10 @@ def test_split_by_hierarchy_properties(seed, tmp_path):
 def test_split_by_hierarchy_errors():
     with pytest.raises(ValueError, match="several coarse"):
         split_by_hierarchy([0, 1, 2], [0, 1, 1], [0, 1])
+    with pytest.raises(ValueError, match=r"forget fine classes \['Chihuahua \(0\)', 'Persian cat \(1\)'\] lie in "
+                                         r"several coarse classes \['dog \(0\)', 'feline \(1\)'\]"):   # were indices only
+        split_by_hierarchy([0, 1, 2], [0, 1, 1], [0, 1], fine_names=["Chihuahua", "Persian cat", "tabby"],
+                           coarse_names=["dog", "feline"])
     with pytest.raises(ValueError, match="empty forget"):
         split_by_hierarchy([0, 0, 2], [0, 1, 1], 1)
     with pytest.raises(ValueError, match="unknown or excluded"):
