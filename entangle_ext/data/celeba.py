@@ -73,7 +73,8 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
     Raises:
         FileNotFoundError: see `find_celeba`. ValueError (naming the file and line): a list file that
         is not UTF-8, malformed lines, a field that is not an integer, an attribute value other than
-        -1/1, a partition other than 0/1/2, a count mismatch, or files missing from the partition list.
+        -1/1, a partition other than 0/1/2, a count mismatch, files missing from the partition list,
+        a repeated attribute name or image file, or a file listed under two partitions.
     """
     d = find_celeba(root)
     attr_file, part_file = d / "list_attr_celeba.txt", d / "list_eval_partition.txt"
@@ -81,6 +82,7 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
     if len(lines) < 2:
         raise ValueError(f"{attr_file} is too short (needs count, header, rows)")
     names = lines[1].split()
+    _no_repeats(names, f"{attr_file} line 2 (the attribute names)")
     rows = [(i + 3, l.split()) for i, l in enumerate(lines[2:]) if l.strip()]
     bad = [n for n, r in rows if len(r) != len(names) + 1]
     if bad:
@@ -92,6 +94,7 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
     if declared != len(rows):
         raise ValueError(f"{attr_file} declares {declared} images but lists {len(rows)}")
     files = [r[0] for _, r in rows]
+    _no_repeats(files, f"{attr_file} (the image files)")
     vals = np.zeros((len(rows), len(names)), np.int8)
     for i, (n, r) in enumerate(rows):
         v = _ints(r[1:], attr_file, n)
@@ -105,12 +108,23 @@ def read_celeba_attributes(root: Union[str, Path, None] = None) -> Dict[str, obj
             code = _ints(f[1:2], part_file, n) if len(f) >= 2 else [None]
             if code[0] not in (0, 1, 2):
                 raise ValueError(f"{part_file} line {n}: expected '<file> 0|1|2', got {l.strip()[:60]!r}")
-            part[f[0]] = code[0]
+            if part.setdefault(f[0], code[0]) != code[0]:
+                raise ValueError(f"{part_file} line {n}: {f[0]} is listed again, in partition {code[0]} "
+                                 f"(first in {part[f[0]]})")
     missing = [f for f in files if f not in part]
     if missing:
         raise ValueError(f"{part_file} lacks {len(missing)} image(s), e.g. {missing[:3]}")
     return {"files": files, "attrs": {n: vals[:, j] for j, n in enumerate(names)},
             "partition": np.array([part[f] for f in files], dtype=np.int64), "dir": d}
+
+
+def _no_repeats(items, where: str) -> None:
+    """ValueError naming ``where`` and the first repeated entry (the last one would win silently)."""
+    seen = set()
+    for x in items:
+        if x in seen:
+            raise ValueError(f"{where}: {x!r} appears more than once")
+        seen.add(x)
 
 
 def _ints(fields: Sequence[str], path: Path, line: int) -> list:

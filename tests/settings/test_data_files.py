@@ -134,6 +134,29 @@ def test_celeba_bad_files_name_file_and_line(celeba_root):   # noqa: F811
         celeba_splits(root, image_size=8)
 
 
+def test_celeba_repeated_names_and_files_are_refused(celeba_root):   # noqa: F811
+    """A repeated attribute name or image file was resolved silently (the last one won); a file
+    listed twice in the partition list under two partitions too."""
+    from entangle_ext.data.celeba import read_celeba_attributes
+    root = celeba_root[0]
+    d = root / "celeba"
+    attr, part = (d / "list_attr_celeba.txt").read_text(), (d / "list_eval_partition.txt").read_text()
+    _edit_line(d / "list_attr_celeba.txt", 2, lambda l: l.replace("Male", "Smiling"))
+    with pytest.raises(ValueError, match=r"list_attr_celeba.txt line 2 \(the attribute names\): 'Smiling' appears more"):
+        read_celeba_attributes(root)
+    (d / "list_attr_celeba.txt").write_text(attr)
+    _edit_line(d / "list_attr_celeba.txt", 4, lambda l: l.replace("000002.jpg", "000001.jpg"))
+    with pytest.raises(ValueError, match=r"list_attr_celeba.txt \(the image files\): '000001.jpg' appears more"):
+        read_celeba_attributes(root)
+    (d / "list_attr_celeba.txt").write_text(attr)
+    first = part.splitlines()[0].split()
+    (d / "list_eval_partition.txt").write_text(part + f"{first[0]} {(int(first[1]) + 1) % 3}\n")
+    with pytest.raises(ValueError, match=rf"list_eval_partition.txt line \d+: {first[0]} is listed again, in partition"):
+        read_celeba_attributes(root)
+    (d / "list_eval_partition.txt").write_text(part + f"{first[0]} {first[1]}\n")   # the same partition again: fine
+    read_celeba_attributes(root)
+
+
 def test_celeba_heldout_cap_message(celeba_root):   # noqa: F811
     from entangle_ext.data.celeba import celeba_splits
     root = celeba_root[0]
