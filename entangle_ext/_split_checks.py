@@ -10,7 +10,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-__all__ = ["as_int_array", "int_value", "int_list", "names_list", "attr_matrix", "present", "float_matrix"]
+__all__ = ["as_int_array", "int_value", "int_list", "index_list", "names_list", "attr_matrix", "present",
+           "float_matrix"]
 
 
 def as_int_array(a, name: str) -> np.ndarray:
@@ -65,6 +66,32 @@ def int_list(x, name: str, hint: str = "") -> List[int]:
     if isinstance(x, Iterable) and not isinstance(x, (bytes, dict)):   # list, tuple, range, set, generator, Series
         return [int_value(v, f"{name}[{i}]", hint=hint) for i, v in enumerate(x)]
     return [int_value(x, name, hint=hint)]
+
+
+def index_list(x, what: str) -> List[int]:
+    """An index sequence (list, tuple, range, 1-D numpy array / tensor) as a list of Python ints;
+    each entry a Python int, a numpy integer or a 0-d integer array / tensor.
+
+    Raises:
+        ValueError: ``x`` is not such a sequence (a set, a str, a scalar, a 2-D array), or an entry is
+            not an integer (a bool, float, str, ...); the message names ``what`` and the entry.
+    """
+    if isinstance(x, (np.ndarray, torch.Tensor)):
+        if x.ndim != 1:
+            raise ValueError(f"{what} must be a 1-D sequence of integer indices, got an array of shape "
+                             f"{tuple(x.shape)}")
+        x = x.tolist()          # integer dtypes give Python ints; float / bool ones are refused below
+    if not isinstance(x, (list, tuple, range)):
+        raise ValueError(f"{what} must be a list of integer indices, got {type(x).__name__}")
+    if all(type(v) is int for v in x):     # the common case, without a per-entry check
+        return list(x)
+    out = []
+    for i, v in enumerate(x):
+        try:
+            out.append(int_value(v, what))
+        except TypeError:
+            raise ValueError(f"{what} must hold integers only; entry {i} is {type(v).__name__} {v!r}") from None
+    return out
 
 
 def names_list(names, count: int, name: str, what: str) -> Optional[List[str]]:

@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-import numpy as np
-import torch
-
+from ._split_checks import index_list
 from .unlearn.files import atomic_write
 
 __all__ = ["IndexSplit", "SPLIT_FORMAT", "split_hash", "save_split", "load_split"]
@@ -24,6 +22,10 @@ SPLIT_FORMAT = "entangle_ext.split/1"
 class IndexSplit:
     """Forget / adjacent / remote index lists of one data partition (e.g. the train set).
 
+    Each index sequence given (a list, tuple, range, 1-D integer numpy array or tensor; entries
+    Python ints, numpy integers or 0-d integer tensors) is stored as a list of Python ints, so that
+    the checks, the hash and the file see plain integers.
+
     Attributes:
         forget, adjacent, remote: sorted lists of int sample indices, pairwise disjoint.
         targets: None, or a list with one int label per sample of the *whole* indexed array
@@ -31,6 +33,9 @@ class IndexSplit:
             (coarse label; for ToxiGen the flipped label on forget samples). Samples in none of the
             three lists keep a target too (they are simply unused).
         meta: JSON-serialisable description (builder name, arguments, class names, sizes).
+    Raises:
+        ValueError: (at construction) an index list or ``targets`` that is not such a sequence (a
+            set, a str, a 2-D array) or holds an entry that is not an integer (a bool, float, str).
     """
     forget: List[int]
     adjacent: List[int]
@@ -40,19 +45,25 @@ class IndexSplit:
 
     NAMES = ("forget", "adjacent", "remote")
 
+    def __post_init__(self) -> None:
+        for n in self.NAMES:
+            setattr(self, n, index_list(getattr(self, n), f"split {n!r}"))
+        if self.targets is not None:
+            self.targets = index_list(self.targets, "targets")
+
     def sizes(self) -> Dict[str, int]:
         """{"forget": n_f, "adjacent": n_adj, "remote": n_rem}."""
         return {n: len(getattr(self, n)) for n in self.NAMES}
 
     def check(self) -> None:
-        """Raise ValueError if a list is not a list of integers (Python ints or numpy integers; a
-        bool, float or str is refused, not coerced), if the lists overlap, hold duplicates or a
-        negative index, if the forget list is empty, or if ``targets`` (None or a list of
-        integers) does not cover every index."""
+        """Raise ValueError if a list is not a sequence of integers (Python ints, numpy integers or
+        0-d integer tensors; a bool, float or str is refused, not coerced), if the lists overlap,
+        hold duplicates or a negative index, if the forget list is empty, or if ``targets`` (None
+        or a sequence of integers) does not cover every index. Lists assigned after construction
+        are checked as the constructor reads them."""
         seen = set()
         for n in self.NAMES:
-            lst = getattr(self, n)
-            _check_ints(lst, f"split {n!r}")
+            lst = index_list(getattr(self, n), f"split {n!r}")
             s = set(lst)
             if len(s) != len(lst):
                 raise ValueError(f"split {n!r} holds duplicate indices")
@@ -61,13 +72,12 @@ class IndexSplit:
             if seen & s:
                 raise ValueError(f"split {n!r} overlaps another split")
             seen |= s
-        if not self.forget:
+        if not len(self.forget):
             raise ValueError("the forget split is empty")
-        if self.targets is not None:
-            _check_ints(self.targets, "targets")
+        targets = None if self.targets is None else index_list(self.targets, "targets")
         if not isinstance(self.meta, dict):
             raise ValueError(f"meta must be a dict, got {type(self.meta).__name__}")
-        if self.targets is not None and seen and max(seen) >= len(self.targets):
+        if targets is not None and seen and max(seen) >= len(targets):
             raise ValueError("targets is shorter than the largest split index")
 
     def to_dict(self) -> Dict[str, Any]:
@@ -80,18 +90,6 @@ class IndexSplit:
     def hash(self) -> str:
         """SHA-256 hex digest of the canonical JSON content (see `split_hash`)."""
         return split_hash(self.to_dict())
-
-
-def _check_ints(lst, what: str) -> None:
-    """ValueError unless ``lst`` is a list / tuple / range / 1-D numpy array or tensor of integers
-    (Python int or numpy / torch integer, not bool)."""
-    if isinstance(lst, (np.ndarray, torch.Tensor)) and lst.ndim == 1:
-        lst = lst.tolist()
-    if not isinstance(lst, (list, tuple, range)):
-        raise ValueError(f"{what} must be a list of integer indices, got {type(lst).__name__}")
-    for i, v in enumerate(lst):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"{what} must hold integers only; entry {i} is {type(v).__name__} {v!r}")
 
 
 def split_hash(content: Mapping[str, Any]) -> str:
@@ -125,8 +123,9 @@ def load_split(path: Union[str, Path]) -> IndexSplit:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: not UTF-8 text, not JSON, not a split file, missing hash, hash mismatch (the
-            file was edited or corrupted), or inconsistent lists (entries that are not integers,
+        ValueError: not UTF-8 text, not JSON, not a split file, missing hash, hash
+            mismatch (the file was edited or corrupted), a list, ``targets`` or
+            ``meta`` of the wrong type (e.g. a number or a dict for a list), or inconsistent lists (entries that are not integers,
             e.g. "1" or 1.5, overlapping lists, ... `IndexSplit.check`); every message names the file.
     """
     path = Path(path)
@@ -149,9 +148,9 @@ def load_split(path: Union[str, Path]) -> IndexSplit:
     missing = [k for k in IndexSplit.NAMES + ("targets",) if k not in d]
     if missing:
         raise ValueError(f"{path} is not a complete split file: missing {missing}")
-    s = IndexSplit(forget=d["forget"], adjacent=d["adjacent"], remote=d["remote"], targets=d["targets"],
-                   meta=d.get("meta", {}))
     try:
+        s = IndexSplit(forget=d["forget"], adjacent=d["adjacent"], remote=d["remote"], targets=d["targets"],
+                       meta=d.get("meta", {}))
         s.check()
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
