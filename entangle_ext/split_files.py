@@ -123,8 +123,8 @@ def load_split(path: Union[str, Path]) -> IndexSplit:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: not UTF-8 text, not JSON, not a split file, missing hash, hash
-            mismatch (the file was edited or corrupted), a list, ``targets`` or
+        ValueError: not UTF-8 text, not JSON, not a split file, missing hash or one that is not a
+            string, hash mismatch (the file was edited or corrupted), a list, ``targets`` or
             ``meta`` of the wrong type (e.g. a number or a dict for a list), or inconsistent lists (entries that are not integers,
             e.g. "1" or 1.5, overlapping lists, ... `IndexSplit.check`); every message names the file.
     """
@@ -141,6 +141,9 @@ def load_split(path: Union[str, Path]) -> IndexSplit:
         raise ValueError(f"{path} is not an entangle_ext split file (format {SPLIT_FORMAT!r})")
     if "sha256" not in d:
         raise ValueError(f"{path} has no sha256 content hash")
+    if not isinstance(d["sha256"], str):
+        raise ValueError(f"{path}: the sha256 content hash must be a hex string, got "
+                         f"{type(d['sha256']).__name__} {d['sha256']!r}")
     h = split_hash(d)
     if h != d["sha256"]:
         raise ValueError(f"{path}: content hash mismatch (stored {d['sha256'][:12]}…, computed {h[:12]}…); "

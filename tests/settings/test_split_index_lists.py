@@ -92,6 +92,17 @@ def _rehashed(tmp_path, **change):
     return p
 
 
+@pytest.mark.parametrize("sha", [5, None, ["ab"], {"x": 1}])
+def test_load_split_with_a_hash_that_is_not_a_string_names_the_file(tmp_path, sha):
+    p = _rehashed(tmp_path)
+    d = json.loads(p.read_text())
+    d["sha256"] = sha                       # 5 was TypeError: 'int' object is not subscriptable
+    p.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="the sha256 content hash must be a hex string") as e:
+        load_split(p)
+    assert str(p) in str(e.value)
+
+
 @pytest.mark.parametrize("change, msg", [
     ({"forget": 5}, "split 'forget' must be a list of integer indices, got int"),
     ({"adjacent": {"0": 1}}, "split 'adjacent' must be a list of integer indices, got dict"),
