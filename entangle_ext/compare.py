@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
+from ._paths import expand_user
 from .unlearn.data import Splits, batch_warning_scope
 from .unlearn.evaluate import evaluate
 from .unlearn.memory_format import channels_last_scope
@@ -218,7 +219,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         setting, variant, hparams, model_fn, retrain_recipe: see `method_config` / `method_spec`
             (registered settings: `entangle_ext.settings`). configs: {method name: config}
             overriding the presets.
-        out_dir: where the table, JSON, PNG and the per-run cache go (None = nothing written, no cache).
+        out_dir: where the table, JSON, PNG and the per-run cache go (None = nothing written, no
+            cache; a leading ``~`` is the home directory).
         relearn: `DEFAULT_RELEARN` overrides, or False to skip relearn time.
         mia_max_samples: cap on MIA members / non-members. batch_size: evaluation batch.
         budget: one common factor (> 0) of every registered method's training passes
@@ -266,6 +268,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     # attack without signal warns once per call (after the runs), not once per scored model.
     with disjoint_scope(), mia_undefined_scope(), batch_warning_scope():
         band = check_band(band)
+        out_dir = expand_user(out_dir)   # "~/runs": the home directory, as the shell reads it
         seeds, specs, budget = _checked_arguments(
             splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,
             model_fn=model_fn, retrain_recipe=retrain_recipe, relearn=relearn, batch_size=batch_size, budget=budget,

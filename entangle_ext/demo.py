@@ -16,6 +16,7 @@ import argparse
 import time
 import warnings
 
+from ._paths import expand_user
 from .settings import get_setting, prepare
 from .threads import default_threads, torch_threads
 from .unlearn.entry import OutDirReusedWarning, unlearn
@@ -25,8 +26,8 @@ __all__ = ["main"]
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="runs/demo_digits", help="report, plot and checkpoints")
-    ap.add_argument("--cache", default=".cache/entangle_demo", help="original-model cache dir")
+    ap.add_argument("--out", type=expand_user, default="runs/demo_digits", help="report, plot and checkpoints")
+    ap.add_argument("--cache", type=expand_user, default=".cache/entangle_demo", help="original-model cache dir")
     ap.add_argument("--seed", type=int, default=0, help="seeds the data split, the original model and the run")
     ap.add_argument("--recipe", default="reference", choices=["reference", "paper"],
                     help="reference code's loops or the paper's text (docs/algorithm.md §7)")

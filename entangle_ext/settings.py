@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from ._paths import expand_user
 from ._version import __version__
 from .data import celeba, cifar100, digits, tinyimagenet, toxigen, vit
 from .data.checks import check_cap
@@ -218,6 +219,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     Args:
         name: a key of `SETTINGS`. variant: a variant name (None = `Setting.variant` default).
         data_root: data file or directory (None = the data directories, `entangle_ext.data.data_dirs`).
+            In it, ``cache_dir`` and ``original`` a leading ``~`` is the home directory.
         seed: seeds the data selection, the model's initial weights and the training order.
         device: where the data and the model live. progress: tqdm bar while training.
         cache_dir: directory of the cached original model; the file name carries a hash of
@@ -254,6 +256,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     """
     from .unlearn.inputs import check_device_usable, probe_channels_last
     s = get_setting(name)
+    data_root, cache_dir, original = expand_user(data_root), expand_user(cache_dir), expand_user(original)
     check_device_usable(device)
     data, model = _given(data), _given(model)
     s.check_options(data, model)

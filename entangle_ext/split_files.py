@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from ._paths import expand_user
 from ._split_checks import index_list
 from .unlearn.files import atomic_write
 
@@ -100,7 +101,8 @@ def split_hash(content: Mapping[str, Any]) -> str:
 
 
 def save_split(path: Union[str, Path], split: IndexSplit) -> str:
-    """Write ``split`` to ``path`` as JSON with its content hash; returns the hash.
+    """Write ``split`` to ``path`` (a leading ``~`` is the home directory) as JSON with its content
+    hash; returns the hash.
 
     Raises ValueError when the split is inconsistent (`IndexSplit.check`) or ``meta`` is not
     JSON-serialisable.
@@ -111,7 +113,7 @@ def save_split(path: Union[str, Path], split: IndexSplit) -> str:
         d["sha256"] = split_hash(d)
     except TypeError as e:
         raise ValueError(f"split meta must be JSON-serialisable: {e}") from e
-    path = Path(path)
+    path = Path(expand_user(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(d, sort_keys=True)
     atomic_write(path, lambda tmp: tmp.write_text(text), what="split file")
@@ -119,7 +121,8 @@ def save_split(path: Union[str, Path], split: IndexSplit) -> str:
 
 
 def load_split(path: Union[str, Path]) -> IndexSplit:
-    """Read a split written by `save_split` and verify it.
+    """Read a split written by `save_split` from ``path`` (a leading ``~`` is the home directory)
+    and verify it.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -128,7 +131,7 @@ def load_split(path: Union[str, Path]) -> IndexSplit:
             ``meta`` of the wrong type (e.g. a number or a dict for a list), or inconsistent lists (entries that are not integers,
             e.g. "1" or 1.5, overlapping lists, ... `IndexSplit.check`); every message names the file.
     """
-    path = Path(path)
+    path = Path(expand_user(path))
     if not path.is_file():
         raise FileNotFoundError(f"no split file at {path}")
     try:

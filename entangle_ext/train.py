@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ._paths import expand_user
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, require_graph, split_batch, union_source
 from .unlearn.files import WriteError, atomic_write, check_out_dir_type, make_out_dir, open_checkpoint
@@ -172,7 +173,7 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
 
     Args:
         model: the module to fill (its own architecture decides what fits).
-        path: one of
+        path: one of (a leading ``~`` is the home directory)
             * a file written by ``torch.save(model.state_dict())`` (e.g. a cached original model);
             * a checkpoint of `entangle_ext.unlearn` or a baseline run through it (e.g.
               ``OUT/checkpoints/stage1_done.pt``, ``stage2_done.pt``, ``done.pt`` or a mid-stage
@@ -191,6 +192,7 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
             differently shaped entries, so a file made for another setting, data selection or model
             says so.
     """
+    path = expand_user(path)   # "~/m.pt": the home directory
     if not Path(path).exists():
         raise FileNotFoundError(f"model file {path} not found")
     if device is None:
@@ -216,7 +218,8 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
                    device=None, seed: int = 0, cache: Optional[Union[str, Path]] = None,
                    progress: bool = True) -> torch.nn.Module:
     """Train ``model`` (in train mode) on the union of ``datasets`` following ``recipe``, or load
-    ``cache`` (a state-dict file, `load_model_file`) when it exists; the trained weights are
+    ``cache`` (a state-dict file, `load_model_file`; a leading ``~`` is the home directory) when
+    it exists; the trained weights are
     written to ``cache``. The caller keys ``cache`` on everything that produced the model
     (`entangle_ext.settings.prepare` does).
 
@@ -243,6 +246,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
             is returned all the same, and the next call trains it again.
     """
     check_out_dir_type(cache, "cache")
+    cache = expand_user(cache)   # "~/cache/m.pt": the home directory
     device = model_device(model, device)
     model.to(device)
     if cache is not None and Path(cache).exists():

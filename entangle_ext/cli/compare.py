@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._paths import expand_user
 from ..threads import check_thread_count
 from ..unlearn.files import WriteError
 from .common import (fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts,
@@ -59,11 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hparams", choices=HPARAMS, default="paper_code",
                     help="presets: paper_code (the paper's released code; the reference recipe of the two-stage "
                     "family) or original (the baseline authors' defaults; the paper's own recipe)")
-    ap.add_argument("--out", default=None, help="output dir (default runs/compare_<setting>)")
-    ap.add_argument("--data-root", default=None, help="data file or directory (default: $ENTANGLE_DATA, "
+    ap.add_argument("--out", type=expand_user, default=None, help="output dir (default runs/compare_<setting>)")
+    ap.add_argument("--data-root", type=expand_user, default=None, help="data file or directory (default: $ENTANGLE_DATA, "
                     "the user cache dir, then ../shared/data of a source checkout)")
-    ap.add_argument("--weights", default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict")
-    ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir")
+    ap.add_argument("--weights", type=expand_user, default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict")
+    ap.add_argument("--model-path", type=expand_user, default=None, help="toxigen: local Hugging Face model dir")
     ap.add_argument("--model-seed", type=seed_arg, default=0, help="seed of the data selection and original model, "
                     "an integer in [-2**63, 2**64 - 1] (default 0)")
     ap.add_argument("--relearn-steps", type=int, default=None, help="cap of the relearn-time fine-tuning (not with "

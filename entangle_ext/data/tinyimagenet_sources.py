@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from .._paths import expand_user
 from .checks import line_fields, read_csv_rows, read_text_lines
 from .root import data_dirs, read_npz
 
@@ -25,7 +26,7 @@ def find_wordnet_csv(root: Union[str, Path, None] = None) -> Optional[Path]:
     (`entangle_ext.data.data_dirs`); None if absent."""
     cands = []
     if root is not None:
-        r = Path(root)
+        r = Path(expand_user(root))
         cands += [r, r.parent] if r.is_dir() else [r.parent]
     for c in cands + [p for _, p in data_dirs()]:
         if (c / "tinyimagenet_wordnet.csv").is_file():
@@ -37,7 +38,7 @@ def load_wordnet_csv(path: Union[str, Path]) -> Dict[str, dict]:
     """{wnid: {"words": str, "path": [node names leaf→root], "path_wnids": [...]}} from
     ``tinyimagenet_wordnet.csv``. Raises FileNotFoundError / ValueError naming the file: missing
     columns, a wnid with several rows, and as `read_csv_rows` (not UTF-8, malformed or truncated rows)."""
-    p = Path(path)
+    p = Path(expand_user(path))
     if not p.is_file():
         raise FileNotFoundError(f"no WordNet hypernym table at {p}")
     rows, cols = read_csv_rows(p)

@@ -16,6 +16,7 @@ from typing import Union
 import torch
 
 from .._optional import optional_import
+from .._paths import expand_user
 from ..unlearn.files import read_torch_file
 
 __all__ = ["setting_model", "vit_classifier", "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -65,7 +66,7 @@ def vit_classifier(num_classes: int, *, arch: str = "small", weights: Union[str,
         raise ValueError(f"arch must be 'small' or 'vit_b_32', got {arch!r}")
     m = torchvision.models.vit_b_32(weights=None)
     if weights is not None:
-        p = Path(weights)
+        p = Path(expand_user(weights))
         if not p.is_file():
             raise FileNotFoundError(f"no ViT-B/32 weights at {p} (pass a local .pth; nothing is downloaded)")
         sd = read_torch_file(p)   # ValueError, one line, for a corrupt, truncated or foreign file

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
+from .._paths import expand_user
 from .config import UnlearnConfig
 from .data import Splits
 from .disjoint import disjoint_scope
@@ -73,7 +74,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         seed: the run's seed, replacing ``config.seed`` (of an explicit, preset or resumed
             config; None keeps it): data order, random labels, re-initialisation, every stream.
         device: "cpu"/"cuda"/torch.device (default: the model's device).
-        out_dir: writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
+        out_dir: (a leading ``~`` is the home directory, here and in ``resume``) writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
             Ctrl-C / SIGTERM / SIGHUP). A directory that already holds a run (its report.json or
             checkpoints/) is overwritten, with an `OutDirReusedWarning`, unless ``resume`` is given.
@@ -170,6 +171,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         spec = get_method(method)
         spec.check_arguments(setting, hparams, model_fn)
         check_resume_arguments(resume, allow_config_change)
+        out_dir, resume = expand_user(out_dir), expand_user(resume)   # "~/runs": the home directory
         check_flags("unlearn", inplace=inplace, progress=progress)
         if not inplace:
             model = _copy(model)

@@ -27,6 +27,8 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from .._paths import expand_user
+
 __all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError", "make_out_dir",
            "warn_unwritten_checkpoints"]
 
@@ -125,7 +127,8 @@ def _follow(pointer: Path, stored: str) -> Path:
 
 def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[Path, Any]:
     """Read a checkpoint (or any torch file) given as a file, a ``latest.pt`` pointer (followed),
-    or an out dir / its ``checkpoints/`` dir (its latest checkpoint).
+    or an out dir / its ``checkpoints/`` dir (its latest checkpoint); a leading ``~`` in ``path``
+    is the home directory.
 
     Returns:
         (the file read, its content).
@@ -133,7 +136,7 @@ def open_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Tuple[
         FileNotFoundError: no such file, no checkpoint under the directory, or a pointer to a
             missing file. ValueError: an unreadable file, see `read_torch_file`.
     """
-    p = Path(path)
+    p = Path(expand_user(path))
     if p.is_dir():
         for cand in (p / "checkpoints" / POINTER_NAME, p / POINTER_NAME):
             if cand.is_file():
@@ -174,9 +177,9 @@ def warn_unwritten_checkpoints(config, out_dir) -> None:
 
 
 def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir") -> Path:
-    """``out_dir`` as a `Path`, created with its parents when missing: the one check of every
-    output folder a run, a comparison or a cache writes into (``what`` names it in messages, e.g.
-    "--out" on the command line).
+    """``out_dir`` as a `Path` (a leading ``~`` is the home directory), created with its parents
+    when missing: the one check of every output folder a run, a comparison or a cache writes into
+    (``what`` names it in messages, e.g. "--out" on the command line).
 
     Raises:
         TypeError: ``out_dir`` is not a str or ``os.PathLike`` (e.g. an int).
@@ -185,7 +188,7 @@ def make_out_dir(out_dir: Union[str, "os.PathLike[str]"], what: str = "out_dir")
             writable by this user.
     """
     check_out_dir_type(out_dir, what)
-    out = Path(out_dir)
+    out = Path(expand_user(out_dir))   # "~/runs": the home directory
     if out.exists() and not out.is_dir():
         raise ValueError(f"{what} {str(out)!r} exists and is not a directory")
     try:

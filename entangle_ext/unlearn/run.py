@@ -19,6 +19,7 @@ import torch
 from . import curves
 from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_resume, preserved_global_state,
                          restore_objects, seed_everything, set_rng_state, splits_fingerprint)
+from .._paths import expand_user
 from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
@@ -64,6 +65,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
     check_model_and_splits(model, splits, "unlearn")
     cls.check_arguments(setting, hparams, model_fn)
     check_resume_arguments(resume, allow_config_change)
+    out_dir, resume = expand_user(out_dir), expand_user(resume)   # as `entangle_ext.unlearn`: "~" is home
     lock = OutDirLock(out_dir)   # taken once the checks passed (re-entrant under `entangle_ext.unlearn`)
     with lock, preserved_global_state(), training_grad_mode(), scope(model) as (d, model), \
             contextlib.ExitStack() as stack:
