@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Union
 
+import numpy as np
 import torch
 
 from ._split_checks import int_value
@@ -29,14 +30,19 @@ def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, bat
             aligned with the dataset).
         batch_size: samples per forward pass, an integer >= 1 (ignored for a DataLoader, whose own
             batches are used). device: where to run (default: the model's device or CPU).
+    A tensor or numpy array needs its batch dimension first (a single sample ``x`` is
+    ``x.unsqueeze(0)``), and every batch must give one feature row per sample.
     Floating inputs are cast to a module's dtype; a module runs in eval mode and every submodule's
     ``training`` flag is set back afterwards (also on error).
     Returns:
         (N, D) float32 CPU tensor (flattened per sample).
     Raises:
         TypeError: ``batch_size`` not an integer; ``data`` neither a tensor, a DataLoader nor a
-            sized, indexable dataset.
-        ValueError: ``batch_size`` < 1; a module without ``nn.Linear`` and no ``layer`` given; the
+            sized, indexable dataset; a feature function that returns something else than a
+            tensor (e.g. a numpy array).
+        ValueError: ``batch_size`` < 1; a tensor / numpy array ``data`` without a batch
+            dimension (0-D or 1-D); features whose first dimension is not the batch's sample
+            count (e.g. a function returning one (D,) vector per batch); a module without ``nn.Linear`` and no ``layer`` given; the
             hook never fired; the model cannot run on the inputs (e.g. a feature width other than
             its first ``nn.Linear``'s: the message names the expected and the given width).
     """
@@ -48,6 +54,9 @@ def extract_features(model_or_fn: Union[torch.nn.Module, Callable], data, *, bat
     if not isinstance(data, (torch.Tensor, DataLoader)) and not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
         raise TypeError(f"data must be a tensor, a map-style Dataset (len and integer indexing) or a DataLoader, "
                         f"got {type(data).__name__}")
+    if isinstance(data, (torch.Tensor, np.ndarray)) and data.ndim < 2:
+        raise ValueError(f"data must be a batch of samples, (N, ...) with N first, got shape {tuple(data.shape)}: "
+                         "for one sample x pass x.unsqueeze(0) (numpy: x[None]), for N scalar samples x[:, None]")
     is_module = isinstance(model_or_fn, torch.nn.Module)
     if device is None:
         device = next(model_or_fn.parameters()).device if is_module and any(True for _ in model_or_fn.parameters()) \
@@ -112,9 +121,26 @@ def _features_of(model_or_fn, x, captured: Optional[List[torch.Tensor]]) -> torc
         if not captured:
             raise ValueError("the feature layer was not called in forward()")
         out = captured[-1]
+    elif not isinstance(out, torch.Tensor):
+        raise TypeError(f"the feature function must return a (B, D) tensor, got {type(out).__name__}"
+                        + (" (wrap it: torch.as_tensor(...))" if isinstance(out, np.ndarray) else ""))
+    rows = _rows(x)
+    if out.dim() == 0 or (rows is not None and out.shape[0] != rows):
+        what = "the feature layer's input" if captured is not None else "the feature function's output"
+        raise ValueError(f"{what} has shape {tuple(out.shape)} for a batch of {rows} samples: its first "
+                         "dimension must be the batch (one feature row per sample)")
     if out.dim() == 3:          # (B, T, D) token features: take the first token (CLS)
         out = out[:, 0]
     return out.reshape(out.shape[0], -1).float().cpu()
+
+
+def _rows(x) -> Optional[int]:
+    """The sample count of an input batch: the first dimension of the tensor, or of a dict's /
+    sequence's first tensor; None when there is none."""
+    if isinstance(x, torch.Tensor):
+        return x.shape[0] if x.dim() else None
+    values = x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ()
+    return next((_rows(v) for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _forward_failure(model_or_fn, x, e: BaseException) -> str:
