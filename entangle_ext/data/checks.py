@@ -1,9 +1,10 @@
 """Checks every data loader shares.
 
-Options: a per-class cap (`check_cap`), the floating dtype of returned inputs (`check_float_dtype`)
-and an image side (`check_image_size`). `entangle_ext.settings.Setting.check_options` and the
-loaders called directly (`digits_splits`, `cifar100_splits`, `load_tinyimagenet`, `celeba_splits`,
-`toxigen_index_splits`) use the same ones, so a direct call refuses what the registry refuses.
+Options: a per-class cap (`check_cap`), the held-out share (`check_fraction`), the floating dtype
+of returned inputs (`check_float_dtype`) and an image side (`check_image_size`).
+`entangle_ext.settings.Setting.check_options` and the loaders called directly (`digits_splits`,
+`cifar100_splits`, `load_tinyimagenet`, `celeba_splits`, `toxigen_index_splits`) use the same
+ones, so a direct call refuses what the registry refuses.
 
 Arrays read from a file, before anything indexes with them: images (`check_images`) and class
 labels (`check_labels`).
@@ -14,13 +15,14 @@ gives a ValueError naming the file and the line, never a raw UnicodeDecodeError 
 from __future__ import annotations
 
 import csv
+import numbers
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-__all__ = ["check_cap", "check_float_dtype", "check_image_size", "check_images", "check_labels",
+__all__ = ["check_cap", "check_fraction", "check_float_dtype", "check_image_size", "check_images", "check_labels",
            "read_text_lines", "line_fields", "read_csv_rows"]
 
 
@@ -39,6 +41,25 @@ def check_cap(value: Any, name: str) -> Optional[int]:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"option {name} must be an integer >= 1 (or None = no cap), got {value!r}")
     return int(value)
+
+
+def check_fraction(value: Any, name: str = "test_fraction", *, zero_ok: bool = False) -> float:
+    """``value`` as a float when it is a share in (0, 1) (``zero_ok``: [0, 1), 0 = no held-out part).
+
+    Args:
+        value: a real number (Python or numpy; a bool or str is not coerced).
+        name: the option's name for the message.
+    Raises:
+        TypeError: ``value`` is not a real number.
+        ValueError: it is NaN or outside the range.
+    """
+    rng = "[0, 1)" if zero_ok else "(0, 1)"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in {rng}, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not ((0.0 <= v) if zero_ok else (0.0 < v)) or not v < 1.0:
+        raise ValueError(f"{name} must be in {rng} (the held-out share), got {value!r}")
+    return v
 
 
 def check_float_dtype(dtype: Any, name: str = "dtype") -> torch.dtype:

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..unlearn.data import Splits
-from .checks import check_cap, check_float_dtype
+from .checks import check_cap, check_float_dtype, check_fraction
 from .seeds import sklearn_random_state
 
 __all__ = ["digits_splits", "DigitsMLP", "SETTING_DTYPE", "load_setting", "setting_model"]
@@ -41,10 +41,13 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
     [0, 2**32 - 1] goes to scikit-learn's split as it is, any other as `sklearn_random_state` maps it.
     ``max_train_per_digit``: None (all) or an integer >= 1, the train images kept per digit.
     ``dtype``: a floating torch dtype (the features are scaled to [0, 1]).
-    Raises TypeError when ``forget_digit`` or ``seed`` is not an int (a float or bool is not coerced)
-    or ``dtype`` is not a floating dtype, and ValueError when ``forget_digit`` is not in 0..9,
-    ``seed`` outside that range or ``max_train_per_digit`` not None or an integer >= 1 (the check
-    `entangle_ext.settings.Setting.check_options` makes of the caps, `check_cap`).
+    ``test_fraction``: the held-out share, a real number in (0, 1) (`check_fraction`, as
+    `toxigen_index_splits` checks its own) leaving at least 10 images on each side.
+    Raises TypeError when ``forget_digit`` or ``seed`` is not an int (a float or bool is not coerced),
+    ``test_fraction`` not a real number or ``dtype`` not a floating dtype, and ValueError when
+    ``forget_digit`` is not in 0..9, ``seed`` outside that range, ``test_fraction`` outside (0, 1)
+    or leaving fewer than 10 images on a side, or ``max_train_per_digit`` not None or an integer
+    >= 1 (the check `entangle_ext.settings.Setting.check_options` makes of the caps, `check_cap`).
     """
     from .._optional import optional_import
     load_digits = optional_import("sklearn.datasets", "the digits setting (scikit-learn's bundled digits)",
@@ -56,11 +59,16 @@ def digits_splits(*, forget_digit: int = 3, test_fraction: float = 0.3, seed: in
     if forget_digit not in range(10):
         raise ValueError(f"forget_digit must be in 0..9, got {forget_digit}")
     max_train_per_digit = check_cap(max_train_per_digit, "max_train_per_digit")
+    test_fraction = check_fraction(test_fraction, "test_fraction")
     check_float_dtype(dtype)
     random_state = sklearn_random_state(seed)
     d = load_digits()
     x = (d.data / 16.0).astype(np.float64)
     digit = d.target.astype(np.int64)
+    n_test = int(np.ceil(test_fraction * len(digit)))   # scikit-learn's count of held-out images
+    if min(n_test, len(digit) - n_test) < 10:
+        raise ValueError(f"test_fraction={test_fraction} holds out {n_test} of the {len(digit)} images: the stratified "
+                         "split needs at least 10 (one per digit) on each side")
     idx_tr, idx_te = train_test_split(np.arange(len(digit)), test_size=test_fraction,
                                       random_state=random_state, stratify=digit)
     if max_train_per_digit is not None:

@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 
 from ..splits import IndexSplit, split_by_group
 from ..unlearn.data import Splits
-from .checks import check_cap, read_csv_rows
+from .checks import check_cap, check_fraction, read_csv_rows
 from .seeds import numpy_seed
 from .hf_text import hf_model_dir, load_hf_classifier, load_hf_tokenizer, minilm_path, sentence_embeddings
 from .root import find_data_file
@@ -159,13 +159,13 @@ def toxigen_index_splits(data: Dict[str, list], *, forget_group: str = "lgbtq", 
         (train_split, test_split, train_rows, test_rows): the splits index into ``train_rows`` /
         ``test_rows`` (row numbers of ``data``); ``targets`` hold the flipped labels.
     Raises:
-        ValueError: unknown group (message lists the groups), bad test_fraction, a
-            max_per_group_label that is not an int >= 1, empty forget set; a train (or held-out)
-            part left empty or without forget samples by test_fraction / max_per_group_label (the
-            message names the part and the options).
+        TypeError: a test_fraction that is not a real number (e.g. a str or bool).
+        ValueError: unknown group (message lists the groups), a test_fraction outside [0, 1)
+            or NaN, a max_per_group_label that is not an int >= 1, empty forget set; a train (or
+            held-out) part left empty or without forget samples by test_fraction /
+            max_per_group_label (the message names the part and the options).
     """
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    test_fraction = check_fraction(test_fraction, "test_fraction", zero_ok=True)
     max_per_group_label = check_cap(max_per_group_label, "max_per_group_label")
     g = np.array(data["target_group"])
     y = np.asarray(data["toxic"], dtype=np.int64)
