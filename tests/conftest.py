@@ -46,6 +46,18 @@ def device(request):
 
 
 @pytest.fixture
+def home(tmp_path, monkeypatch):
+    """$HOME is tmp_path/home and the working directory tmp_path/cwd (where a literal ``~`` path
+    would land); the test fails if anything was written there. Yields the home directory."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    yield tmp_path / "home"
+    assert list((tmp_path / "cwd").iterdir()) == [], "a path with ~ was written under the working directory"
+
+
+@pytest.fixture
 def one_thread():
     """torch runs on one CPU thread during the test (the count before is restored); use with
     ``pytestmark = pytest.mark.usefixtures("one_thread")``."""

@@ -14,16 +14,6 @@ RUN_FLAGS = ["--data-root", "--weights", "--model-path", "--out", "--original", 
 COMPARE_FLAGS = ["--out", "--data-root", "--weights", "--model-path"]
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    (tmp_path / "home").mkdir()
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path / "cwd")
-    yield tmp_path / "home"
-    assert list((tmp_path / "cwd").iterdir()) == [], "a path with ~ was written under the working directory"
-
-
 @pytest.mark.parametrize("flag", RUN_FLAGS)
 def test_run_path_flags_expand_the_home_directory(home, flag):
     argv = ["--setting", "digits", "--out", "o", f"{flag}=~/p"]

@@ -10,16 +10,6 @@ from entangle_ext.splits import IndexSplit, load_split, save_split
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    (tmp_path / "home").mkdir()
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path / "cwd")
-    yield tmp_path / "home"
-    assert list((tmp_path / "cwd").iterdir()) == [], "a path with ~ was written under the working directory"
-
-
 def test_save_and_load_split_expand_the_home_directory(home):
     s = IndexSplit([0], [1], [2])
     save_split("~/splits/s.json", s)        # made ./~/splits/s.json

@@ -14,17 +14,6 @@ from _tiny import mlp, tiny_config
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """$HOME is tmp_path/home; the working directory tmp_path/cwd (where a literal ``~`` would land)."""
-    (tmp_path / "home").mkdir()
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path / "cwd")
-    yield tmp_path / "home"
-    assert list((tmp_path / "cwd").iterdir()) == [], "a path with ~ was written under the working directory"
-
-
 def test_expand_user_keeps_the_kind_and_passes_other_values_through(home):
     from pathlib import Path
     from entangle_ext._paths import expand_user
