@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-__all__ = ["as_int_array", "int_value", "int_list", "index_list", "names_list", "attr_matrix", "present",
+__all__ = ["check_unique_indices", "as_int_array", "int_value", "int_list", "index_list", "names_list", "attr_matrix", "present",
            "float_matrix"]
 
 
@@ -26,6 +26,16 @@ def as_int_array(a, name: str) -> np.ndarray:
         else:
             raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
     return a.astype(np.int64)
+
+
+def check_unique_indices(a: np.ndarray, name: str) -> None:
+    """ValueError unless the integer array ``a`` (sample indices) holds no negative and no repeated
+    entry (either would put one sample in two splits, or read an index from the end)."""
+    if a.size and a.min() < 0:
+        raise ValueError(f"{name} must be sample indices >= 0, got {int(a.min())}")
+    u, counts = np.unique(a, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"{name} repeats index {int(u[counts > 1][0])}: each sample may appear once")
 
 
 def int_value(x, name: str, minimum: Optional[int] = None, hint: str = "") -> int:

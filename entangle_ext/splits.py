@@ -27,7 +27,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ._split_checks import as_int_array, attr_matrix, float_matrix, int_list, int_value, names_list, present
+from ._split_checks import (as_int_array, attr_matrix, check_unique_indices, float_matrix, int_list, int_value,
+                           names_list, present)
 from .split_features import extract_features  # noqa: F401  (public here, beside the builder it feeds)
 from .split_files import SPLIT_FORMAT, IndexSplit, load_split, save_split, split_hash  # noqa: F401
 
@@ -255,7 +256,8 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
             non-numeric dtype (e.g. str) or complex.
         ValueError: empty inputs, features not 2-D or holding NaN / infinite values, feature
             widths differ, k, chunk or fraction out of range, unknown metric, index lists whose
-            lengths differ from the row counts.
+            lengths differ from the row counts or that hold a negative or repeated index (also when
+            only one of them is given), forget and retain indices that overlap (both given).
     """
     fr = float_matrix(features_retain, "features_retain")
     ff = float_matrix(features_forget, "features_forget")
@@ -277,11 +279,7 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
         raise TypeError(f"fraction must be a real number in (0, 1], got {type(fraction).__name__} {fraction!r}")
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    rmap = np.arange(R) if retain_indices is None else as_int_array(retain_indices, "retain_indices")
-    fmap = np.arange(Fn) if forget_indices is None else as_int_array(forget_indices, "forget_indices")
-    if len(rmap) != R or len(fmap) != Fn:
-        raise ValueError(f"retain_indices ({len(rmap)}) / forget_indices ({len(fmap)}) must match the feature "
-                         f"row counts ({R} / {Fn})")
+    rmap, fmap = _index_maps(retain_indices, forget_indices, R, Fn)
     if metric == "cosine":
         fr = torch.nn.functional.normalize(fr, dim=1)
         ff = torch.nn.functional.normalize(ff, dim=1)
@@ -314,6 +312,21 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
     if retain_indices is not None and forget_indices is not None:
         s.check()
     return s
+
+
+def _index_maps(retain_indices, forget_indices, R: int, Fn: int):
+    """The global indices of the retain / forget feature rows (positions when not given), each
+    given list checked: R / Fn entries, none negative or repeated (both given: `IndexSplit.check`
+    also refuses overlap between them)."""
+    rmap = np.arange(R) if retain_indices is None else as_int_array(retain_indices, "retain_indices")
+    fmap = np.arange(Fn) if forget_indices is None else as_int_array(forget_indices, "forget_indices")
+    if len(rmap) != R or len(fmap) != Fn:
+        raise ValueError(f"retain_indices ({len(rmap)}) / forget_indices ({len(fmap)}) must match the feature "
+                         f"row counts ({R} / {Fn})")
+    for arr, name, given in ((rmap, "retain_indices", retain_indices), (fmap, "forget_indices", forget_indices)):
+        if given is not None:
+            check_unique_indices(arr, name)
+    return rmap, fmap
 
 
 def _check_split_indices(split: IndexSplit, n: int, what: str) -> None:

@@ -87,6 +87,18 @@ def test_similarity_meta_says_which_index_space_each_list_is_in():
     assert s.meta["index_space"] == "global"
 
 
+@pytest.mark.parametrize("given", ["retain", "forget"])
+@pytest.mark.parametrize("bad, msg", [(lambda a: np.concatenate([a[:1], a[:-1]]), "repeats index"),
+                                      (lambda a: np.concatenate([[-1], a[1:]]), r"must be sample indices >= 0, got -1")])
+def test_similarity_refuses_repeated_or_negative_indices_given_alone(given, bad, msg):
+    """With one index list alone nothing checked it: a repeated retain index landed in adjacent and
+    remote at once, a -1 passed as a sample."""
+    fr, ff = _planted()
+    kw = {"retain_indices": bad(np.arange(100, 150))} if given == "retain" else {"forget_indices": bad(np.arange(5))}
+    with pytest.raises(ValueError, match=f"{given}_indices {msg}"):
+        split_by_similarity(fr, ff, k=2, fraction=0.2, **kw)
+
+
 # ------------------------------------------------------------------------ split_by_attributes
 ATTRS = {"Male": np.array([1, -1] * 10), "Smiling": np.array([1, 1, -1, -1] * 5),
          "Young": np.array([-1] * 10 + [1] * 10), "Eyeglasses": np.array([1, -1, -1, 1, -1] * 4)}
