@@ -14,7 +14,8 @@ in bold among the unlearning methods that keep the adjacent and remote accuracy 
 points of the original's, when two or more of them have the metric; the rule is stated under the
 table), ``comparison.json`` and ``comparison.png``, and
 ``cache/<method>/seed<k>.json``: one file per finished run, keyed on the method, the seed, its
-effective hyperparameters and a fingerprint of the splits and the original model, so a rerun after an
+effective hyperparameters (Retrain's also the model its ``model_fn`` builds: `compare_specs.model_fn_key`)
+and a fingerprint of the splits and the original model, so a rerun after an
 interruption (or with more methods / seeds) only runs what is missing. The key does not hold the
 device or the torch version (a cache made on one machine serves another); each record notes them,
 and a record made with another torch version or device type is reused with a `UserWarning` that

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import torch
+
 from .unlearn.entry import unlearn
 from .unlearn.report import UnlearnResult
 from .unlearn.config import RECIPE_OF_HPARAMS, UnlearnConfig
+from .unlearn.fingerprint import model_fingerprint
 from .compare_cache import jsonable
 
-__all__ = ["MethodSpec", "method_spec", "method_config", "effective_config", "scale_budget", "check_budget",
+__all__ = ["MethodSpec", "method_spec", "model_fn_key", "method_config", "effective_config", "scale_budget", "check_budget",
            "check_method_names", "available_methods", "original_spec", "build_specs"]
 
 
@@ -187,10 +191,29 @@ def method_spec(name: str, *, setting: Optional[str] = None, variant: Optional[s
     hp = {"config": eff, "setting": setting, "variant": variant, "hparams": hparams}
     if budget != 1.0:   # (absent at 1: the cache keys of full-budget runs stay as they were)
         hp["budget"] = budget
-    if name == "retrain":   # what builds the fresh model (by name: a function's repr changes every process)
-        hp["model_fn"] = None if model_fn is None else \
-            f"{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', type(model_fn).__name__)}"
+    if name == "retrain":   # what builds the fresh model
+        hp["model_fn"] = model_fn_key(model_fn)
     return MethodSpec(name, run, hp)
+
+
+def model_fn_key(model_fn: Optional[Callable[[], torch.nn.Module]]) -> Optional[dict]:
+    """What a comparison's cache knows Retrain's ``model_fn`` by: its name (module.qualname) and
+    the model it builds with the global generator seeded 0 (the generators' states are restored
+    after): the module tree (``repr``) and `model_fingerprint`'s class and state dict. A name alone
+    is "functools.partial" for every partial and "__main__.<lambda>" for every lambda of a script:
+    another builder under such a name reused the old Retrain rows (and the gaps to them).
+
+    Raises TypeError when ``model_fn()`` does not return a ``torch.nn.Module``."""
+    if model_fn is None:
+        return None
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(0)
+        model = model_fn()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}")
+    name = f"{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', type(model_fn).__name__)}"
+    return {"name": name, "modules": hashlib.sha256(repr(model).encode()).hexdigest()[:16], **model_fingerprint(model)}
 
 
 def original_spec() -> MethodSpec:
