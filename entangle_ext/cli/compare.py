@@ -267,6 +267,6 @@ def main(argv=None) -> int:
         return 0
     print(f"{args.setting} ({variant.name}: {variant.summary}), {len(res.seeds)} seed(s)\n")
     print(res.table)
-    print(f"\nwrote {res.paths['markdown']}, {res.paths['json']}, {res.paths['png']} "
-          f"({time.perf_counter() - t0:.0f} s)")
+    wrote = ", ".join(str(res.paths[k]) for k in ("markdown", "json", "png") if k in res.paths)   # no png: no matplotlib
+    print(f"\nwrote {wrote} ({time.perf_counter() - t0:.0f} s)")
     return 0

@@ -59,3 +59,18 @@ def test_without_matplotlib_the_cli_exits_0_with_a_report(monkeypatch, tmp_path,
     err = capsys.readouterr().err
     assert rc == 0, err
     assert (out / "report.json").exists() and "warning: matplotlib is not installed" in err
+
+
+def test_without_matplotlib_compare_exits_0_and_lists_what_it_wrote(monkeypatch, tmp_path, capsys):
+    """It wrote the tables, then died on res.paths['png'] (KeyError, exit 1)."""
+    pytest.importorskip("sklearn")
+    pytest.importorskip("scipy")
+    _block(monkeypatch, "matplotlib")
+    out = tmp_path / "c"
+    rc = cli.main(["compare", "--setting", "digits", "--variant", "reduced", "--methods", "ga", "--seeds", "1",
+                   "--no-relearn", "--no-progress", "--out", str(out), "--budget", "0.1"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    wrote = [line for line in cap.out.splitlines() if line.startswith("wrote ")]
+    assert wrote == [wrote[0]] and str(out / "comparison.md") in wrote[0] and ".png" not in wrote[0]
+    assert (out / "comparison.json").exists() and not (out / "comparison.png").exists()
