@@ -262,6 +262,8 @@ class StageLoop:
         first). Returns (steps taken in total, history).
 
         Raises:
+            ValueError: ``resume_state``'s step lies past this config's steps (a resume that
+                shortened the stage: nothing would run, and the run would report the new config).
             NonFiniteLossError: a loss or logged value became NaN/Inf (the first bad step; no
                 checkpoint is written after it).
             RunInterrupted (a KeyboardInterrupt): SIGINT/SIGTERM/SIGHUP (acted on at the end of the
@@ -276,6 +278,11 @@ class StageLoop:
                 self.probe.load_state_dict(resume_state["curves"])
         total = len(stream) * epochs
         total = total if max_steps is None else min(total, int(max_steps))
+        if start > total:   # (a resume with allow_config_change: nothing would run, the report would lie)
+            raise ValueError(f"resume: the checkpoint is at step {start} of {self.desc}, past the {total} steps "
+                             f"of this config ({epochs} epoch(s) of {len(stream)} batches"
+                             f"{'' if max_steps is None else f', max_steps {max_steps}'}): the shortened "
+                             "stage cannot apply; resume from an earlier checkpoint or start a new run")
         mon = _Monitor(self.stage, self.keys, device or torch.device("cpu"), start, history)
         bar = _bar(total, start, self.desc, self.progress and d.is_main)
         step, budget, stopped = start, total, False

@@ -150,6 +150,22 @@ def test_config_changes_on_a_finished_run_are_refused_not_recorded(small, tmp_pa
     assert res.report["steps"]["stage2"] == 2 * ee.unlearn(mlp(), small, tiny_config(), progress=False).report["steps"]["stage2"]
 
 
+def test_a_resume_past_a_shortened_stage_is_refused(small, tmp_path):
+    """A mid-Stage-2 checkpoint at step 4 resumed with allow_config_change and a Stage 2 of 3 steps
+    ran nothing, yet the report claimed the shorter config (found by a new-user test)."""
+    import dataclasses
+    longer = tiny_config(checkpoint_every=1)
+    longer.stage2 = dataclasses.replace(longer.stage2, epochs=2)   # 6 Stage-2 steps
+    out = tmp_path / "run"
+    ee.unlearn(mlp(), small, longer, out_dir=out, progress=False)
+    ckpt = out / "checkpoints" / "stage2_step000004.pt"
+    assert ckpt.exists()
+    with pytest.raises(ValueError, match=r"^resume: the checkpoint is at step 4 of stage 2 \(W-PGD\), past the 3 "
+                                         r"steps of this config \(1 epoch\(s\) of 3 batches\)"):
+        ee.unlearn(mlp(), small, tiny_config(checkpoint_every=1), out_dir=tmp_path / "short", resume=ckpt,
+                   allow_config_change=True, progress=False)
+
+
 def test_config_changes_on_a_finished_stage1_only_run_are_refused(small, tmp_path):
     """run_stage2=False: the run ends with Stage 1, so its stage1_done checkpoint is a finished run."""
     import dataclasses
