@@ -106,8 +106,18 @@ def read_torch_file(path: Union[str, Path], map_location: Any = "cpu") -> Any:
             with torch.serialization.safe_globals(_numpy_globals()):
                 return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:   # any failure to unpickle: corrupt, truncated, foreign objects, I/O
+        reason = _reason(e) if _is_zip(path) or isinstance(e, EOFError) else (
+            "not a torch file: no zip archive as torch.save writes, nor a legacy torch pickle (truncated, "
+            "or another format)")
         raise ValueError(f"{path} is not a readable torch file (state dict or entangle_ext "
-                                  f"checkpoint): {_reason(e)}") from None
+                         f"checkpoint): {reason}") from None
+
+
+def _is_zip(path) -> bool:
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
 
 
 def _is_pointer(obj: Any) -> bool:

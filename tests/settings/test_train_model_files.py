@@ -80,9 +80,14 @@ def test_original_flag_takes_a_checkpoint_and_an_out_dir(finished_run, tmp_path,
 
 
 @pytest.mark.parametrize("content, reason", [
-    (b"garbage\n", "not a torch file"), (b"", "empty or truncated"), (b"PK\x03\x04junk", "zip archive")])
+    (b"garbage\n", "not a torch file"), (b"", "empty or truncated"), (b"PK\x03\x04junk", "zip archive"),
+    (b"hello\n", "not a torch file: no zip archive"),   # the reason was torch's KeyError text: "101"
+    (None, "not a torch file: no zip archive")])        # a truncated torch.save file: "failed finding central directory"
 def test_unreadable_file_is_one_clear_line(tmp_path, content, reason):
     bad = tmp_path / "bad.pt"
+    if content is None:
+        torch.save({"w": torch.ones(1000)}, bad)
+        content = bad.read_bytes()[:3000]
     bad.write_bytes(content)
     for load in (lambda: load_model_file(_digits_mlp(), bad), lambda: load_checkpoint(bad)):
         with pytest.raises(ValueError) as ei:
