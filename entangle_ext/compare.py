@@ -232,7 +232,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             points of the original model's (default `BOLD_BAND` = 5; None = no band); stated
             under the table. Not part of any cache key (it only changes the table).
         write_tables: False writes only the per-run cache under ``out_dir`` (no table, JSON or
-            PNG; what the workers of ``entangle-unlearn compare --jobs N`` do). With True (the
+            PNG, and no `MIAUndefinedWarning`: the call that writes the tables warns for the runs
+            of its session; what the workers of ``entangle-unlearn compare --jobs N`` do). With True (the
             default) ``out_dir`` is locked for the call (``OUT/.entangle_ext.lock``): a second
             live comparison or unlearning run into it raises `OutDirInUseError` (a ValueError),
             before any run; without, no lock is taken (the cache writes are atomic).
@@ -309,7 +310,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                     runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
                     bar.update(1)
             bar.close()
-            warn_undefined_mia(runs, skip=reused)   # the runs scored now (and by this session's workers)
+            if write_tables:   # (a --jobs worker leaves it to the parent, which names its runs too)
+                warn_undefined_mia(runs, skip=reused)   # the runs scored now (and by this session's workers)
             order = [s.name for s in specs]
             summary = summarize(runs)
             table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget, band=band)
