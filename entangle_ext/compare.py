@@ -310,8 +310,8 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                     runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
                     bar.update(1)
             bar.close()
-            if write_tables:   # (a --jobs worker leaves it to the parent, which names its runs too)
-                warn_undefined_mia(runs, skip=reused)   # the runs scored now (and by this session's workers)
+            # the runs scored now (and by this session's workers); a --jobs worker (no tables) leaves it to the parent
+            warn_undefined_mia(runs if write_tables else {}, skip=reused)
             order = [s.name for s in specs]
             summary = summarize(runs)
             table = format_markdown(summary, seeds=seeds, order=order, failures=failures, budget=budget, band=band)
