@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .distributed import check_world_size, current
-from .files import POINTER_NAME, atomic_write, open_checkpoint
+from .files import POINTER_NAME, atomic_write, open_checkpoint, stage_label
 from .fingerprint import FINGERPRINT_VERSION, splits_fingerprint
 from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded, sharded_dir
 
@@ -198,8 +198,9 @@ class Checkpointer:
     ``checkpoints/latest.pt`` at it. ``last_path`` is the last good checkpoint (None before the
     first one, or always when ``out_dir`` is None: then nothing is written).
 
-    The stages call it as ``checkpointer(step, state)`` (tag ``stage{S}_step{step:06d}``);
-    ``resume_hint`` is the call that continues the run (quoted when a run is interrupted).
+    The stages call it as ``checkpointer(step, state)`` (tag ``stage{S}_step{step:06d}``, a
+    baseline's ``{name}_step{step:06d}``); ``resume_hint`` is the call that continues the run
+    (quoted when a run is interrupted).
     """
 
     def __init__(self, out_dir: Optional[Union[str, Path]], common: Dict[str, Any],
@@ -253,7 +254,7 @@ class Checkpointer:
         return self.last_path
 
     def __call__(self, step: int, state: Dict[str, Any]) -> Optional[str]:
-        return self.save(f"stage{state['stage']}_step{step:06d}", state)
+        return self.save(f"{stage_label(state['stage'])}_step{step:06d}", state)   # (salun_step000005, not stagesalun_)
 
 
 def _atomic_save(obj: Any, path: Path, hint: Optional[str] = None) -> None:

@@ -20,7 +20,7 @@ from torch.utils.data import Subset
 from ..wasserstein import wasserstein2_1d
 from .data import BatchStream, Source, Splits, loss_logits, split_batch, stream_seed
 from .distributed import current
-from .files import atomic_write
+from .files import atomic_write, stage_label
 from .inputs import training_flags_kept
 from .precision import model_dtype
 
@@ -200,12 +200,6 @@ def adjacent_recovered_rule(original_acc: float, delta: float, eps: float) -> Ca
         f"{100 * delta:.2f} points of the original model's {100 * original_acc:.2f}% and the forget-loss "
         f"W2 to θ̄ is {r['w2']:.4g} nats (<= {eps:g})")
     return rule
-
-
-def stage_label(key) -> str:
-    """The report's name of stage ``key``: "stage1" / "stage2" for the two-stage family's 1 / 2,
-    a baseline's key (its name) as it is."""
-    return f"stage{key}" if isinstance(key, int) else str(key)
 
 
 def require_origin(origin: Optional[Dict[str, Any]], what: str) -> Dict[str, Any]:

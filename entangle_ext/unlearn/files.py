@@ -29,7 +29,7 @@ import torch
 
 from .._paths import expand_user
 
-__all__ = ["read_torch_file", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError", "make_out_dir",
+__all__ = ["read_torch_file", "stage_label", "open_checkpoint", "POINTER_NAME", "atomic_write", "WriteError", "make_out_dir",
            "warn_unwritten_checkpoints"]
 
 #: The file under ``{out_dir}/checkpoints/`` that names the run's latest checkpoint: {"path": str}.
@@ -83,6 +83,12 @@ def _damage(path: Union[str, Path]) -> Union[str, None]:
     except OSError:
         return None
     return None if bad is None else f"the CRC-32 of its record {bad} does not match"
+
+
+def stage_label(key) -> str:
+    """The name of stage ``key`` in reports and checkpoint files: "stage1" / "stage2" for the
+    two-stage family's 1 / 2, a baseline's key (its name) as it is ("salun_step000005.pt")."""
+    return f"stage{key}" if isinstance(key, int) else str(key)
 
 
 def read_torch_file(path: Union[str, Path], map_location: Any = "cpu") -> Any:

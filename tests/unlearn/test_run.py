@@ -49,7 +49,7 @@ def test_the_histogram_has_the_configs_bins(small, method, tmp_path, monkeypatch
 def test_a_resumed_baseline_reports_the_evaluation_time_of_the_first_process(small, tmp_path):
     cfg = get_method("ft").config_for("digits", checkpoint_every=2, epochs=2, batch_size=32)
     full = ee.unlearn(mlp(), small, cfg, method="ft", out_dir=tmp_path, progress=False)
-    mid = sorted((tmp_path / "checkpoints").glob("stageft_step*.pt"))[0]
+    mid = sorted((tmp_path / "checkpoints").glob("ft_step*.pt"))[0]
     r = ee.unlearn(mlp(seed=9), small, method="ft", resume=mid, progress=False)
     assert r.report["timings_s"]["eval_original"] == pytest.approx(full.report["timings_s"]["eval_original"])
     assert set(r.report["timings_s"]) == set(full.report["timings_s"])
@@ -92,7 +92,7 @@ def test_a_resumed_baseline_keeps_the_unlearning_time_of_the_interrupted_process
     path recorded only evaluation times), and the resumed report adds this process's time to it."""
     cfg = get_method("ft").config_for("digits", checkpoint_every=2, epochs=2, batch_size=32)
     ee.unlearn(mlp(), small, cfg, method="ft", out_dir=tmp_path, progress=False)
-    mid = sorted((tmp_path / "checkpoints").glob("stageft_step*.pt"))[-1]
+    mid = sorted((tmp_path / "checkpoints").glob("ft_step*.pt"))[-1]
     before = load_checkpoint(mid)["timings"]["unlearn"]
     assert before > 0
     r = ee.unlearn(mlp(seed=9), small, method="ft", resume=mid, progress=False)

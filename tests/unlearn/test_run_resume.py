@@ -425,7 +425,7 @@ def test_full_run_checkpoint_and_resume(small, tmp_path):
 def test_baseline_checkpoint_and_resume_bit_identical(small, tmp_path, name, over):
     cfg = get_method(name).config_for("digits", checkpoint_every=3, log_every=2, **over)
     full = ee.unlearn(mlp(), small, cfg, method=name, out_dir=tmp_path / "a", progress=False)
-    ck = sorted((tmp_path / "a" / "checkpoints").glob(f"stage{name}_step*.pt"))
+    ck = sorted((tmp_path / "a" / "checkpoints").glob(f"{name}_step*.pt"))
     assert ck, "no mid-run checkpoint written"
     mid = ck[len(ck) // 2]
     assert load_checkpoint(mid)["method"] == name
@@ -463,7 +463,7 @@ def test_baseline_resume_refuses_other_splits(small, ft_run):
 
 def test_baseline_resume_refuses_another_config_unless_allowed(small, ft_run):
     out, full = ft_run
-    mid = out / "checkpoints" / "stageft_step000006.pt"
+    mid = out / "checkpoints" / "ft_step000006.pt"
     cfg = get_method("ft").Config.from_dict(full.report["config"]).replace(weight_decay=0.5)
     with pytest.raises(ValueError, match=r"config differs.*weight_decay: 0\.0 in the checkpoint vs 0\.5 now.*"
                                          r"allow_config_change=True \(command line: --allow-config-change\)"):
