@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ._dense import check_dense
+from ._wrappers import plain_of
 
 _KINDS = ("equality", "inequality")
 _STATE_DTYPES = (torch.float32, torch.float64)
@@ -129,10 +130,11 @@ def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tens
         if mu.dtype != lam.dtype:
             raise TypeError(f"{op}: mu is {mu.dtype} but lam is {lam.dtype} (same dtype required)")
         if mu.device.type == "cpu" and not torch.compiler.is_compiling():
-            bad = (mu <= 0) | ~torch.isfinite(mu) if finite else (mu <= 0) & torch.isfinite(mu)
+            m = plain_of(mu.detach())   # under torch.func.vmap: every batch entry's mu at once
+            bad = (m <= 0) | ~torch.isfinite(m) if finite else (m <= 0) & torch.isfinite(m)
             if bool(bad.any()):
                 need = "> 0 and finite" if finite else "> 0"
-                raise ValueError(f"{op}: the penalty mu must be {need}, got {mu.tolist()}")
+                raise ValueError(f"{op}: the penalty mu must be {need}, got {m.tolist()}")
         return mu.detach().contiguous()
     if isinstance(mu, bool) or not isinstance(mu, numbers.Real):
         raise TypeError(f"{op}: mu must be a tensor or a Python float, got {type(mu).__name__}")

@@ -24,6 +24,8 @@ from typing import Iterable
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from ._wrappers import check_vmap_batch, is_batched, plain_of
+
 
 def has_tangent(*tensors) -> bool:
     """True when any tensor argument (or tensor in a list/tuple argument) carries a forward-mode
@@ -49,23 +51,25 @@ def under_transform(*tensors) -> bool:
     torch.compile traces (it traces the registered operator)."""
     if torch.compiler.is_compiling() or (_ACTIVE is not None and not _ACTIVE()):
         return False
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return any(wrapped(t) for t in _flatten(tensors))
+    f = torch._C._functorch   # (not functionalize's wrappers: the operators run under it as they are)
+    return any(f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) for t in _flatten(tensors))
 
 
 def pre_step_value(g: torch.Tensor):
     """The plain value of ``g`` (detached) to keep beyond a torch.func transform (what
-    `AugmentedLagrangian.penalty` records for ``update()``): under ``grad`` / ``jvp`` the tensor
-    under the wrappers (a wrapper must not outlive its level); under ``vmap`` there is one g per
-    batch entry and no single value, so a str saying so (``update()`` raises it)."""
-    f = torch._C._functorch
+    `AugmentedLagrangian.penalty` records for ``update()``): under ``grad`` / ``jvp`` /
+    ``functionalize`` the tensor under the wrappers (a wrapper must not outlive its transform);
+    under ``vmap`` there is one g per batch entry and no single value, so a str saying so
+    (``update()`` raises it)."""
     if torch.compiler.is_compiling() or (_ACTIVE is not None and not _ACTIVE()):
         return g
-    while f.is_functorch_wrapped_tensor(g):
-        if f.is_batchedtensor(g):
-            return ("AugmentedLagrangian.update: the last penalty() ran under torch.func.vmap (one g "
-                    "per batch entry, no single pre-step value); pass the constraint: update(g)")
-        g = f.get_unwrapped(g)
+    if is_batched(g):
+        return ("AugmentedLagrangian.update: the last penalty() ran under torch.func.vmap (one g "
+                "per batch entry, no single pre-step value); pass the constraint: update(g)")
+    g = plain_of(g)
+    if torch._is_functional_tensor(g):   # torch.func.functionalize's wrapper: its current value
+        torch._sync(g)
+        g = torch._from_functional_tensor(g)
     return g
 
 
@@ -109,11 +113,15 @@ def _segment_sum(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return x.new_zeros((S,)).index_add(0, ids.clamp(max=max(S - 1, 0)).to(x.device), src)
 
 
+_OPS = {"W2Forward": "wasserstein2_1d", "ALForward": "augmented_lagrangian_term"}   # (messages)
+
+
 def _loop_vmap(fn, info, in_dims, args, single: bool):
     """A vmap rule that runs ``fn.apply`` once per batch entry and stacks the outputs along dim 0.
     (torch's generated rule, ``generate_vmap_rule = True``, fails with an internal AssertionError
     under forward mode around vmap, ``jvp(vmap(f))``, because these Functions take non-tensor
     arguments; `ProjectOrthogonalFunction` does the same.)"""
+    check_vmap_batch(info.batch_size, _OPS.get(fn.__name__, fn.__name__))
     moved = [a.movedim(d, 0) if d is not None else None for a, d in zip(args, in_dims)]
     outs = []
     for i in range(info.batch_size):
@@ -168,6 +176,7 @@ class FirstOrder(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, op, kernel, nargs, *args):
+        check_vmap_batch(info.batch_size, op)
         moved = [a.movedim(d, 0) if d is not None else None for a, d in zip(args, in_dims[3:])]
         outs = [FirstOrder.apply(op, kernel, nargs, *[a if m is None else m[i].contiguous()
                                                       for a, m in zip(args, moved)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import _ext
+from ._wrappers import check_vmap_batch
 
 __all__ = ["ProjectOrthogonalFunction"]
 
@@ -110,6 +111,7 @@ class ProjectOrthogonalFunction(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, g, basis, rcond, ridge):
         gdim, bdim = in_dims[0], in_dims[1]
+        check_vmap_batch(info.batch_size, "project_orthogonal")
         gs = g.movedim(gdim, 0) if gdim is not None else None
         bs = basis.movedim(bdim, 0) if bdim is not None else None
         outs, coeffs = [], []

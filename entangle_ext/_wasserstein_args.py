@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ._dense import check_dense
+from ._wrappers import is_batched
 
 OffsetsLike = Union[torch.Tensor, Sequence[int]]
 
@@ -129,6 +130,8 @@ def _host_longest(*offsets) -> Optional[int]:
     longest = 0
     for off in offsets:
         if isinstance(off, torch.Tensor):
+            if is_batched(off):   # one set of offsets per vmap entry: the kernel's validate pass checks
+                return None
             if off.device.type != "cpu" or off.dtype not in (torch.int32, torch.int64) or off.dim() != 1:
                 return None
             if off.numel() > 1:

@@ -138,7 +138,8 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Scalar, *,
     gradient flows to them (they are detached). Forward mode (``torch.func.jvp``, ``jacfwd``,
     dual tensors) works: the tangent is sum_i s_i t_i with s the gradient above (no tangent flows
     from lam or mu). So do the torch.func reverse-mode transforms (``grad``, ``vjp``, ``jacrev``,
-    ``functional_call`` + ``grad``, ``vmap`` of them: one kernel call per batch entry). Second
+    ``functional_call`` + ``grad``, ``vmap`` of them: one kernel call per batch entry; in eager
+    mode: transforms inside ``torch.compile`` are not supported). Second
     derivatives (double backward, ``hessian``, any nesting of ``jacfwd`` / ``jacrev``) are not
     implemented: NotImplementedError.
 

@@ -15,7 +15,7 @@ import torch
 from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_fits,
                                          check_mu_max, check_state_dtype, checked_state, schedule_args,
                                          state_dtype)
-from ._fwad import pre_step_value
+from ._fwad import plain_of, pre_step_value
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 
 __all__ = ["AugmentedLagrangian"]
@@ -196,12 +196,12 @@ class AugmentedLagrangian:
         out = g.reshape(m).to(self.dtype)
         if (g.dtype.itemsize > self.dtype.itemsize and not torch.compiler.is_compiling()
                 and not g.is_meta and not (g.is_cuda and torch.cuda.is_current_stream_capturing())):
-            with torch.no_grad():
-                lost = torch.isfinite(g.reshape(m)) & ~torch.isfinite(out)
+            pg = plain_of(g.detach())   # (the values of every batch entry under torch.func.vmap)
+            lost = torch.isfinite(pg) & ~torch.isfinite(pg.to(self.dtype))
             if bool(lost.any()):
                 raise ValueError(f"AugmentedLagrangian: {what} has finite entries beyond the range of "
                                  f"the state dtype {self.dtype} (largest {torch.finfo(self.dtype).max:.4g}): "
-                                 f"{g.detach()[lost].tolist()[:4]}; they would become Inf")
+                                 f"{pg[lost].tolist()[:4]}; they would become Inf")
         return out
 
     def constraint(self, values: torch.Tensor) -> torch.Tensor:

@@ -140,11 +140,12 @@ def project_orthogonal(g: torch.Tensor, basis: BasisLike, *, rcond: Optional[flo
     if g.dtype not in _DTYPES:
         raise TypeError(f"{op}: g must be float32, float64, float16 or bfloat16, got {g.dtype}")
     _ext.require(op, g, basis)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch._is_functional_tensor(g):
         # Dynamo cannot trace an autograd.Function with a jvp rule when g requires grad (a graph
-        # break, an error with fullgraph=True): call the operator, whose registered autograd
-        # (``_projection_autograd.py``, the same projection) is what torch.compile traces. Forward mode and the
-        # torch.func transforms keep the Function in eager mode.
+        # break, an error with fullgraph=True), and torch.func.functionalize has no rule for one:
+        # call the operator, whose registered autograd (``_projection_autograd.py``, the same
+        # projection) is what torch.compile traces. Forward mode and the other torch.func
+        # transforms keep the Function in eager mode.
         return torch.ops.entangle_ext.project_orthogonal(g, basis.detach(), rcond, ridge)
     return ProjectOrthogonalFunction.apply(g, basis.detach(), rcond, ridge)
 

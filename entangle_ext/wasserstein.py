@@ -75,7 +75,7 @@ def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[Offset
         stays connected to the autograd graph. The autograd is a C++ function; under the
         ``torch.func`` transforms (``grad``, ``vjp``, ``jacrev``, ``functional_call`` + ``grad``,
         ``vmap``; per-sample gradients: ``vmap(grad(...))``) an autograd.Function with the same
-        kernels runs instead. Forward mode (``torch.func.jvp``, ``jacfwd``,
+        kernels runs instead (in eager mode: transforms inside ``torch.compile`` are not supported). Forward mode (``torch.func.jvp``, ``jacfwd``,
         ``torch.autograd.forward_ad`` dual tensors) works: the tangent of segment s is the sum
         over s of the local gradients times the input tangents. Second derivatives (double
         backward, ``hessian``, any nesting of ``jacfwd`` / ``jacrev``) raise

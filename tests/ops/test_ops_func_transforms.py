@@ -225,3 +225,59 @@ def test_penalty_under_grad_records_a_plain_pre_step_g_and_under_vmap_none():
     with pytest.raises(RuntimeError, match=r"penalty\(\) ran under torch.func.vmap"):
         al.update()
     torch.testing.assert_close(al.update(g), 6.0 * g)
+
+
+def test_vmap_over_mu_and_over_a_float64_g_of_a_float32_state():
+    """The host-side value checks (mu > 0 and finite; a float64 g beyond float32) read every batch
+    entry's values; under vmap they raised vmap's 'data-dependent control flow' error."""
+    gen = torch.Generator().manual_seed(7)
+    g, lam = torch.randn(3, generator=gen, dtype=D64), torch.randn(3, generator=gen, dtype=D64)
+    mus = torch.rand(4, 3, generator=gen, dtype=D64) + 0.5
+    got = torch.func.vmap(lambda m: ee.augmented_lagrangian_term(g, lam, m))(mus)
+    torch.testing.assert_close(got, torch.stack([ee.augmented_lagrangian_term(g, lam, m) for m in mus]))
+    with pytest.raises(ValueError, match="the penalty mu must be > 0 and finite"):
+        torch.func.vmap(lambda m: ee.augmented_lagrangian_term(g, lam, m))(torch.stack([mus[0], -mus[1]]))
+    al = ee.AugmentedLagrangian(torch.zeros(3), mu=2.0)
+    G = torch.randn(4, 3, generator=gen, dtype=D64)
+    torch.testing.assert_close(torch.func.vmap(al.penalty)(G), torch.stack([al.penalty(x) for x in G]))
+    with pytest.raises(ValueError, match="beyond the range of the state dtype torch.float32"):
+        torch.func.vmap(al.penalty)(torch.stack([G[0], torch.full((3,), 1e300, dtype=D64)]))
+
+
+def test_vmap_over_offsets_with_a_max_seqlen():
+    """Batched offsets with max_seqlen: the host check of the longest segment called .item() on a
+    BatchedTensor (vmap's RuntimeError); the kernel's validate pass checks them instead."""
+    u, v = torch.randn(10, dtype=D64), torch.randn(8, dtype=D64)
+    offs = torch.tensor([[0, 3, 10], [0, 6, 10]])
+    got = torch.func.vmap(lambda o: ee.wasserstein2_1d(u, v, o, [0, 4, 8], max_seqlen=10))(offs)
+    want = torch.stack([ref.wasserstein2_1d(u, v, o, torch.tensor([0, 4, 8])) for o in offs])
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["wasserstein2_1d", "augmented_lagrangian_term", "project_orthogonal",
+                                "AugmentedLagrangian.penalty"])
+def test_functionalize_runs_the_operators(op):
+    """torch.func.functionalize has no rule for an autograd.Function ("NYI: Functionalize rule for
+    custom_function_call"): the operators run as themselves under it; update() after a
+    functionalized penalty uses the plain pre-step g (it failed on the functional wrapper)."""
+    g, V = torch.randn(5, dtype=D64), torch.randn(2, 5, dtype=D64)
+    al = ee.AugmentedLagrangian(torch.zeros(5, dtype=D64), mu=2.0)
+    fn = {"wasserstein2_1d": lambda x: ee.wasserstein2_1d(x, V[0]),
+          "augmented_lagrangian_term": lambda x: ee.augmented_lagrangian_term(x, V[0], 2.0),
+          "project_orthogonal": lambda x: ee.project_orthogonal(x, V)[0], "AugmentedLagrangian.penalty": al.penalty}[op]
+    torch.testing.assert_close(torch.func.functionalize(fn)(g), fn(g))
+    if op == "AugmentedLagrangian.penalty":
+        torch.func.functionalize(fn)(g)
+        torch.testing.assert_close(al.update(), 2.0 * g)
+
+
+@pytest.mark.parametrize("call", [
+    lambda e: torch.func.jacrev(lambda a, b: ee.wasserstein2_1d(a, b, [0], [0]))(e, e),
+    lambda e: torch.func.vmap(ee.wasserstein2_1d)(e.reshape(0, 3), e.reshape(0, 3)),
+    lambda e: torch.func.vmap(lambda x: ee.augmented_lagrangian_term(x, torch.ones(3, dtype=D64), 2.0))(e.reshape(0, 3)),
+    lambda e: torch.func.vmap(lambda x: ee.project_orthogonal(x, torch.ones(1, 3, dtype=D64))[0])(e.reshape(0, 3)),
+], ids=["jacrev-of-empty", "vmap-w2", "vmap-al", "vmap-projection"])
+def test_vmap_over_zero_entries_is_a_clear_error(call):
+    """It was IndexError / 'not enough values to unpack' from inside the per-entry vmap rules."""
+    with pytest.raises(ValueError, match=r"torch.func.vmap over a batch of size 0 is not supported"):
+        call(torch.zeros(0, dtype=D64))
