@@ -25,7 +25,7 @@ from ._paths import expand_user
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, require_graph, split_batch, union_source
 from .unlearn.files import WriteError, atomic_write, check_out_dir_type, make_out_dir, open_checkpoint
-from .unlearn.fields import MOMENTUM_RULE
+from .unlearn.fields import MOMENTUM_RULE, check_fields
 from .unlearn.inputs import model_device, training_grad_mode
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
 from .unlearn.precision import AMP_CHOICES, amp_scope, master_weight_optimizer, model_dtype, resolve_amp
@@ -73,9 +73,11 @@ class TrainRecipe:
             instead: "auto" here follows it, a True / False here sets it where
             ``RetrainConfig.channels_last`` is "auto" and is a ValueError where that is the other bool.
     Raises:
-        ValueError: an unknown optimizer/schedule, lr ≤ 0, epochs < 0, batch_size < 1, a negative
-            momentum or weight decay, a negative crop_padding, a channels_last other than "auto",
-            True or False.
+        TypeError: a field of another type than its annotation (``check_fields``: e.g. epochs=2.0,
+            augment="no", lr="fast").
+        ValueError: an unknown optimizer/schedule, a NaN/Inf float, lr ≤ 0, epochs < 0,
+            batch_size < 1, a negative momentum or weight decay, a negative crop_padding, a
+            channels_last other than "auto", True or False, an integer beyond torch's int64.
     """
     optimizer: Optimizer = "sgd"
     lr: float = 1e-3
@@ -90,6 +92,7 @@ class TrainRecipe:
     channels_last: Union[bool, str] = "auto"
 
     def __post_init__(self):
+        check_fields(self)   # types first (augment="no" was truthy, epochs=2.0 failed mid-training)
         if self.optimizer not in ("sgd", "adam", "adamw"):
             raise ValueError(f"TrainRecipe.optimizer must be 'sgd', 'adam' or 'adamw', got {self.optimizer!r}")
         if self.schedule not in ("constant", "cosine"):

@@ -78,7 +78,9 @@ def _matches(value, hint, finite: bool = True) -> bool:
     if hint is int:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool) and (math.isfinite(value) or not finite)
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return False   # (an integer fits: `_sized` makes it a float, or refuses one beyond the float range)
+        return isinstance(value, numbers.Integral) or math.isfinite(value) or not finite
     return isinstance(value, hint)
 
 
@@ -137,20 +139,45 @@ def _plain(value):
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
+INT64_MAX = 2 ** 63 - 1
+
+
+def _sized(value, hint, where: str, name: str):
+    """An int in a float field as the float of its value (torch takes 10**30 as an int64 and
+    fails mid-run: "int too big to convert"); ValueError for an int beyond the float range, and
+    for an int in an int field beyond torch's int64 (a batch size of 10**30 failed inside
+    torch.split); the seed has its own range (`check_seed`)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return value
+    members = _members(hint)
+    if float in members and int not in members:
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{where} must be a finite float, got an integer of {len(str(abs(value)))} "
+                             "digits (beyond the float range)") from None
+    if int in members and name != "seed" and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ValueError(f"{where} must be at most 2**63 - 1 in size (torch's int64), got an integer of "
+                         f"{len(str(abs(value)))} digits")
+    return value
+
+
 def check_fields(cfg) -> None:
     """TypeError for a field whose value does not fit its annotation; ValueError for a value
     outside a Literal's choices (a recipe switch) and for a NaN / ±Inf where a float goes (a
-    value of the right type that no range admits). A numeric field given a numpy scalar holds the
-    built-in int / float of its value afterwards (so the config serialises to JSON)."""
+    value of the right type that no range admits), an int beyond the float range in a float field
+    or beyond torch's int64 in an int field (`_sized`). A numeric field given a numpy scalar holds
+    the built-in int / float of its value afterwards (so the config serialises to JSON), a float
+    field given a Python int its float."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value, hint = getattr(cfg, f.name), hints[f.name]
+        where = f"{type(cfg).__name__}.{f.name}"
         if _matches(value, hint):
-            plain = _plain(value)
+            plain = _sized(_plain(value), hint, where, f.name)
             if plain is not value:   # e.g. numpy.float32(0.5) -> 0.5: configs go to JSON as they are
                 object.__setattr__(cfg, f.name, plain)
             continue
-        where = f"{type(cfg).__name__}.{f.name}"
         choices = _choices(hint)
         if choices:
             raise ValueError(f"{where} must be one of {choices}, got {value!r}")

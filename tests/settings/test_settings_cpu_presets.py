@@ -43,9 +43,10 @@ def test_default_padding_is_4_and_recipe_validates_it():
     b = cifar_augment(x, torch.Generator().manual_seed(0), padding=4)
     assert torch.equal(a, b)
     assert TrainRecipe().crop_padding == 4
-    for bad in (-1, 1.5):
-        with pytest.raises(ValueError, match="crop_padding"):
-            TrainRecipe(crop_padding=bad)
+    with pytest.raises(ValueError, match="crop_padding"):
+        TrainRecipe(crop_padding=-1)
+    with pytest.raises(TypeError, match=r"crop_padding must be int \(an integer, not a float\)"):
+        TrainRecipe(crop_padding=1.5)
 
 
 def test_downsample_images_pools_or_resizes():
