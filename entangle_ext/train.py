@@ -25,6 +25,7 @@ from ._paths import expand_user
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.data import BatchStream, has_batchnorm, loss_logits, require_graph, split_batch, union_source
 from .unlearn.files import WriteError, atomic_write, check_out_dir_type, make_out_dir, open_checkpoint
+from .unlearn.config import ChannelsLast
 from .unlearn.fields import MOMENTUM_RULE, check_fields
 from .unlearn.inputs import model_device, training_grad_mode
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
@@ -89,7 +90,7 @@ class TrainRecipe:
     augment: bool = False
     crop_padding: int = 4
     amp: Optional[str] = None
-    channels_last: Union[bool, str] = "auto"
+    channels_last: ChannelsLast = "auto"
 
     def __post_init__(self):
         check_fields(self)   # types first (augment="no" was truthy, epochs=2.0 failed mid-training)
