@@ -25,8 +25,10 @@ def _as_tensor(x: Union[torch.Tensor, float], like: torch.Tensor) -> torch.Tenso
 
 def dual_update_(lam: torch.Tensor, g: torch.Tensor, mu: Union[torch.Tensor, float], *,
                  kind: str = "equality", lam_min: Optional[float] = None,
-                 lam_max: Optional[float] = None, damping: float = 0.0) -> torch.Tensor:
-    """In-place float64 reference of the dual step; returns ``lam``.
+                 lam_max: Optional[float] = None, damping: float = 0.0,
+                 check_finite: Optional[bool] = None) -> torch.Tensor:
+    """In-place float64 reference of the dual step; returns ``lam``. ``check_finite`` (the
+    operator's host check) is taken and ignored: non-finite entries keep their lam, as below.
 
     t = (1 - damping) * lam + mu * g;  inequality: t = max(0, t);  lam = clamp(t, lam_min, lam_max),
     except where g or mu is non-finite (lam kept there).

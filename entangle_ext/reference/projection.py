@@ -130,7 +130,7 @@ def projection_apply_(grads: Sequence[Optional[torch.Tensor]], basis, coeffs: to
 
 
 def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis, *, rcond: Optional[float] = None,
-                        ridge: float = 0.0) -> torch.Tensor:
+                        ridge: float = 0.0, process_group=None) -> torch.Tensor:
     """float64 reference of `entangle_ext.project_orthogonal_` (in place on ``grads``).
 
     With g = cat(grads), v_i = cat(basis[i]) (``None`` gradients skipped with their basis entries):
@@ -146,9 +146,16 @@ def project_orthogonal_(grads: Sequence[Optional[torch.Tensor]], basis, *, rcond
     Returns:
         coeffs ``(k,)`` float64 on the device of ``grads``.
 
+        process_group: None only (the reference projects the tensors it is given; a sharded
+            projection is the operator's).
+
     Raises:
+        NotImplementedError: a ``process_group``.
         Whatever the underlying PyTorch ops raise on mismatched shapes/devices (no extra checks).
     """
+    if process_group is not None:
+        raise NotImplementedError("reference.project_orthogonal_ projects local tensors only: process_group "
+                                  "must be None (use entangle_ext.project_orthogonal_ for sharded gradients)")
     gs, rows = _kept(grads, basis)
     dev = gs[0].device if gs else "cpu"
     V = torch.stack([_flat(r, dev) for r in rows])

@@ -39,10 +39,14 @@ def wasserstein2_1d_sorted(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def wasserstein2_1d(u: torch.Tensor, v: torch.Tensor, u_offsets: Optional[OffsetsLike] = None,
                     v_offsets: Optional[OffsetsLike] = None, *,
-                    reduction: str = "none") -> torch.Tensor:
+                    reduction: str = "none", max_seqlen: Optional[int] = None,
+                    validate: bool = True) -> torch.Tensor:
     """W2^2 per segment, by `torch.sort` and the exact quantile-overlap sum (see module doc).
 
-    Shapes, dtypes and return value as `entangle_ext.wasserstein2_1d`. Equal-length dense batches
+    Shapes, dtypes and return value as `entangle_ext.wasserstein2_1d`; ``max_seqlen`` and
+    ``validate`` (the kernels' launch hint and data check) are taken and ignored, so a call of the
+    operator runs here unchanged (NaN / empty segments give NaN, as the operator with
+    ``validate=False``). Equal-length dense batches
     use the vectorised composite ``((sort(u) - sort(v))**2).mean(-1)`` (the plain-PyTorch baseline
     of the benchmarks); other cases loop over segments in Python.
 

@@ -199,3 +199,33 @@ def test_a_build_switch_takes_on_off_values_and_refuses_others(monkeypatch, valu
         assert _build.flag("ENTANGLE_CPU_ONLY") is want
     monkeypatch.delenv("ENTANGLE_CPU_ONLY")
     assert _build.flag("ENTANGLE_CPU_ONLY") is False
+
+
+class _Torch:
+    """A stand-in for the torch module: its version and CUDA version."""
+    def __init__(self, cuda):
+        self.__version__, self.version = "2.14.1", type("V", (), {"cuda": cuda})()
+
+
+@pytest.mark.parametrize("cuda", ["13.0", None])
+def test_want_cuda_reads_both_switches_whatever_the_build(monkeypatch, tmp_path, cuda):
+    """FORCE_CUDA=perhaps was not read with a CUDA torch and nvcc (it built the CUDA kernels
+    without a word), nor under ENTANGLE_CPU_ONLY=1; FORCE_CUDA=1 with ENTANGLE_CPU_ONLY=1 built
+    CPU-only without a word."""
+    from entangle_ext import _build
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").touch()
+    monkeypatch.delenv("ENTANGLE_CPU_ONLY", raising=False)
+    monkeypatch.setenv("FORCE_CUDA", "perhaps")
+    with pytest.raises(ValueError, match="environment variable FORCE_CUDA='perhaps' is not a switch value"):
+        _build.want_cuda(_Torch(cuda), str(tmp_path))
+    monkeypatch.setenv("ENTANGLE_CPU_ONLY", "1")
+    with pytest.raises(ValueError, match="FORCE_CUDA='perhaps'"):
+        _build.want_cuda(_Torch(cuda), str(tmp_path))
+    monkeypatch.setenv("FORCE_CUDA", "1")
+    with pytest.raises(_build.BuildError, match="FORCE_CUDA=1 .* and ENTANGLE_CPU_ONLY=1 .* contradict each other"):
+        _build.want_cuda(_Torch(cuda), str(tmp_path))
+    monkeypatch.setenv("FORCE_CUDA", "0")
+    assert _build.want_cuda(_Torch(cuda), str(tmp_path)) is False
+    monkeypatch.delenv("ENTANGLE_CPU_ONLY")
+    assert _build.want_cuda(_Torch(cuda), str(tmp_path)) is (cuda is not None)

@@ -249,3 +249,19 @@ def test_documented_coefficient_overflow_keeps_out_right():
     out, c = E.project_orthogonal(g, V)
     torch.testing.assert_close(out, torch.tensor([0.0, 1.0], dtype=D))
     assert torch.isinf(c).all()   # documented: beyond the float64 range
+
+
+def test_the_references_take_the_operators_keywords():
+    """The operators' errors name entangle_ext.reference.<op> as the fallback, promised to take the
+    same arguments; max_seqlen / validate / check_finite / process_group=None raised TypeError."""
+    from entangle_ext import reference as R
+    u, v = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    torch.testing.assert_close(R.wasserstein2_1d(u, v, max_seqlen=8, validate=False), R.wasserstein2_1d(u, v))
+    lam = torch.zeros(2, dtype=torch.float64)
+    R.dual_update_(lam, torch.ones(2, dtype=torch.float64), 2.0, check_finite=False)
+    assert lam.tolist() == [2.0, 2.0]
+    g, b = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    R.project_orthogonal_([g], [[b]], process_group=None)
+    assert abs(float(g @ b)) < 1e-12
+    with pytest.raises(NotImplementedError, match="process_group must be None"):
+        R.project_orthogonal_([g], [[b]], process_group=object())
