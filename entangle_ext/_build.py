@@ -99,15 +99,12 @@ def want_cuda(torch, cuda_home: Optional[str]) -> bool:
     and a toolkit (nvcc) is found, whether or not a GPU is present; ENTANGLE_CPU_ONLY=1 says no.
 
     Raises:
-        BuildError: FORCE_CUDA=1 with a CPU build of torch, or with ENTANGLE_CPU_ONLY=1; a CUDA
-            build of torch without nvcc (unless ENTANGLE_CPU_ONLY=1).
+        BuildError: FORCE_CUDA=1 with a CPU build of torch; a CUDA build of torch without nvcc
+            (unless ENTANGLE_CPU_ONLY=1, which wins over FORCE_CUDA=1: ``make demo`` sets it).
         ValueError: a value of ENTANGLE_CPU_ONLY or FORCE_CUDA that is not a switch (`flag`; both
             are read whatever the other says: FORCE_CUDA=perhaps was not looked at with a CUDA torch).
     """
     cpu_only, force = flag("ENTANGLE_CPU_ONLY"), flag("FORCE_CUDA")
-    if cpu_only and force:
-        raise BuildError("FORCE_CUDA=1 (build the CUDA kernels) and ENTANGLE_CPU_ONLY=1 (build none) contradict "
-                         "each other: unset one")
     if cpu_only:
         return False
     if torch.version.cuda is None:
