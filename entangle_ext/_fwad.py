@@ -152,7 +152,9 @@ class FirstOrder(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.op = inputs[0]
-        ctx.outputs = output
+        # what a NaN tangent (`jvp`) looks like; not the outputs themselves (ctx <-> output: a cycle)
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.like = (isinstance(output, tuple), [(o.shape, o.dtype, o.device) for o in outs])
 
     @staticmethod
     def _refuse(op):
@@ -166,9 +168,9 @@ class FirstOrder(torch.autograd.Function):
         # Plain forward AD computes tangents eagerly, also of a gradient taken while a dual level is
         # open (dual input, then autograd.grad: a first-order use). That tangent would be a second
         # derivative: NaN, so that reading it cannot pass for a value.
-        nan = [torch.full_like(o, float("nan")) for o in
-               (ctx.outputs if isinstance(ctx.outputs, tuple) else (ctx.outputs,))]
-        return tuple(nan) if isinstance(ctx.outputs, tuple) else nan[0]
+        many, like = ctx.like
+        nan = [torch.full(shape, float("nan"), dtype=dtype, device=device) for shape, dtype, device in like]
+        return tuple(nan) if many else nan[0]
 
     @staticmethod
     def backward(ctx, *grads):
