@@ -223,11 +223,11 @@ class W2Forward(torch.autograd.Function):
         _, du, dv = output
         ctx.mark_non_differentiable(du, dv)
         ctx.save_for_backward(du, dv, uo, vo, u, v)
-        ctx.fw = (du, dv, uo, vo, u, v)
+        ctx.save_for_forward(du, dv, uo, vo, u, v)   # (not ctx attributes: du, dv are outputs, a cycle)
 
     @staticmethod
     def jvp(ctx, tu, tv, *_):
-        du, dv, uo, vo, u, v = ctx.fw
+        du, dv, uo, vo, u, v = ctx.saved_tensors
         return FirstOrder.apply("wasserstein2_1d", _w2_tangent, 6, du, dv, uo, vo, tu, tv, u, v), None, None
 
     @staticmethod
