@@ -24,7 +24,7 @@ from typing import Iterable
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from ._wrappers import check_vmap_batch, is_batched, plain_of
+from ._wrappers import is_batched, loop_vmap, plain_of, transforms_active
 
 
 def has_tangent(*tensors) -> bool:
@@ -41,15 +41,12 @@ def has_tangent(*tensors) -> bool:
     return False
 
 
-_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)   # looked up once
-
-
 def under_transform(*tensors) -> bool:
     """True when a tensor argument is a torch.func wrapper (``grad`` / ``vjp`` / ``jacrev`` /
     ``vmap`` / ``jvp`` levels): the operator's registered autograd cannot run under these, the
     autograd.Functions here can. One query when no transform is running; False while
     torch.compile traces (it traces the registered operator)."""
-    if torch.compiler.is_compiling() or (_ACTIVE is not None and not _ACTIVE()):
+    if torch.compiler.is_compiling() or not transforms_active():
         return False
     f = torch._C._functorch   # (not functionalize's wrappers: the operators run under it as they are)
     return any(f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) for t in _flatten(tensors))
@@ -61,7 +58,7 @@ def pre_step_value(g: torch.Tensor):
     ``functionalize`` the tensor under the wrappers (a wrapper must not outlive its transform);
     under ``vmap`` there is one g per batch entry and no single value, so a str saying so
     (``update()`` raises it)."""
-    if torch.compiler.is_compiling() or (_ACTIVE is not None and not _ACTIVE()):
+    if torch.compiler.is_compiling() or not transforms_active():
         return g
     if is_batched(g):
         return ("AugmentedLagrangian.update: the last penalty() ran under torch.func.vmap (one g "
@@ -113,27 +110,6 @@ def _segment_sum(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return x.new_zeros((S,)).index_add(0, ids.clamp(max=max(S - 1, 0)).to(x.device), src)
 
 
-_OPS = {"W2Forward": "wasserstein2_1d", "ALForward": "augmented_lagrangian_term"}   # (messages)
-
-
-def _loop_vmap(fn, info, in_dims, args, single: bool):
-    """A vmap rule that runs ``fn.apply`` once per batch entry and stacks the outputs along dim 0.
-    (torch's generated rule, ``generate_vmap_rule = True``, fails with an internal AssertionError
-    under forward mode around vmap, ``jvp(vmap(f))``, because these Functions take non-tensor
-    arguments; `ProjectOrthogonalFunction` does the same.)"""
-    check_vmap_batch(info.batch_size, _OPS.get(fn.__name__, fn.__name__))
-    moved = [a.movedim(d, 0) if d is not None else None for a, d in zip(args, in_dims)]
-    outs = []
-    for i in range(info.batch_size):
-        call = [a if m is None else m[i].contiguous() for a, m in zip(args, moved)]
-        out = fn.apply(*call)
-        outs.append((out,) if single else out)
-    stacked = tuple(torch.stack(col) for col in zip(*outs))
-    if single:
-        return stacked[0], 0
-    return stacked, (0,) * len(stacked)
-
-
 class FirstOrder(torch.autograd.Function):
     """``kernel(*args[:nargs])`` (an operator's backward kernel, or its tangent rule) as a function
     of ``args`` whose own derivatives raise NotImplementedError naming ``op``: the second
@@ -163,7 +139,7 @@ class FirstOrder(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, *tangents):
-        if _ACTIVE is not None and _ACTIVE():   # torch.func (jacfwd of a gradient or tangent): refuse
+        if transforms_active():   # torch.func (jacfwd of a gradient or tangent): refuse
             FirstOrder._refuse(ctx.op)
         # Plain forward AD computes tangents eagerly, also of a gradient taken while a dual level is
         # open (dual input, then autograd.grad: a first-order use). That tangent would be a second
@@ -178,14 +154,7 @@ class FirstOrder(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, op, kernel, nargs, *args):
-        check_vmap_batch(info.batch_size, op)
-        moved = [a.movedim(d, 0) if d is not None else None for a, d in zip(args, in_dims[3:])]
-        outs = [FirstOrder.apply(op, kernel, nargs, *[a if m is None else m[i].contiguous()
-                                                      for a, m in zip(args, moved)])
-                for i in range(info.batch_size)]
-        if isinstance(outs[0], torch.Tensor):
-            return torch.stack(outs), 0
-        return tuple(torch.stack(col) for col in zip(*outs)), (0,) * len(outs[0])
+        return loop_vmap(FirstOrder.apply, info, in_dims, (op, kernel, nargs, *args), op)
 
 
 def _w2_tangent(du, dv, uo, vo, tu, tv):
@@ -208,7 +177,7 @@ class W2Forward(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, *args):
-        return _loop_vmap(W2Forward, info, in_dims, args, single=False)
+        return loop_vmap(W2Forward.apply, info, in_dims, args, "wasserstein2_1d")
 
     @staticmethod
     def forward(u, v, uo, vo, max_seqlen, validate):
@@ -256,7 +225,7 @@ class ALForward(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, *args):
-        return _loop_vmap(ALForward, info, in_dims, args, single=True)
+        return loop_vmap(ALForward.apply, info, in_dims, args, "augmented_lagrangian_term")
 
     @staticmethod
     def forward(g, lam, mu, kind):

@@ -16,6 +16,8 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ._wrappers import transforms_active
+
 try:  # private, but the only way to tell a FakeTensor without touching its (fake) data pointer
     from torch._subclasses.fake_tensor import is_fake as _is_fake
 except ImportError:  # pragma: no cover - older/newer torch without it
@@ -45,7 +47,7 @@ def refuse_transforms(op: str, *tensors) -> None:
     ``vmap`` / ``grad`` / ``functionalize`` they would fail deep inside (or write a temporary) .
     Nothing is checked while torch.compile traces, nor outside every torch.func transform (one
     query, so the operators' every call does not pay a per-tensor check)."""
-    if torch.compiler.is_compiling() or not _transforms_active():
+    if torch.compiler.is_compiling() or not transforms_active():
         return
     stack = list(tensors)
     while stack:
@@ -68,19 +70,10 @@ def has_memory(x: torch.Tensor) -> bool:
     `torch.compile` traces (no data pointers of their own)."""
     if x.device.type == "meta" or torch.compiler.is_compiling():
         return False
-    wrapped = _transforms_active() and transform_of(x) is not None
+    wrapped = transforms_active() and transform_of(x) is not None
     if type(x) is torch.Tensor:
         return not wrapped
     return not _is_fake(x) and not wrapped
-
-
-def _transforms_active() -> bool:
-    """Whether a torch.func transform (vmap, grad, jvp, functionalize, ...) is running: only then
-    can a tensor be one of its wrappers."""
-    return True if _ACTIVE is None else bool(_ACTIVE())
-
-
-_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)   # looked up once, not per tensor
 
 
 def _dense(x: torch.Tensor) -> bool:

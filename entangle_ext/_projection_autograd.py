@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import _ext
-from ._wrappers import check_vmap_batch
+from ._wrappers import loop_vmap
 
 __all__ = ["ProjectOrthogonalFunction"]
 
@@ -110,17 +110,8 @@ class ProjectOrthogonalFunction(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, g, basis, rcond, ridge):
-        gdim, bdim = in_dims[0], in_dims[1]
-        check_vmap_batch(info.batch_size, "project_orthogonal")
-        gs = g.movedim(gdim, 0) if gdim is not None else None
-        bs = basis.movedim(bdim, 0) if bdim is not None else None
-        outs, coeffs = [], []
-        for i in range(info.batch_size):
-            o, c = ProjectOrthogonalFunction.apply((g if gs is None else gs[i]).contiguous(),
-                                                   (basis if bs is None else bs[i]).contiguous(), rcond, ridge)
-            outs.append(o)
-            coeffs.append(c)
-        return (torch.stack(outs), torch.stack(coeffs)), (0, 0)
+        return loop_vmap(ProjectOrthogonalFunction.apply, info, in_dims, (g, basis, rcond, ridge),
+                         "project_orthogonal")
 
     @staticmethod
     def backward(ctx, grad_out, _grad_coeffs):

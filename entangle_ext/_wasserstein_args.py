@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ._dense import check_dense
-from ._wrappers import is_batched
+from ._wrappers import is_batched, transforms_active
 
 OffsetsLike = Union[torch.Tensor, Sequence[int]]
 
@@ -39,7 +39,6 @@ class Segments:
 
 _OFFSETS_CACHE: "dict[tuple, torch.Tensor]" = {}
 _OFFSETS_CACHE_MAX = 64
-_FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)   # looked up once
 
 
 def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
@@ -63,7 +62,7 @@ def dense_offsets(S: int, n: int, device: torch.device) -> torch.Tensor:
         off = torch.arange(S + 1, device=device, dtype=torch.int64) * n
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return off
-    if _FUNCTORCH_ACTIVE is not None and _FUNCTORCH_ACTIVE():
+    if transforms_active():
         return off   # made under torch.func.grad / jvp it is that level's wrapper: it must not outlive it
     if len(_OFFSETS_CACHE) >= _OFFSETS_CACHE_MAX:
         _OFFSETS_CACHE.pop(next(iter(_OFFSETS_CACHE)))
