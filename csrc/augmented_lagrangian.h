@@ -105,13 +105,15 @@ ENTANGLE_HD bool finite_value(T x) {
 }
 
 // One dual step: t = (1 - damping) * lam + mu * g; inequality: t = max(0, t); then clip to
-// [lo, hi] (has_lo / has_hi). Entries with non-finite g or mu keep lam.
+// [lo, hi] (has_lo / has_hi). Entries with non-finite g or mu keep lam. Every comparison is
+// written so that a NaN lam stays NaN, as torch.clamp and the reference keep it (`t > 0 ? t : 0`
+// turned a NaN multiplier into 0, hiding the corrupted state).
 template <typename acc_t>
 ENTANGLE_HD acc_t dual_step(acc_t lam, acc_t g, acc_t mu, int kind, acc_t keep, bool has_lo,
                             acc_t lo, bool has_hi, acc_t hi) {
   if (!finite_value(g) || !finite_value(mu)) return lam;
   acc_t t = keep * lam + mu * g;
-  if (kind == static_cast<int>(ConstraintKind::kInequality)) t = t > acc_t(0) ? t : acc_t(0);
+  if (kind == static_cast<int>(ConstraintKind::kInequality)) t = t < acc_t(0) ? acc_t(0) : t;
   if (has_lo) t = t < lo ? lo : t;
   if (has_hi) t = t > hi ? hi : t;
   return t;
@@ -122,11 +124,14 @@ ENTANGLE_HD acc_t dual_step(acc_t lam, acc_t g, acc_t mu, int kind, acc_t keep, 
 //   inequality: (1/(2 mu)) (max(0, lam + mu g)^2 - lam^2)
 //             = lam*g + (mu/2) g^2   when lam + mu g > 0   (no division: exact for any mu)
 //             = -lam^2 / (2 mu)      otherwise (0 when lam == 0)
+// A NaN lam + mu g counts as active, so a NaN g gives a NaN term and gradient as the equality form
+// does (`lam + mu g > 0` was false for NaN: the entry read as inactive, a finite term and a zero
+// gradient, and the NaN check of the loss saw nothing).
 template <typename acc_t>
 ENTANGLE_HD acc_t al_term(acc_t g, acc_t lam, acc_t mu, int kind) {
   const acc_t active = lam * g + acc_t(0.5) * mu * g * g;
   if (kind == static_cast<int>(ConstraintKind::kEquality)) return active;
-  if (lam + mu * g > acc_t(0)) return active;
+  if (!(lam + mu * g <= acc_t(0))) return active;
   if (lam == acc_t(0)) return acc_t(0);
   return -(lam * lam) / (acc_t(2) * mu);
 }
@@ -136,7 +141,7 @@ template <typename acc_t>
 ENTANGLE_HD acc_t al_grad(acc_t g, acc_t lam, acc_t mu, int kind) {
   const acc_t t = lam + mu * g;
   if (kind == static_cast<int>(ConstraintKind::kEquality)) return t;
-  return t > acc_t(0) ? t : acc_t(0);
+  return t <= acc_t(0) ? acc_t(0) : t;   // NaN stays NaN, as in al_term
 }
 
 }  // namespace entangle_ext

@@ -1,7 +1,6 @@
-"""Argument checks of the augmented-Lagrangian operators (`entangle_ext.augmented_lagrangian`) and
-of `entangle_ext.AugmentedLagrangian` (`entangle_ext.lagrangian`), in one place so that both raise
-the same messages, the class at construction (before any optimizer step) and the operators at
-every call. docs/algorithm.md §2, §6."""
+"""Argument checks of the augmented-Lagrangian operators (`entangle_ext.augmented_lagrangian`) and of
+`entangle_ext.AugmentedLagrangian` (`entangle_ext.lagrangian`) in one place, so both raise the same messages,
+the class at construction and the operators at every call. docs/algorithm.md §2, §6."""
 from __future__ import annotations
 
 import math
@@ -12,6 +11,7 @@ from typing import Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ._al_schedule import NO_MEASUREMENT
 from ._dense import check_dense
 from ._wrappers import plain_of
 
@@ -277,8 +277,10 @@ def as_c0(c0, device, dtype: torch.dtype, op: str = CLASS) -> torch.Tensor:
                          "build the state on a real device (cpu or cuda)")
     if c0_t.numel() == 0:
         raise ValueError(f"{op}: c0 is empty (need at least one constraint)")
-    if bad:
-        raise ValueError(f"{op}: the pinned values c0 must be finite, got {c0_t.tolist()}")
+    if bad:   # finite as given: the cast to dtype overflowed
+        beyond = c0.dtype != dtype and bool(torch.isfinite(c0.detach()).all())
+        raise ValueError(f"{op}: the pinned values c0 must be finite" + (f" in the state dtype {dtype}: {c0.reshape(-1).tolist()} "
+                         f"({c0.dtype}) is beyond its range" if beyond else f", got {c0_t.tolist()}"))
     return c0_t
 
 
@@ -302,6 +304,7 @@ def as_state_mu(mu, like: torch.Tensor, op: str = CLASS) -> torch.Tensor:
 
 
 _STATE_TENSORS = ("lam", "mu", "c0", "last_violation", "window_sum", "prev_window", "steps")
+COUNT = "window_count"   # not in the version-1 states of the previous release
 
 
 def _state_keys(op: str, state, kind: str, version: int) -> None:
@@ -316,24 +319,26 @@ def _state_keys(op: str, state, kind: str, version: int) -> None:
                          f"version {version})")
     if state["kind"] != kind:
         raise ValueError(f"{op}: state is for kind {state['kind']!r}, this instance is {kind!r}")
-    for k in _STATE_TENSORS:
+    for k in _STATE_TENSORS + ((COUNT,) if COUNT in state else ()):
         if not isinstance(state[k], torch.Tensor):
             raise TypeError(f"{op}: {k} must be a tensor, got {type(state[k]).__name__}")
 
 
-def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int) -> Dict[str, torch.Tensor]:
+def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int,
+                  every: int) -> Dict[str, torch.Tensor]:
     """The tensors of an `AugmentedLagrangian` state, checked as the constructor and the ``mu``
     setter check theirs (same messages) and converted to the dtype/device of ``c0``, before
     anything of the instance is touched: the version, the kind, the shapes for m = c0.numel()
     constraints, finite lam (>= 0 for inequality constraints), mu finite and > 0, c0 finite,
-    window sums >= 0, steps a 0-d integer >= 0 (values not checked during CUDA-graph capture)."""
+    window sums >= 0, steps a 0-d integer >= 0, window counts integers >= 0 (values not checked
+    during CUDA-graph capture). Without a window count (a version-1 state), see `window_count`."""
     _state_keys(op, state, kind, version)
     meta = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_meta]
     if meta:   # no data to restore (e.g. a state_dict of a model built on the meta device)
         raise ValueError(f"{op}: state has meta tensors (no data) for {sorted(meta)}; load a state "
                          "saved from real tensors")
     m = c0.numel()
-    for key in ("lam", "c0", "last_violation", "window_sum"):
+    for key in ("lam", "c0", "last_violation", "window_sum") + ((COUNT,) if COUNT in state else ()):
         if tuple(state[key].shape) != (m,):
             raise ValueError(f"{op}: state has {key} of shape {tuple(state[key].shape)}, but this "
                              f"instance has {m} constraints (multipliers): build it with a c0 of "
@@ -352,6 +357,7 @@ def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int) -> 
            for k in ("lam", "last_violation", "window_sum", "prev_window")}
     out.update(mu=as_state_mu(mu, c0, op), c0=as_c0(state["c0"], c0.device, c0.dtype, op),
                steps=steps.detach().to(device=c0.device, dtype=torch.int64))
+    out[COUNT] = window_count(op, state, out, every)
     lam = out["lam"]
     if not capturing(lam):
         if not bool(torch.isfinite(lam).all()):
@@ -369,3 +375,26 @@ def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int) -> 
             raise ValueError(f"{op}: last_violation must be >= 0 (it is |g|), got "
                              f"{out['last_violation'].tolist()}")
     return out
+
+
+def window_count(op: str, state, out: Dict[str, torch.Tensor], every: int) -> torch.Tensor:
+    """The ``(m,)`` int64 count of finite |g| entries in the current window of a state (shape already
+    checked): integer-valued and >= 0 (values not checked during CUDA-graph capture). A state
+    without one (version 1, the previous release) gets steps mod ``every`` (every entry taken as
+    finite) and, while steps < ``every`` (no window has ended: its prev_window is an unused 0),
+    ``out["prev_window"]`` becomes `NO_MEASUREMENT`."""
+    steps, prev = out["steps"], out["prev_window"]
+    if COUNT not in state:
+        out["prev_window"] = torch.where(steps < every, torch.full_like(prev, NO_MEASUREMENT), prev)
+        return torch.remainder(steps, every).expand(out["window_sum"].shape).clone()
+    count = state[COUNT].detach()
+    bad = count.dtype == torch.bool or count.is_complex()
+    if not bad and not capturing(count):
+        ok = count >= 0
+        if count.is_floating_point():   # integer-valued, and within int64
+            ok &= (count == count.floor()) & (count < 2.0**63)
+        bad = not bool(ok.all())
+    if bad:
+        raise ValueError(f"{op}: {COUNT} must hold integers >= 0 (counts of finite |g| entries), got "
+                         f"{'a tensor' if capturing(count) else count.tolist()} ({count.dtype})")
+    return count.to(device=out["steps"].device, dtype=torch.int64)

@@ -15,6 +15,7 @@ import torch
 from ._augmented_lagrangian_args import (CLASS as _OP, as_c0, as_state_mu, check_dual_args, check_fits,
                                          check_mu_max, check_state_dtype, checked_state, schedule_args,
                                          state_dtype)
+from ._al_schedule import NO_MEASUREMENT, schedule_step
 from ._fwad import plain_of, pre_step_value
 from .augmented_lagrangian import augmented_lagrangian_term, dual_update_
 
@@ -54,13 +55,15 @@ class AugmentedLagrangian:
       would silently fall back to the pre-step value). The post variant costs one extra forward.
 
     **Penalty schedule** (off unless ``mu_growth > 1``): the classical rule "grow mu when the
-    violation does not shrink". Every ``schedule_every`` dual updates the mean |g| over that window
-    (the max over constraints when mu is a scalar, per constraint when mu is ``(m,)``) is compared
-    with the previous window's; if it is > ``shrink_ratio`` times the previous one, mu <- min(mu *
-    mu_growth, mu_max) (mu never decreases). Implemented with tensor ops only (a device step
-    counter, ``torch.where``), so it keeps working inside a replayed CUDA graph. Non-finite g
-    entries are left out of the window sums. With minibatch estimates of g, use a window of many
-    steps (e.g. 50) so that noise does not trigger growth.
+    violation does not shrink". Every ``schedule_every`` dual updates, per constraint, the mean |g|
+    over the window's *finite* entries (a non-finite g, which gets here with ``check_finite=False``,
+    e.g. in a CUDA graph, is left out of the sum and the count: not a 0) is the measurement (a scalar
+    mu: the max over the constraints that have one). If it is > ``shrink_ratio`` times the previous
+    measurement, mu <- min(mu * mu_growth, mu_max) (mu never decreases; the first one has nothing to
+    compare with). A window without a finite entry (for a constraint) has none: mu stays and the
+    next window is compared with the last measured one. Tensor ops only (device step and entry
+    counters, ``torch.where``), so it keeps working inside a replayed CUDA graph. With minibatch
+    estimates of g, use a window of many steps (e.g. 50) so that noise does not trigger growth.
 
     Args:
         c0: pinned reference values, a ``()`` or ``(m,)`` tensor or a float (e.g. the mean CE of
@@ -136,7 +139,8 @@ class AugmentedLagrangian:
         self.lam = torch.zeros(m, dtype=c0_t.dtype, device=c0_t.device)
         self._last_violation = torch.zeros_like(self.lam)
         self._window_sum = torch.zeros_like(self.lam)
-        self._prev_window = torch.zeros_like(mu_t)
+        self._window_count = torch.zeros(m, dtype=torch.int64, device=c0_t.device)   # finite |g| entries
+        self._prev_window = torch.full_like(mu_t, NO_MEASUREMENT)
         self._steps = torch.zeros((), dtype=torch.int64, device=c0_t.device)
         self._last_g: Union[torch.Tensor, str, None] = None
 
@@ -295,22 +299,10 @@ class AugmentedLagrangian:
             self._last_violation.copy_(absg)
             self._steps.add_(1)
             if self.mu_growth > 1.0:
-                self._schedule(absg)
+                schedule_step(absg, self._mu, self._window_sum, self._window_count, self._prev_window,
+                              self._steps, every=self.schedule_every, growth=self.mu_growth,
+                              shrink=self.shrink_ratio, mu_max=self.mu_max)
         return self.lam
-
-    def _schedule(self, absg: torch.Tensor) -> None:
-        every = self.schedule_every
-        self._window_sum.add_(torch.where(torch.isfinite(absg), absg, torch.zeros_like(absg)))
-        at_end = torch.remainder(self._steps, every) == 0             # end of a window
-        have_prev = self._steps > every                               # a previous window exists
-        mean = self._window_sum / every
-        meas = mean.amax() if self._mu.dim() == 0 else mean
-        grow = at_end & have_prev & (meas > self.shrink_ratio * self._prev_window)
-        grown = torch.maximum(self._mu, torch.clamp(self._mu * self.mu_growth, max=self.mu_max))
-        self._mu.copy_(torch.where(grow, grown, self._mu))
-        self._prev_window.copy_(torch.where(at_end, meas, self._prev_window))
-        self._window_sum.copy_(torch.where(at_end, torch.zeros_like(self._window_sum),
-                                           self._window_sum))
 
     def violation(self, sync: bool = False) -> Union[torch.Tensor, float]:
         """|g| of the last dual update.
@@ -324,13 +316,15 @@ class AugmentedLagrangian:
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
-        """Tensors (cloned) and settings needed to resume: lam, mu, c0, violation, schedule state."""
+        """Tensors (cloned) and settings needed to resume: lam, mu, c0, violation, schedule state
+        (window_sum and window_count: the sum and number of the finite |g| entries of the current
+        window; prev_window: the last measurement, +inf before the first)."""
         return {
             "version": _STATE_VERSION, "kind": self.kind, "update_with": self.update_with,
             "lam": self.lam.clone(), "mu": self._mu.clone(), "c0": self.c0.clone(),
             "last_violation": self._last_violation.clone(), "window_sum": self._window_sum.clone(),
-            "prev_window": self._prev_window.clone(), "steps": self._steps.clone(),
-            "lam_min": self.lam_min, "lam_max": self.lam_max, "damping": self.damping,
+            "window_count": self._window_count.clone(), "prev_window": self._prev_window.clone(),
+            "steps": self._steps.clone(), "lam_min": self.lam_min, "lam_max": self.lam_max, "damping": self.damping,
             "mu_growth": self.mu_growth, "shrink_ratio": self.shrink_ratio, "mu_max": self.mu_max,
             "schedule_every": self.schedule_every,
         }
@@ -341,7 +335,10 @@ class AugmentedLagrangian:
         mu is restored with its value and shape (a scalar-mu instance takes a per-constraint mu
         and vice versa; when the shape changes, mu and the schedule's window are new tensors:
         recapture any CUDA graph). The settings (bounds, damping, schedule, update_with) stay
-        those of this instance.
+        those of this instance. A state without ``window_count`` (the previous release's, version 1)
+        loads as if every entry of its current window had been finite (count = steps mod this
+        instance's schedule_every), and its prev_window, if steps < schedule_every (an unused 0), as
+        no measurement yet (+inf).
 
         The state is checked before anything is copied (a failed load leaves the instance as it
         was), with the constructor's and the ``mu`` setter's messages; state tensors on a GPU
@@ -353,11 +350,13 @@ class AugmentedLagrangian:
                 shape: build this instance with a c0 of the same size), a mu of shape other than
                 () or (m,) (prev_window alike), non-finite lam (or a negative one with
                 kind="inequality"), mu not finite and > 0, non-finite c0, negative or NaN window
-                sums, a negative last_violation (|g|: >= 0, NaN or +Inf), steps not a 0-d integer >= 0.
+                sums, a negative last_violation (|g|: >= 0, NaN or +Inf), steps not a 0-d integer >= 0,
+                a window_count not of shape (m,) or not integer-valued >= 0.
             TypeError: state not a dict, a state entry that is not a tensor, a non-floating
                 lam / c0 / mu.
         """
-        new = checked_state(f"{_OP}.load_state_dict", state, self.c0, self.kind, _STATE_VERSION)
+        new = checked_state(f"{_OP}.load_state_dict", state, self.c0, self.kind, _STATE_VERSION,
+                            self.schedule_every)
         mu = new["mu"]
         with torch.no_grad():
             if mu.shape != self._mu.shape:
@@ -368,6 +367,7 @@ class AugmentedLagrangian:
             self.c0.copy_(new["c0"])
             self._last_violation.copy_(new["last_violation"])
             self._window_sum.copy_(new["window_sum"])
+            self._window_count.copy_(new["window_count"])
             self._prev_window.copy_(new["prev_window"])
             self._steps.copy_(new["steps"])
         self._last_g = None
@@ -395,6 +395,6 @@ class AugmentedLagrangian:
                                  f"in {fdt}; nothing was moved")
         for name in names:
             setattr(self, name, new[name])
-        self._steps = self._steps.to(device=device)
+        self._steps, self._window_count = (t.to(device=device) for t in (self._steps, self._window_count))   # int64
         self._last_g = None
         return self

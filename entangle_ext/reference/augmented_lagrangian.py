@@ -1,7 +1,8 @@
 """Pure-PyTorch references of the augmented-Lagrangian operators (test oracles and fallback).
 
 Plain formulas of Stage 1 of the method (docs/algorithm.md §2, §6), no compiled code, any device,
-computed in float64 and returned in the dtype of ``lam`` (`dual_update_`) or ``g`` (`augmented_lagrangian_term`).
+computed in float64 and returned in the dtype of ``lam`` (`dual_update_`) or ``g`` (`augmented_lagrangian_term`;
+a float16 / bfloat16 g gives the dtype of ``lam``, as the operator, which upcasts such a g).
 Same arguments and results as `entangle_ext.dual_update_` / `entangle_ext.augmented_lagrangian_term`,
 but they do not validate values (non-finite entries follow the operators' device-side rule: they
 leave lam unchanged).
@@ -56,8 +57,12 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Union[torc
     """Float64 reference of the augmented-Lagrangian term, differentiable in ``g``; returns ``()``.
 
     equality:   sum_i lam_i g_i + (mu_i / 2) g_i^2
-    inequality: sum_i (1 / (2 mu_i)) (max(0, lam_i + mu_i g_i)^2 - lam_i^2)   (mu > 0)
-    lam and mu are constants (detached).
+    inequality: sum_i (1 / (2 mu_i)) (max(0, lam_i + mu_i g_i)^2 - lam_i^2)   (mu > 0), evaluated
+                piecewise as the operator does: lam_i g_i + (mu_i / 2) g_i^2 where lam_i + mu_i g_i > 0
+                or is NaN (a NaN g gives NaN), else -lam_i^2 / (2 mu_i) (the difference of squares
+                over 2 mu cancels to 0 for a tiny mu, e.g. 1e-20, where the true term is lam g).
+    lam and mu are constants (detached). Returned in g's dtype, lam's for a float16 / bfloat16 g
+    (whose term can exceed their range: 300^2 is beyond float16's 65504).
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
@@ -67,5 +72,9 @@ def augmented_lagrangian_term(g: torch.Tensor, lam: torch.Tensor, mu: Union[torc
     if kind == "equality":
         out = (l64 * g64 + 0.5 * m64 * g64 * g64).sum()
     else:
-        out = ((torch.clamp_min(l64 + m64 * g64, 0.0) ** 2 - l64 ** 2) / (2.0 * m64)).sum()
-    return out.to(g.dtype)
+        on = ~(l64 + m64 * g64 <= 0)   # active, or NaN
+        ga = torch.where(on, g64, torch.zeros_like(g64))   # no 0 * inf gradient through the other side
+        inactive = torch.where(l64 == 0, torch.zeros_like(l64), -(l64 * l64) / (2.0 * m64))
+        out = torch.where(on, l64 * ga + 0.5 * m64 * ga * ga, inactive).sum()
+    half = g.dtype in (torch.float16, torch.bfloat16)
+    return out.to(lam.dtype if half else g.dtype)

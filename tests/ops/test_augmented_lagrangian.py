@@ -140,6 +140,11 @@ def test_al_term_and_gradient_match_float64_formula(seed, m, kind, vector_mu, sc
     (want_grad,) = torch.autograd.grad(want, rg)
     closed = lam + mu * g if kind == "equality" else (lam + mu * g).clamp_min(0)
     torch.testing.assert_close(want_grad, closed, rtol=1e-12, atol=1e-12)
+    # the reference evaluates the inequality term piecewise; here (mu >= 0.1) the textbook form
+    # (max(0, lam + mu g)^2 - lam^2) / (2 mu) is accurate, and an independent check of it
+    textbook = (lam * g + 0.5 * mu * g * g).sum() if kind == "equality" else \
+        (((lam + mu * g).clamp_min(0) ** 2 - lam ** 2) / (2 * mu)).sum()
+    torch.testing.assert_close(want.detach(), textbook, rtol=1e-9, atol=1e-9)
     for dev in DEVICES:
         a = g.to(dev).clone().requires_grad_(True)
         got = ee.augmented_lagrangian_term(a, lam.to(dev), mu.to(dev), kind=kind)
@@ -326,6 +331,52 @@ def test_half_precision_g_is_upcast_to_the_multipliers(half, kind):
     assert torch.equal(got, ref_lam)
     with pytest.raises(TypeError, match="g is torch.float64 but lam is torch.float32"):
         ee.dual_update_(lam.clone(), g32.double(), mu)   # only half precision is upcast
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("lam0", [0.0, 1.0])
+def test_a_nan_constraint_gives_a_nan_term_and_gradient(device, kind, lam0):
+    """The inequality form read a NaN g as a satisfied constraint (``lam + mu g > 0`` is false for
+    NaN): a finite term (-lam^2 / (2 mu), or 0 at lam = 0) and a zero gradient, so the NaN left the
+    loss and a NaN check of it saw nothing. Now NaN in, NaN out, in both forms, as the reference."""
+    g = torch.tensor([float("nan"), -2.0], dtype=torch.float64, device=device, requires_grad=True)
+    lam = torch.full((2,), lam0, dtype=torch.float64, device=device)
+    term = ee.augmented_lagrangian_term(g, lam, 2.0, kind=kind)
+    term.backward()
+    assert torch.isnan(term) and torch.isnan(g.grad[0]) and torch.isfinite(g.grad[1])
+    assert torch.isnan(ref.augmented_lagrangian_term(g.detach().cpu(), lam.cpu(), 2.0, kind=kind))
+    al = ee.AugmentedLagrangian(torch.zeros(1, dtype=torch.float64, device=device), kind=kind)
+    assert torch.isnan(al.penalty(torch.tensor([float("nan")], dtype=torch.float64, device=device) + 0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dual_update_keeps_a_nan_multiplier_nan(device, kind):
+    """The inequality step's max(0, t) turned a NaN multiplier into 0 (``t > 0 ? t : 0``), hiding a
+    corrupted state the reference (torch.clamp) keeps as NaN; the bounds already kept it."""
+    lam = torch.tensor([float("nan"), 1.0], dtype=torch.float64, device=device)
+    want = ref.dual_update_(lam.cpu().clone(), torch.ones(2, dtype=torch.float64), 1.0, kind=kind)
+    ee.dual_update_(lam, torch.ones(2, dtype=torch.float64, device=device), 1.0, kind=kind, lam_max=5.0)
+    assert torch.isnan(lam[0]) and torch.isnan(want[0]) and lam[1].item() == want[1].item() == 2.0
+
+
+def test_the_reference_term_matches_the_operator_for_half_g_and_tiny_mu():
+    """The reference computed in g's dtype (a float16 g of 300: 90300 overflowed to inf, the
+    operator gives 90300 in lam's float32) and as a difference of squares over 2 mu, which cancels
+    to 0 for mu = 1e-20 where the term is lam g = -1."""
+    g16, lam = torch.tensor([300.0], dtype=torch.float16), torch.tensor([1.0])
+    want = ref.augmented_lagrangian_term(g16, lam, 2.0)
+    assert want.dtype == torch.float32 and want.item() == 90300.0
+    assert ee.augmented_lagrangian_term(g16, lam, 2.0).item() == 90300.0
+    g, lam64 = torch.tensor([-1.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    for f in (ref.augmented_lagrangian_term, ee.augmented_lagrangian_term):
+        assert f(g, lam64, 1e-20, kind="inequality").item() == pytest.approx(-1.0, rel=1e-12)
+    # a satisfied constraint at g = -inf: term -lam^2 / (2 mu), gradient 0 (not 0 * inf = NaN
+    # through the unselected side of the piecewise form)
+    for f in (ref.augmented_lagrangian_term, ee.augmented_lagrangian_term):
+        gi = torch.tensor([-float("inf")], dtype=torch.float64, requires_grad=True)
+        t = f(gi, lam64, 2.0, kind="inequality")
+        t.backward()
+        assert t.item() == -0.25 and gi.grad.item() == 0.0
 
 
 def test_host_arguments_are_checked_before_the_kernel():

@@ -97,6 +97,131 @@ def test_schedule_grows_mu_when_violation_does_not_shrink():
     assert al.mu.item() == 1.0
 
 
+# --- the schedule with non-finite g (check_finite=False, the CUDA-graph case): the mean is over the
+# finite entries, and a window without one is no measurement
+NAN, INF = float("nan"), float("inf")
+
+
+def _sched(m=1, mu=1.0, **kw):
+    kw = {"mu_growth": 2.0, "shrink_ratio": 0.75, "schedule_every": 1, "check_finite": False, **kw}
+    return ee.AugmentedLagrangian(torch.zeros(m, dtype=torch.float64), mu=mu, **kw)
+
+
+def _run(al, gs):
+    """mu (as a list or float) after each update with the g's of ``gs``."""
+    out = []
+    for g in gs:
+        al.update(torch.tensor(g, dtype=torch.float64))
+        out.append(al.mu.tolist())
+    return out
+
+
+def test_schedule_a_nan_step_in_a_halving_violation_does_not_grow_mu():
+    """The issue's repro: |g| halves every step; the NaN step stored prev_window = 0, so the next
+    step (0.0625 > 0.75 * 0) doubled mu. Now the NaN step measures nothing."""
+    mus, prevs = {}, {}
+    for inject in (False, True):
+        al = ee.AugmentedLagrangian(torch.tensor([0.]), mu=1.0, mu_growth=2.0, schedule_every=1,
+                                    shrink_ratio=0.75, check_finite=False)
+        v, mus[inject], prevs[inject] = 1.0, [], []
+        for i in range(6):
+            al.update(torch.tensor([NAN if inject and i == 3 else v]))
+            v *= 0.5
+            mus[inject].append(al.mu.item())
+            prevs[inject].append(al.state_dict()["prev_window"].item())
+    assert mus[True] == mus[False] == [1.0] * 6
+    assert prevs[True][3] == prevs[True][2] == 0.25 and prevs[True][4:] == prevs[False][4:]
+
+
+def test_schedule_mean_is_over_the_finite_entries_not_schedule_every():
+    """Window 2 = (NaN, 0.9): its mean is 0.9 > 0.75 * 1 (grow), not (0 + 0.9) / 2 = 0.45."""
+    al = _sched(schedule_every=2)
+    assert _run(al, [[1.0], [1.0], [NAN], [0.9]]) == [1.0, 1.0, 1.0, 2.0]
+    assert al.state_dict()["prev_window"].item() == pytest.approx(0.9)
+    # scalar mu, two constraints: the max over the constraints' finite means (0.9 and 0.1)
+    al = _sched(m=2, schedule_every=2)
+    assert _run(al, [[1.0, 1.0], [1.0, 1.0], [NAN, 0.1], [0.9, 0.1]])[-1] == 2.0
+    assert al.state_dict()["prev_window"].item() == pytest.approx(0.9)
+    # and a window whose finite entries shrank enough does not grow mu, whatever its NaNs
+    al = _sched(schedule_every=3)
+    assert _run(al, [[1.0]] * 3 + [[INF], [NAN], [0.7]])[-1] == 1.0
+
+
+def test_schedule_a_window_without_a_finite_entry_keeps_prev_window():
+    """An all-NaN/Inf window neither grows mu nor replaces the previous measurement: the next
+    window (0.5 <= 0.75 * 1) is compared with window 1, not with 0."""
+    al = _sched(schedule_every=2)
+    assert _run(al, [[1.0], [1.0], [NAN], [INF]]) == [1.0] * 4
+    assert al.state_dict()["prev_window"].item() == 1.0
+    assert _run(al, [[0.5], [0.5]]) == [1.0, 1.0]
+    assert al.state_dict()["prev_window"].item() == 0.5
+    # a first window without a measurement: the second one has nothing to compare with
+    al = _sched(schedule_every=2)
+    assert _run(al, [[NAN], [NAN], [1.0], [1.0], [1.0], [1.0]]) == [1.0] * 5 + [2.0]
+    # scalar mu: no constraint measured is no measurement
+    al = _sched(m=2, schedule_every=1)
+    assert _run(al, [[1.0, 0.5], [NAN, INF], [0.6, 0.1]]) == [1.0, 1.0, 1.0]
+    assert al.state_dict()["prev_window"].item() == pytest.approx(0.6)
+
+
+def test_schedule_per_constraint_mu_with_one_constraint_nan_in_a_window():
+    """Per-constraint mu: constraint 0 has no measurement in window 2 (its mu and prev stay, and
+    window 3's 0.5 is compared with window 1's 1.0); constraint 1 stalls and grows twice."""
+    al = _sched(m=2, mu=torch.ones(2, dtype=torch.float64))
+    assert _run(al, [[1.0, 1.0], [NAN, 1.0], [0.5, 1.0]]) == [[1.0, 1.0], [1.0, 2.0], [1.0, 4.0]]
+    assert al.state_dict()["prev_window"].tolist() == [0.5, 1.0]
+    al = _sched(m=2, mu=torch.ones(2, dtype=torch.float64), schedule_every=2)
+    _run(al, [[1.0, 1.0], [1.0, 1.0], [INF, 1.0]])
+    assert al.state_dict()["window_count"].tolist() == [0, 1]
+    assert _run(al, [[NAN, 1.0]]) == [[1.0, 2.0]]
+    assert al.state_dict()["prev_window"].tolist() == [1.0, 1.0]
+
+
+_GS = [[1.0, 2.0], [NAN, 1.5], [0.9, 1.0], [0.8, INF], [0.5, 0.9], [0.1, 0.9], [0.7, 0.2], [0.6, 0.3],
+       [0.05, 0.3], [0.5, 0.1], [0.4, 0.1], [0.45, 0.05]]
+
+
+@pytest.mark.parametrize("mu", [1.0, torch.ones(2, dtype=torch.float64)])
+def test_state_dict_keeps_the_window_count_and_loads_a_state_without_one(mu):
+    """The finite-entry count is saved and restored (a resumed run's schedule is the uninterrupted
+    one's); a state of the previous release (version 1, no window_count; prev_window 0 before the
+    first window ended) loads as if its window's entries were all finite."""
+    kw = {"mu": mu, "schedule_every": 3}
+    a = _sched(m=2, **kw)
+    _run(a, _GS[:4])   # step 4 has an Inf: the window's count is [1, 0]
+    state = a.state_dict()
+    assert state["window_count"].tolist() == [1, 0] and state["window_count"].dtype == torch.int64
+    b = _sched(m=2, **kw)
+    b.load_state_dict(state)
+    assert _run(b, _GS[4:]) == _run(a, _GS[4:])
+    for k, v in a.state_dict().items():
+        assert torch.equal(b.state_dict()[k], v) if isinstance(v, torch.Tensor) else b.state_dict()[k] == v, k
+    finite = [[abs(x) if x == x and abs(x) < INF else 0.3 for x in g] for g in _GS]
+    for cut in (1, 4):   # before the first window ended (prev_window an unused 0), and after
+        a = _sched(m=2, **kw)
+        _run(a, finite[:cut])
+        old = {k: v for k, v in a.state_dict().items() if k != "window_count"}
+        if cut < 3:
+            old["prev_window"] = torch.zeros_like(old["prev_window"])
+        c = _sched(m=2, **kw)
+        c.load_state_dict(old)
+        assert c.state_dict()["window_count"].tolist() == [cut % 3] * 2
+        rest = _run(a, finite[cut:])
+        assert _run(c, finite[cut:]) == rest, cut
+        assert rest[-1] != rest[0], "the schedule did nothing"
+    c.load_state_dict(dict(state, window_count=torch.tensor([2.0, 0.0])))   # integer-valued floats load
+    assert c.state_dict()["window_count"].tolist() == [2, 0]
+
+
+def test_to_keeps_the_window_count_an_int64_tensor():
+    al = _sched(m=2, schedule_every=2, dtype=torch.float32)
+    _run(al, [[1.0, 1.0], [1.0, 1.0], [NAN, 1.0]])
+    al.to("cpu", dtype=torch.float64)
+    count = al.state_dict()["window_count"]
+    assert count.dtype == torch.int64 and count.device == al.device and count.tolist() == [0, 1]
+    assert _run(al, [[NAN, 0.9]]) == [2.0]   # mean 0.9 (one entry) > 0.75, not 0.45
+
+
 def test_state_dict_round_trip():
     kw = dict(mu=2.0, kind="inequality", mu_growth=1.5, shrink_ratio=0.9, schedule_every=2,
               damping=0.05)
@@ -169,6 +294,14 @@ def test_non_finite_c0_raises():
         ee.AugmentedLagrangian(torch.tensor([float("nan")]))
     with pytest.raises(ValueError, match="c0 must be finite"):
         ee.AugmentedLagrangian(float("inf"))
+    # a finite float64 c0 beyond float32: the message said "got [inf]" (the cast), not the user's value
+    for build in (lambda: ee.AugmentedLagrangian(torch.tensor([1e39], dtype=torch.float64), dtype=torch.float32),
+                  lambda: ee.AugmentedLagrangian(torch.zeros(1)).load_state_dict(
+                      {**ee.AugmentedLagrangian(torch.zeros(1, dtype=torch.float64)).state_dict(),
+                       "c0": torch.tensor([1e39], dtype=torch.float64)})):
+        with pytest.raises(ValueError, match=r"c0 must be finite in the state dtype torch.float32: \[1e\+39\] "
+                                             r"\(torch.float64\) is beyond its range"):
+            build()
 
 
 def test_c0_of_more_than_one_dimension_is_refused_not_flattened():
@@ -276,6 +409,13 @@ def test_c0_float_beyond_the_state_dtype_is_refused():
     ("steps", torch.tensor(1.5), ValueError, "steps must be a 0-d integer tensor >= 0"),
     ("window_sum", torch.zeros(1), ValueError, r"window_sum of shape \(1,\)"),
     ("last_violation", torch.zeros(3), ValueError, r"last_violation of shape \(3,\)"),
+    ("window_count", torch.zeros(1, dtype=torch.int64), ValueError, r"window_count of shape \(1,\)"),
+    ("window_count", torch.tensor([-1, 0]), ValueError, r"window_count must hold integers >= 0 .*\[-1, 0\]"),
+    ("window_count", torch.tensor([0.5, 1.0]), ValueError, "window_count must hold integers >= 0"),
+    ("window_count", torch.tensor([float("nan"), 1.0]), ValueError, "window_count must hold integers >= 0"),
+    ("window_count", torch.tensor([1e30, 1.0]), ValueError, "window_count must hold integers >= 0"),
+    ("window_count", torch.tensor([True, False]), ValueError, "window_count must hold integers >= 0"),
+    ("window_count", [0, 1], TypeError, "window_count must be a tensor, got list"),
     ("lam", [0.0, 1.0], TypeError, "lam must be a tensor, got list"),
     ("c0", torch.zeros(2, device="meta"), ValueError, r"meta tensors \(no data\) for \['c0'\]"),
     ("lam", torch.zeros(2, device="meta"), ValueError, r"meta tensors \(no data\) for \['lam'\]"),
