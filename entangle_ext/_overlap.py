@@ -128,11 +128,16 @@ def first_overlap(written: Sequence[torch.Tensor], read: Sequence[torch.Tensor] 
             return None
     except OverflowError:   # an address beyond int64: skip the screen, the sweep below decides
         pass
-    order = [i for i in sorted(range(len(ts)), key=starts.__getitem__)
-             if ends[i] > starts[i] and _dense(ts[i])]      # non-empty dense tensors only
-    far_any = far_w = -1            # index of the largest end so far (all / written), -1: none
-    end_any = end_w = -1
+    # non-empty dense tensors with memory of their own (a meta tensor's data_ptr is 0: two of
+    # them "overlapped"), swept device by device (addresses of two devices never alias)
+    order = sorted((i for i in range(len(ts)) if ends[i] > starts[i] and _dense(ts[i]) and has_memory(ts[i])),
+                   key=lambda i: (str(ts[i].device), starts[i]))
+    device = None
     for i in order:
+        if ts[i].device != device:   # a new address space
+            device = ts[i].device
+            far_any = far_w = -1     # index of the largest end so far (all / written), -1: none
+            end_any = end_w = -1
         s, e = starts[i], ends[i]
         j, end = (far_any, end_any) if i < nw else (far_w, end_w)
         if end > s:

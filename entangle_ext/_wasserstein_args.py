@@ -14,6 +14,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from ._dense import check_dense
@@ -83,11 +84,17 @@ def _as_offsets(op: str, off: OffsetsLike, name: str, device: torch.device) -> t
         if not vals:   # as_tensor([]) is float32: say what is wrong, not "got torch.float32"
             raise ValueError(f"{op}: {name} must be {_OFFSETS_WANTED} with S+1 >= 1 entries, "
                              f"got an empty {what}")
+        flag = next((i for i, v in enumerate(vals) if isinstance(v, (bool, np.bool_)) or (
+            isinstance(v, torch.Tensor) and v.dtype == torch.bool)), None)
+        if flag is not None:   # as_tensor([0, True, 10]) is int64 [0, 1, 10]
+            raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got a {what} whose entry {flag} is the "
+                            f"bool {bool(vals[flag])}")
         try:
             off = torch.as_tensor(vals)   # keep the inferred dtype: 2.5 must not become 2
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got a {what} with "
-                            "non-integer entries") from exc
+            big = next((int(v) for v in vals if isinstance(v, (int, np.integer)) and not -2**63 <= int(v) < 2**63), None)
+            raise TypeError(f"{op}: {name} must be {_OFFSETS_WANTED}, got a {what} with " + (
+                "non-integer entries" if big is None else f"an integer beyond int64 ({big})")) from exc
         if off.dtype not in (torch.int32, torch.int64):
             kind = "integer entries of another width" if not off.is_floating_point() and off.dtype != torch.bool \
                 else "non-integer entries"

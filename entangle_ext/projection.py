@@ -276,8 +276,12 @@ def projection_gram(grads: Sequence[Optional[torch.Tensor]], basis: ListBasis
     non-finite entry gives non-finite G or b, and `projection_solve` then NaN coefficients).
     G and b are plain sums of products, not rescaled: with float64 rows whose squared norm
     exceeds the float64 range (entries beyond ~1e154) they overflow to Inf, and the solve gives
-    NaN coefficients. `project_orthogonal_` (also with ``process_group``) scales each row by a
-    power of two first and handles such rows; scale them yourself before calling this pass.
+    NaN coefficients; with float64 rows whose entries are all below ~1e-162 the squares underflow
+    to 0, so G reads them as all-zero rows and `projection_solve` drops them (c_i = 0: g is not
+    projected against them, without an error; between ~1e-162 and ~1e-154 the subnormal Gram
+    loses digits). float32 rows cannot under- or overflow (their products are formed in float64).
+    `project_orthogonal_` (also with ``process_group``) scales each row by a power of two first
+    and handles such rows; scale them yourself before calling this pass.
 
     Raises:
         TypeError, ValueError, RuntimeError: as `project_orthogonal_` (no rcond/ridge; nothing is

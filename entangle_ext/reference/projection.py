@@ -175,8 +175,9 @@ def project_orthogonal_flat_composite(grads: Sequence[torch.Tensor], basis, *,
 
     V = stack(cat(basis[i])) ``(k, P)`` and g = cat(grads) are materialised (copies), G = V V^T and
     V g are matmuls in the input dtype, the k x k system is solved in float64 with
-    ``torch.linalg.solve`` and a tiny relative ridge (``ridge * trace(G)/k``, the reference
-    recipe's approach), and g - V^T c is split back into ``grads``. ``rcond`` is unused (kept for
+    ``torch.linalg.solve`` and a tiny relative ridge (``ridge * trace(G)/k``, a benchmark
+    baseline's regulariser: the reference recipe adds an absolute 1e-8 per parameter tensor to the
+    Gram diagonal, docs/algorithm.md §5), and g - V^T c is split back into ``grads``. ``rcond`` is unused (kept for
     a uniform signature). Returns c ``(k,)`` float64.
     """
     grads = list(grads)

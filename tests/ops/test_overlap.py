@@ -95,6 +95,19 @@ def test_overlapping_gradients_are_refused(op):
     ee.project_orthogonal_([torch.randn(5, dtype=D)], [[shared], [shared]])
 
 
+@pytest.mark.parametrize("op", ["project_orthogonal_", "projection_apply_", "projection_gram"])
+def test_tensors_on_another_device_are_a_device_error_not_an_overlap(op):
+    """Two meta tensors both start at address 0: a cpu + meta list was refused as "basis[0][1]
+    shares memory with grads[1]" instead of naming the device mismatch (projection_gram did)."""
+    grads = [torch.randn(3, dtype=D), torch.empty(3, dtype=D, device="meta")]
+    basis = [[torch.randn(3, dtype=D), torch.empty(3, dtype=D, device="meta")]]
+    calls = {"project_orthogonal_": lambda: ee.project_orthogonal_(grads, basis),
+             "projection_apply_": lambda: ee.projection_apply_(grads, basis, torch.ones(1, dtype=D)),
+             "projection_gram": lambda: ee.projection_gram(grads, basis)}
+    with pytest.raises(ValueError, match=r"grads\[1\] is on meta but grads\[0\] is on cpu"):
+        calls[op]()
+
+
 def test_coeffs_aliasing_gradients_are_refused():
     g = torch.randn(5, dtype=D)
     with pytest.raises(ValueError, match=r"coeffs shares memory with grads\[0\]"):

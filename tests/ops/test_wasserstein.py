@@ -317,6 +317,13 @@ def test_offset_errors_name_the_operator(uo, exc):
     (__import__("numpy").array([0, 4], dtype="uint8"), TypeError,   # was "non-integer entries (torch.uint8)"
      r"u_offsets must be .*got a ndarray with integer entries of another width \(torch.uint8; int32 or int64 only\)"),
     (5, TypeError, r"u_offsets must be a 1-D int32 or int64 tensor or a sequence of ints .*got int"),
+    # an int beyond int64 was "non-integer entries"; a bool entry was read as 1
+    ([2**70, 2**70 + 4], TypeError, r"u_offsets must be .*got a list with an integer beyond int64 \(1180591620717411303424\)"),
+    ([0, True, 4], TypeError, r"u_offsets must be .*got a list whose entry 1 is the bool True"),
+    ((0, __import__("numpy").bool_(True), 4), TypeError, r"u_offsets must be .*got a tuple whose entry 1 is the bool True"),
+    ([0, torch.tensor(True), 4], TypeError, r"u_offsets must be .*got a list whose entry 1 is the bool True"),
+    ([__import__("numpy").uint64(2**64 - 5), __import__("numpy").uint64(2**64 - 1)], TypeError,
+     r"u_offsets must be .*got a list with an integer beyond int64 \(18446744073709551611\)"),
     (torch.tensor([0, 4], device="meta"), ValueError, "u_offsets is on meta but u is on cpu"),
 ])
 @pytest.mark.parametrize("max_seqlen", [None, 4])
