@@ -15,16 +15,26 @@ __all__ = ["check_unique_indices", "as_int_array", "int_value", "int_list", "ind
 
 
 def as_int_array(a, name: str) -> np.ndarray:
+    """``a`` (a 1-D sequence, numpy array or tensor of integers: labels or sample indices) as an int64
+    array.
+
+    Raises:
+        ValueError: ``a`` is not 1-D, or holds anything but integers: a float array is refused even
+            when its values are whole (as the data loaders and `IndexSplit` refuse float labels and
+            indices: 1e20 or inf would wrap to a negative int64, 2.7 would be truncated), and the
+            message says how to cast it.
+    """
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
     a = np.asarray(a)
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
     if a.size and not np.issubdtype(a.dtype, np.integer):
-        if np.issubdtype(a.dtype, np.floating) and np.all(a == np.round(a)):
-            a = a.astype(np.int64)
-        else:
-            raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
+        hint = ""
+        if np.issubdtype(a.dtype, np.floating):
+            hint = ("; floats are not cast (1e20 or inf would wrap around, 2.7 would be truncated): "
+                    "pass an integer array, e.g. a.astype(np.int64) after checking the values are whole")
+        raise ValueError(f"{name} must hold integers, got dtype {a.dtype}{hint}")
     return a.astype(np.int64)
 
 

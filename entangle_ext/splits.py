@@ -72,7 +72,8 @@ def split_by_hierarchy(fine_labels, fine_to_coarse, forget_fine: Union[int, Sequ
     Raises:
         TypeError: ``forget_fine`` (or one of its entries) is not an integer (e.g. 1.5, True, a
             class name); ``fine_names`` / ``coarse_names`` given as one str.
-        ValueError: fine label outside ``fine_to_coarse``, a ``fine_to_coarse`` entry below -1,
+        ValueError: ``fine_labels`` / ``fine_to_coarse`` not 1-D integer arrays (a float array is
+            refused, whole values too), fine label outside ``fine_to_coarse``, a ``fine_to_coarse`` entry below -1,
             forget class unknown / excluded / in several coarse classes, ``fine_names`` /
             ``coarse_names`` too short, or no sample of the forget class(es).
     """
@@ -196,7 +197,8 @@ def split_by_group(groups, labels, forget_group, forget_label: int, flip_label: 
         `IndexSplit`; ``targets`` = ``labels`` with the flip applied.
     Raises:
         TypeError: ``forget_label`` / ``flip_label`` not an integer; ``groups`` given as one str.
-        ValueError: length mismatch, unknown group, no sample of that group with that label, or a
+        ValueError: ``labels`` not a 1-D integer array (a float array is refused, whole values too),
+            length mismatch, unknown group, no sample of that group with that label, or a
             negative ``flip_label``.
     """
     if isinstance(groups, str):
@@ -256,7 +258,8 @@ def split_by_similarity(features_retain, features_forget, k: int = 10, fraction:
             non-numeric dtype (e.g. str) or complex.
         ValueError: empty inputs, features not 2-D or holding NaN / infinite values, feature
             widths differ, k, chunk or fraction out of range, unknown metric, index lists whose
-            lengths differ from the row counts or that hold a negative or repeated index (also when
+            lengths differ from the row counts, that are not integer arrays (float ones are refused,
+            whole values too) or that hold a negative or repeated index (also when
             only one of them is given), forget and retain indices that overlap (both given).
     """
     fr = float_matrix(features_retain, "features_retain")

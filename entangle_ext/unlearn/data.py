@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from .batch import (LABEL_DTYPES, batch_size_of, cast_floating, concat_batches, forward_logits,  # noqa: F401
-                    loss_logits, move_batch, prepare_batch, require_graph, slice_batch, split_batch)  # (re-exported)
+                    loss_logits, move_batch, prepare_batch, require_graph, slice_batch, sliceable, split_batch)  # (re-exported)
 from .disjoint import check_disjoint, check_held_out
 from .distributed import Dist, current
 from .source import (Source, as_source, check_batch_size, check_loader_options, indexed_tensors,  # noqa: F401
@@ -299,7 +299,21 @@ class BatchStream:
             return self._finish(tuple(t[dev_idx] for t in self.tensors))
         if idx.numel() == 0:
             return slice_batch(self.fetch(torch.zeros(1, dtype=torch.long)), 0, 0)
-        return self._finish(self._collate([self.dataset[int(i)] for i in idx]))
+        with self._reading(f"items {idx[:4].tolist()}{'...' if len(idx) > 4 else ''}"):
+            batch = self._collate([self.dataset[int(i)] for i in idx])
+        return self._finish(batch)
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """An exception the user's dataset or collate function raises (e.g. an IndexError of a ``__len__``
+        larger than the data) keeps its type and gets a note: the split, what was read, its len()."""
+        try:
+            yield
+        except Exception as e:
+            if hasattr(e, "add_note"):   # Python >= 3.11 (PEP 678); before, the exception as it is
+                e.add_note(f"entangle_ext: raised while reading {what} of split {self.name.split('/')[-1]!r} "
+                           f"(stream {self.name!r}; its len() is {self.n})")
+            raise
 
     def _load(self, plan: Iterable[torch.Tensor]) -> Iterator[Any]:
         """Batches of the index batches of ``plan``, in order (a DataLoader when not tensors; an
@@ -314,7 +328,11 @@ class BatchStream:
                 yield idx if idx.numel() else torch.zeros(1, dtype=torch.long)
         dl = DataLoader(self.dataset, batch_sampler=_Plan(marked()),
                         collate_fn=self._collate, **self.source.loader_kwargs)
-        return (self._finish(slice_batch(b, 0, 0) if empty.popleft() else b) for b in dl)
+
+        def read(it=iter(dl)):   # the loader's reads only (not our own checks), workers started now
+            with self._reading("a batch"):
+                return next(it, None)
+        return (self._finish(slice_batch(b, 0, 0) if empty.popleft() else b) for b in iter(read, None))
 
     def _feed(self, kind: str, key, plan: Callable[[], Iterable[torch.Tensor]]) -> Iterator[Any]:
         """A kept iterator over an endless plan, rebuilt when ``key`` is not where it stands."""

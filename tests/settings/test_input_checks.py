@@ -172,6 +172,28 @@ def test_group_labels_must_be_integers():
         split_by_group("abcabc", [0, 1, 0, 1, 0, 1], "a", 1)
 
 
+_FLOAT_ARRAYS = {"1e20": lambda n: np.full(n, 1e20), "inf": lambda n: np.full(n, np.inf),
+                 "whole": lambda n: np.arange(n, dtype=np.float64),
+                 "tensor": lambda n: torch.arange(n, dtype=torch.float32)}
+
+
+@pytest.mark.parametrize("kind", _FLOAT_ARRAYS)
+@pytest.mark.parametrize("where", ["fine_labels", "fine_to_coarse", "labels", "retain_indices", "forget_indices"])
+def test_builders_refuse_float_label_and_index_arrays(kind, where):
+    """The builders cast a float array of whole values to int64: 1e20 and inf wrapped around to
+    -9223372036854775808 (a label or an index nobody passed), while the data loaders, `IndexSplit`
+    and every scalar label refuse floats. Now every builder refuses them too, naming the argument."""
+    fr, ff = _planted()
+    a = _FLOAT_ARRAYS[kind]
+    calls = {"fine_labels": lambda: split_by_hierarchy(a(30), F2C, 1),
+             "fine_to_coarse": lambda: split_by_hierarchy(FINE, a(6), 1),
+             "labels": lambda: split_by_group(np.array(["a", "b", "c"] * 10), a(30), "a", 1),
+             "retain_indices": lambda: split_by_similarity(fr, ff, k=2, fraction=0.2, retain_indices=a(50)),
+             "forget_indices": lambda: split_by_similarity(fr, ff, k=2, fraction=0.2, forget_indices=a(5))}
+    with pytest.raises(ValueError, match=f"{where} must hold integers, got dtype float.*floats are not cast"):
+        calls[where]()
+
+
 # --------------------------------------------------------------------------------- subset_splits
 def test_subset_splits_checks_indices_against_the_dataset():
     s = split_by_hierarchy(FINE, F2C, 1)                       # indices up to 29
