@@ -10,9 +10,10 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from .memory_format import to_channels_last
+from .nest import first_tensor, map_tensors, rebuild, sample_nest
 from .precision import LOW_PRECISION, autocast_for
 
-__all__ = ["concat_batches", "slice_batch", "move_batch", "split_batch", "cast_floating", "prepare_batch",
+__all__ = ["concat_batches", "slice_batch", "sliceable", "move_batch", "split_batch", "cast_floating", "prepare_batch",
            "forward_logits", "loss_logits", "batch_size_of", "require_graph", "LABEL_DTYPES"]
 
 #: Label dtypes accepted (cast to int64 where batches are made).
@@ -21,35 +22,64 @@ LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, 
 _LABEL_KEYS = ("labels", "label")
 
 
+def _cat(parts: List[Any]):
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if isinstance(first, dict):
+        return {k: _cat([p[k] for p in parts]) for k in first}
+    return rebuild(first, [_cat([p[i] for p in parts]) for i in range(len(first))])
+
+
 def concat_batches(batches: List[Any]):
-    """Concatenate batches along dim 0, or return None when shapes do not allow it (e.g. padded
-    text of different lengths)."""
-    first = batches[0]
+    """Concatenate batches along dim 0 (their inputs at any depth of nested dicts / tuples / lists
+    when every leaf is a per-sample tensor, `sample_nest`), or return None when they do not
+    concatenate: shapes that differ (e.g. padded text of different lengths), or inputs holding
+    anything else (a tuple of str, None, a ragged list): then each batch is its own pass."""
     try:
+        if not all(sample_nest(split_batch(b)[0], batch_size_of(b)) for b in batches):
+            return None
+        first = batches[0]
         if isinstance(first, dict):
-            return {k: torch.cat([b[k] for b in batches]) for k in first}
-        return tuple(torch.cat([b[i] for b in batches]) for i in range(len(first)))
-    except (RuntimeError, TypeError):
+            return _cat(batches)
+        return tuple(_cat([b[i] for b in batches]) for i in range(len(first)))
+    except (RuntimeError, TypeError, KeyError, IndexError, ValueError):
         return None
 
 
+def _slice(v, start: int, stop: int):
+    if isinstance(v, torch.Tensor):
+        return v[start:stop]
+    if isinstance(v, dict):
+        return {k: _slice(x, start, stop) for k, x in v.items()}
+    return rebuild(v, [_slice(x, start, stop) for x in v])
+
+
+def sliceable(batch) -> bool:
+    """Whether `slice_batch` can cut ``batch`` into samples: its inputs are a `sample_nest` of its
+    batch size (labels included, every leaf a per-sample tensor)."""
+    inputs, y = split_batch(batch)
+    return sample_nest(inputs, int(y.shape[0]))
+
+
 def slice_batch(batch, start: int, stop: int):
-    """Samples [start, stop) of a tuple/list or dict batch."""
+    """Samples [start, stop) of a tuple/list or dict batch: every tensor of its inputs (at any depth
+    of nested dicts / tuples / lists; the nesting is kept) and its labels, cut along dim 0. A batch
+    whose inputs are not a `sample_nest` (a tuple of str, None, a ragged list) has its top-level
+    entries cut as sequences (the rule before nests, enough for the 0-sample batch of a split's
+    structure); the stages never micro-batch such a batch (`sliceable`)."""
+    if not sliceable(batch):
+        if isinstance(batch, dict):
+            return {k: v[start:stop] for k, v in batch.items()}
+        return tuple(v[start:stop] for v in batch)
     if isinstance(batch, dict):
-        return {k: v[start:stop] for k, v in batch.items()}
-    return tuple(v[start:stop] for v in batch)
+        return _slice(batch, start, stop)
+    return tuple(_slice(v, start, stop) for v in batch)
 
 
 def move_batch(batch, device):
     """Move a tuple/list/dict batch to ``device`` (non_blocking)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: move_batch(v, device) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(move_batch(v, device) for v in batch) if isinstance(batch, tuple) \
-            else [move_batch(v, device) for v in batch]
-    return batch
+    return map_tensors(lambda t: t.to(device, non_blocking=True), batch)
 
 
 def split_batch(batch, split: Optional[str] = None) -> Tuple[Any, torch.Tensor]:
@@ -72,15 +102,10 @@ def split_batch(batch, split: Optional[str] = None) -> Tuple[Any, torch.Tensor]:
 
 
 def cast_floating(x, dtype: Optional[torch.dtype]):
+    """``x`` with its floating tensors (at any depth) in ``dtype``; None: unchanged."""
     if dtype is None:
         return x
-    if isinstance(x, torch.Tensor):
-        return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
-    if isinstance(x, dict):
-        return {k: cast_floating(v, dtype) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(cast_floating(v, dtype) for v in x)
-    return x
+    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t, x)
 
 
 def prepare_batch(batch, input_dtype: Optional[torch.dtype] = None, where: str = "batch"):
@@ -171,9 +196,8 @@ def logits_of(out, lone: bool = False) -> torch.Tensor:
 
 
 def _batch_size(inputs) -> Optional[int]:
-    """Dim 0 of the input tensor (of the first tensor of a dict of inputs); None when there is none."""
-    first = inputs if isinstance(inputs, torch.Tensor) else \
-        next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None) if isinstance(inputs, dict) else None
+    """Dim 0 of the input tensor (of the first tensor, depth first, of nested inputs); None when there is none."""
+    first = first_tensor(inputs)
     return None if first is None or first.dim() == 0 else int(first.shape[0])
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import BatchStream, Splits, check_batch_size, forward_logits, loss_logits, split_batch
-from .distributed import Dist, scope
+from .distributed import SINGLE, Dist, scope
 from .inputs import check_flags, check_model_and_splits, model_device, training_flags_kept
 from .precision import amp_scope, model_dtype, resolve_amp_for
 
@@ -143,7 +143,8 @@ def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int 
     """Per-sample quantities of ``model`` (eval mode, no grad; every submodule's ``training`` flag
     is set back afterwards, also on error) on ``dataset`` (a Dataset, DataLoader or `Source`,
     e.g. ``splits.source("forget")``), in dataset order. Floating inputs are cast to the model's
-    dtype.
+    dtype. Every sample on every rank, also inside a distributed run (its stream is not split
+    over the ranks): the values of one process.
 
     Returns: {"loss": (N,) float64 CE in nats, "p_true": (N,) float64 softmax probability of the
     label (= exp(-loss)), "correct": (N,) bool argmax == label}, all on the CPU.
@@ -154,7 +155,7 @@ def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int 
     batch_size = check_batch_size(batch_size, "per_sample: batch_size")
     device = model_device(model, device)
     stream = BatchStream(dataset, batch_size, shuffle=False, seed=0, name="metrics", device=device,
-                         input_dtype=model_dtype(model))
+                         input_dtype=model_dtype(model), dist=SINGLE)
     if stream.n == 0:
         raise ValueError(f"split {name!r} is empty")
     loss, correct = [], []

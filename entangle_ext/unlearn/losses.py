@@ -9,7 +9,7 @@ global batches; means and the Wasserstein-2 term are taken over the global batch
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,9 @@ from .._ext import available
 from ..reference.wasserstein import wasserstein2_1d as _w2_reference
 from ..wasserstein import wasserstein2_1d
 from .config import MicroBatch, Stage2Config
-from .data import batch_size_of, loss_logits, slice_batch, split_batch
+from .data import batch_size_of, loss_logits, slice_batch, sliceable, split_batch
 from .distributed import current
+from .nest import tensors
 
 __all__ = ["trainable_params", "loss_logits", "per_sample_ce", "mean_ce", "grads_of", "forget_objective",
            "forget_grad", "remote_grad", "auto_micro_batch", "CPU_CHUNK_BYTES"]
@@ -58,18 +59,6 @@ def grads_of(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> Grads:
     return acc.result()
 
 
-def _tensors(x) -> Iterator[torch.Tensor]:
-    """The tensors in a module output (a tensor, or tuples, lists and dicts of them)."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _tensors(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _tensors(v)
-
-
 def auto_micro_batch(model: torch.nn.Module, batch) -> Optional[int]:
     """The micro-batch that ``micro_batch="auto"`` stands for (`Stage2Config`, docs/algorithm.md
     §3): on CPU in one process, the number of samples (>= 1) whose largest activation fits in
@@ -82,13 +71,13 @@ def auto_micro_batch(model: torch.nn.Module, batch) -> Optional[int]:
     A model whose submodules output no tensor gives None.
     """
     _, y = split_batch(batch)
-    if current().active or y.device.type != "cpu":
+    if current().active or y.device.type != "cpu" or not sliceable(batch):
         return None
     largest = 0
 
     def hook(_module, _inputs, out):
         nonlocal largest
-        largest = max([largest] + [t.nbytes for t in _tensors(out)])
+        largest = max([largest] + [t.nbytes for t in tensors(out)])
 
     modes = [(m, m.training) for m in model.modules()]
     handles = [m.register_forward_hook(hook) for m, _ in modes]
@@ -116,7 +105,7 @@ def _chunks(batches: List[Any], micro_batch: Optional[int], sizes: List[int]):
     are counted on the longest rank's part; trailing ones may be empty)."""
     d = current()
     cat = d.concat(batches)
-    if cat is None:
+    if cat is None or not sliceable(cat):   # inputs that are not cut into samples: one pass per batch
         return batches
     n, longest = batch_size_of(cat), d.longest(sizes)
     if micro_batch is None or micro_batch >= longest:

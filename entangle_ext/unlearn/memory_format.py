@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .nest import map_tensors, tensors
+
 __all__ = ["CHANNELS_LAST_CHOICES", "channels_last_scope", "channels_last_active", "to_channels_last",
            "resolve_channels_last", "has_conv2d"]
 
@@ -50,24 +52,17 @@ def channels_last_active() -> bool:
     return _ON.get()
 
 
-def _convert(t):
-    if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point():
-        return t.contiguous(memory_format=torch.channels_last)
-    return t
+def _convert(t: torch.Tensor) -> torch.Tensor:
+    """``t`` channels-last when it is a 4-D floating tensor, else as it is."""
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t
 
 
 def to_channels_last(inputs: Any) -> Any:
-    """``inputs`` (a tensor, or a dict / tuple / list of them) with every 4-D floating tensor in
-    ``torch.channels_last`` memory format (a copy unless it already is) when a `channels_last_scope`
-    is on; the other values, and everything outside such a scope, unchanged. Shapes, dtypes,
-    devices and values are kept: only the strides change."""
-    if not _ON.get():
-        return inputs
-    if isinstance(inputs, dict):
-        return {k: _convert(v) for k, v in inputs.items()}
-    if isinstance(inputs, (tuple, list)):
-        return type(inputs)(_convert(v) for v in inputs)
-    return _convert(inputs)
+    """``inputs`` (a tensor, or dicts / tuples / lists of them, nested) with every 4-D floating
+    tensor in ``torch.channels_last`` memory format (a copy unless it already is) when a
+    `channels_last_scope` is on; the other values, and everything outside such a scope, unchanged.
+    Shapes, dtypes, devices and values are kept: only the strides change."""
+    return map_tensors(_convert, inputs) if _ON.get() else inputs
 
 
 def has_conv2d(model: torch.nn.Module) -> bool:
@@ -76,9 +71,8 @@ def has_conv2d(model: torch.nn.Module) -> bool:
 
 
 def _four_d(inputs) -> bool:
-    values = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (tuple, list)) \
-        else (inputs,)
-    return any(isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point() for v in values)
+    """Whether ``inputs`` hold a 4-D floating tensor at any depth of dicts / tuples / lists."""
+    return any(t.dim() == 4 and t.is_floating_point() for t in tensors(inputs))
 
 
 @torch.no_grad()

@@ -26,10 +26,12 @@ from torch.utils.data import Subset, TensorDataset
 
 from .._optional import optional_import
 from .data import BatchStream, Source, Splits, as_source, check_batch_size, loss_logits, require_graph, split_batch
+from .distributed import SINGLE
 from .evaluate import NonFiniteOutputError, evaluate, per_sample
 from .mia import (MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features,
                   mia_undefined_scope)
-from .inputs import copy_model, model_device, training_grad_mode
+from .inputs import model_device, training_grad_mode
+from .model_copy import copy_model
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
@@ -197,8 +199,10 @@ def relearn_time(model: torch.nn.Module, forget, *, threshold: float, subset: Un
     device = model_device(model, device)
     m = copy_model(model, "relearn_time fine-tunes a copy of the model").to(device).eval()
     g = torch.Generator().manual_seed(int(seed))
+    # the whole batches on every rank (not split over the ranks of a distributed run): the loss is
+    # the mean over the batch and the copy's steps are those of one process
     stream = BatchStream(_subset(forget, torch.randperm(N, generator=g)[:k]), batch_size, shuffle=True,
-                         seed=seed, name="relearn", device=device, input_dtype=model_dtype(m))
+                         seed=seed, name="relearn", device=device, input_dtype=model_dtype(m), dist=SINGLE)
     opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=lr)
 
     def acc() -> float:

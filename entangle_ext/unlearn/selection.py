@@ -14,13 +14,15 @@ import torch
 
 from .curves import SelectionWarning, first_within_rule, require_origin, stage_label
 from .files import atomic_write
+from .module_state import state_module, unwrapped_state
 from .sharded import has_dtensor
 
 __all__ = ["StateSelection", "check_unchanged", "selection_line", "SELECTION_FIELDS", "MODEL_FILE"]
 
 #: The config fields of the selection; a resume may not change them (`StateSelection`).
 SELECTION_FIELDS = ("select", "select_forget_acc", "select_delta")
-#: The kept state under out_dir: a plain state dict (`torch.save(model.state_dict())`).
+#: The kept state under out_dir: a plain state dict (`torch.save(model.state_dict())`; of a compiled
+#: model, its module's: `state_module`, so it loads into the plain model).
 MODEL_FILE = "selected_model.pt"
 
 
@@ -74,7 +76,7 @@ class StateSelection:
         if self._rule(rec):
             self.done["selected"] = {"stage": stage_label(rec["stage"]), "step": rec["step"],
                                      "global_step": rec["global_step"]}
-            self.common["selected_model"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            self.common["selected_model"] = {k: v.detach().to("cpu", copy=True) for k, v in state_module(model).state_dict().items()}
 
     def restore(self, model: torch.nn.Module) -> bool:
         """After the method's stages: load the kept state into ``model`` and return True, or warn
@@ -87,7 +89,7 @@ class StateSelection:
                           f"{100 * b['delta']:.1f} points of the original's; the run returns its final state",
                           SelectionWarning, stacklevel=4)
             return False
-        model.load_state_dict(self.common["selected_model"])
+        state_module(model).load_state_dict(unwrapped_state(self.common["selected_model"]))
         return True
 
     def save(self, out_dir: Path) -> Optional[str]:

@@ -2,6 +2,8 @@
 what "auto" / True / False resolve to, the fallback and the errors for models that cannot take
 channels-last inputs, that every forward pass of a run sees them, and that a run with them lands
 where the contiguous run lands (only the convolutions' rounding differs)."""
+import collections
+
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -55,6 +57,17 @@ def short_config(**top):
                                                    remote_batch_size=8, remote_batch_limit=2), **top)
 
 
+class _OnImage(torch.nn.Module):
+    """A convolution on ``feats.image`` of nested inputs (called as ``model(feats=...)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 1)
+
+    def forward(self, feats):
+        return self.conv(feats.image).mean((2, 3))
+
+
 def test_inputs_convert_inside_the_scope_only():
     x = torch.randn(2, 3, 4, 5)
     assert to_channels_last(x) is x and not channels_last_active()
@@ -69,6 +82,13 @@ def test_inputs_convert_inside_the_scope_only():
         assert d["pixel_values"].stride() == y.stride() and d["mask"] is flat
         t = to_channels_last((x, flat))
         assert isinstance(t, tuple) and t[0].stride() == y.stride() and t[1] is flat
+        # nested inputs, a namedtuple among them (its type(...)(generator) rebuild raised TypeError,
+        # and a 4-D tensor one level down was left as it was)
+        pair = collections.namedtuple("Pair", ["image", "mask"])
+        n = to_channels_last({"feats": pair(x, flat), "more": [(x,)]})
+        assert type(n["feats"]) is pair and n["feats"].image.stride() == y.stride() and n["feats"].mask is flat
+        assert n["more"][0][0].stride() == y.stride()
+        assert resolve_channels_last("auto", _OnImage(), {"feats": pair(x, flat)}, torch.device("cpu"))
         with channels_last_scope(False):
             assert to_channels_last(x) is x
     assert not channels_last_active()

@@ -304,3 +304,39 @@ def test_a_split_of_the_wrong_form_is_named_with_what_to_pass(small, k, entry):
             ee.evaluate(mlp(), s)
         else:
             ee.unlearn(mlp(), s, method=entry, setting="digits", progress=False)
+
+
+class _LongerThanItsData(Dataset):
+    """A user's Dataset whose ``__len__`` claims 3 items more than it holds."""
+
+    def __init__(self, tds):
+        self.x, self.y = tds.tensors
+
+    def __len__(self):
+        return len(self.y) + 3
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_dataset_error_keeps_its_type_and_names_the_split(small, workers):
+    """The user's own IndexError came out of the fingerprint pass without a word of which split
+    (or that its len() was the problem). It keeps its type (the user's code raised it) and gets a
+    note naming the split and its claimed length, by the direct fetch and by a DataLoader too."""
+    splits = ee.Splits(forget=small.forget, adjacent=_LongerThanItsData(small.adjacent), remote=small.remote,
+                       num_workers=workers)
+    with pytest.raises(IndexError) as e:
+        ee.unlearn(mlp(), splits, tiny_config(), progress=False)
+    assert any("of split 'adjacent'" in n and "its len() is 83" in n for n in e.value.__notes__), e.value.__notes__
+    from entangle_ext.unlearn.data import BatchStream
+    stream = BatchStream(_LongerThanItsData(small.adjacent), 4, shuffle=False, seed=0, name="s2/adjacent", device="cpu")
+    with pytest.raises(IndexError) as e:
+        stream.fetch(torch.tensor([1, 81]))
+    assert e.value.__notes__ == ["entangle_ext: raised while reading items [1, 81] of split 'adjacent' "
+                                 "(stream 's2/adjacent'; its len() is 83)"]
+    # the package's own checks of what was read get no such note (it is for the user's code)
+    bad = TensorDataset(torch.randn(4, 64), torch.rand(4))   # float labels: prepare_batch's ValueError
+    with pytest.raises(ValueError, match="labels must be integer") as e:
+        BatchStream(bad, 2, shuffle=False, seed=0, name="s1/remote", device="cpu").fetch(torch.tensor([0, 1]))
+    assert not getattr(e.value, "__notes__", None)

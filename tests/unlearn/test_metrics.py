@@ -210,6 +210,28 @@ def test_relearn_time(digits):
             M.relearn_time(net, s.forget, **bad)
 
 
+def test_per_sample_and_relearn_time_score_every_sample_inside_a_distributed_run(digits):
+    """Inside a run of 2 ranks (simulated: rank 1's `Dist` as the current one, no collective is
+    taken) the metrics are those of one process: their streams are not split over the ranks, so
+    per_sample scores every sample and relearn_time steps on whole batches (docs/algorithm.md §11)."""
+    from entangle_ext.unlearn import distributed as D
+    s, net = digits
+    forgot = _forgot(net, s.forget)
+
+    def both():
+        return (M.per_sample(net, s.forget, batch_size=16),
+                M.relearn_time(forgot, s.forget, threshold=0.9, subset=10, lr=1e-2, max_steps=50, batch_size=4))
+    want = both()
+    token = D._CURRENT.set(D.Dist(rank=1, world=2, kind="replicated"))
+    try:
+        got = both()
+    finally:
+        D._CURRENT.reset(token)
+    for k, v in want[0].items():
+        assert torch.equal(got[0][k], v), k
+    assert got[1] == want[1] and want[1]["steps"] > 0
+
+
 def test_unlearning_metrics_on_digits(digits):
     pytest.importorskip("sklearn")
     pytest.importorskip("scipy")
