@@ -23,8 +23,8 @@ family only. The whole configuration (method, flag values, options, device, resu
 original-model files) is checked before any data is loaded or model trained: bad input prints one
 ``entangle-unlearn: error: ...`` line and exits with code 2.
 
-Reusing an ``--out`` that holds a run without ``--resume`` overwrites it, after a one-line
-warning; an ``--out`` that another live run is writing (its lock ``OUT/.entangle_ext.lock`` is
+Reusing an ``--out`` that holds a run without ``--resume`` replaces it, after a one-line
+warning (the old run's report, plots, selected model and checkpoints are removed); an ``--out`` that another live run is writing (its lock ``OUT/.entangle_ext.lock`` is
 held) is refused with a one-line error naming that run (exit code 2). ``--resume`` continues a
 run with the same ``--method``, data and configuration: another method, or another configuration
 without ``--allow-config-change``, is refused before any data is loaded; other data once the data

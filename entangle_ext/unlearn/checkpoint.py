@@ -25,6 +25,7 @@ import torch
 from .distributed import check_world_size, current
 from .files import POINTER_NAME, atomic_write, open_checkpoint, stage_label
 from .fingerprint import FINGERPRINT_VERSION, splits_fingerprint
+from .module_state import state_module, unwrapped_state
 from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded, sharded_dir
 
 __all__ = ["seed_everything", "rng_state", "set_rng_state", "preserved_rng", "preserved_global_state",
@@ -119,23 +120,21 @@ def preserved_global_state() -> Iterator[None]:
 
 def capture_state(obj: Any) -> Any:
     """What a checkpoint stores for one run object: ``obj.state_dict()`` (modules, optimizers,
-    `AugmentedLagrangian`, `BatchStream`), detached clones for a list of tensors (e.g. a momentum
-    buffer), or the object itself for plain values (floats, dicts)."""
+    `AugmentedLagrangian`, `BatchStream`; of a compiled model its module's, `state_module`), detached
+    clones for a list of tensors (e.g. a momentum buffer), or the object itself for plain values."""
     if hasattr(obj, "state_dict"):
-        return obj.state_dict()
+        return state_module(obj).state_dict()
     if isinstance(obj, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in obj):
         return [t.detach().clone() for t in obj]
     return obj
 
 
 def restore_state(obj: Any, state: Any) -> None:
-    """Inverse of `capture_state`, in place: ``obj.load_state_dict(state)`` or a copy into each
-    tensor of a list. Plain values cannot be restored in place (the caller reads them).
-
-    Raises ValueError when a tensor list has another length than the stored one.
-    """
+    """Inverse of `capture_state`, in place: ``obj.load_state_dict(state)`` (a model's keys with or
+    without torch.compile's prefix, into either form: `unwrapped_state`) or a copy into each tensor
+    of a list; plain values are read by the caller. ValueError: a tensor list of another length."""
     if hasattr(obj, "load_state_dict"):
-        obj.load_state_dict(state)
+        state_module(obj).load_state_dict(unwrapped_state(state) if isinstance(obj, torch.nn.Module) else state)
     elif isinstance(obj, (list, tuple)):
         if len(obj) != len(state):
             raise ValueError(f"checkpoint holds {len(state)} tensors where the run has {len(obj)}")

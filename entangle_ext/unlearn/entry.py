@@ -4,6 +4,7 @@
 → evaluate → Stage 2 → evaluate → report; docs/algorithm.md §2, §3, §10)."""
 from __future__ import annotations
 
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +18,8 @@ from .data import Splits
 from .disjoint import disjoint_scope
 from .files import check_out_dir_type
 from .distributed import unwrap
-from .inputs import copy_model, check_flags, check_model_and_splits, check_resume_arguments, training_flags_kept
+from .model_copy import copy_model
+from .inputs import check_flags, check_model_and_splits, check_resume_arguments, training_flags_kept
 from .method import get_method
 from .report import UnlearnResult
 from .run import run_method
@@ -77,7 +79,10 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         out_dir: (a leading ``~`` is the home directory, here and in ``resume``) writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
             Ctrl-C / SIGTERM / SIGHUP). A directory that already holds a run (its report.json or
-            checkpoints/) is overwritten, with an `OutDirReusedWarning`, unless ``resume`` is given.
+            checkpoints/) is replaced, unless ``resume`` is given: an `OutDirReusedWarning`, then
+            the old run's files are removed (report.json, history.json, the plots,
+            selected_model.pt, and the checkpoints in ``checkpoints/``; other files stay), once the
+            call's checks have passed and before the run starts.
             One live run per dir: the run locks it (``OUT/.entangle_ext.lock``, an OS lock that
             ends with the process, so a killed run leaves no stale lock) from its checks to its
             return, and a second run into a locked dir raises `OutDirInUseError`.
@@ -120,7 +125,7 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         config) exist for every method.
     Warns:
         OutDirReusedWarning (a UserWarning, ``entangle_ext.OutDirReusedWarning``): ``out_dir``
-            already holds a run and no ``resume`` is given; it names what is overwritten.
+            already holds a run and no ``resume`` is given; it names the files removed.
             Emitted after the config, splits and model have passed their checks (a call that
             raises for bad input does not also warn), before any training.
         SelectionWarning (``entangle_ext.SelectionWarning``): ``config.select`` found no probed
@@ -185,18 +190,24 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
 
 class OutDirReusedWarning(UserWarning):
     """`unlearn` was given an ``out_dir`` that already holds a run, and no ``resume``: the run's
-    files there are overwritten. Silence it with ``warnings.filterwarnings("ignore",
+    files there (report, history, plots, selected model, checkpoints) are removed before it starts. Silence it with ``warnings.filterwarnings("ignore",
     category=entangle_ext.OutDirReusedWarning)``."""
 
 
-_RUN_FILES = ("report.json", "history.json", "forget_loss_hist.png", "checkpoints")
+#: What a run writes into its out dir (report.py, selection.py, run.py's curves, the checkpointer).
+_RUN_FILES = ("report.json", "history.json", "forget_loss_hist.png", "curves.png", "selected_model.pt", "checkpoints")
+#: The files of ``checkpoints/`` a run writes (its checkpoints, ``latest.pt``, sharded ``*.dcp/``
+#: folders and a killed write's ``*.tmp``); anything else a user keeps there is left alone.
+_CHECKPOINT_PATTERNS = ("*.pt", "*.dcp", "*.tmp")
 
 
 def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
     """A callable that emits `OutDirReusedWarning` (rank 0 only), attributed to ``frame``'s line,
-    when ``out_dir`` holds a previous run's files; None when there is nothing to warn about. It is
-    called after the run's configuration and splits have been checked, so a call that is refused
-    does not also warn."""
+    and removes the previous run's files, when ``out_dir`` holds them; None when there is nothing
+    to do. It is called after the run's configuration and splits have been checked, so a call that
+    is refused neither warns nor removes anything. Removing them (rather than letting the new run
+    overwrite them one by one) keeps a stopped or failed new run from sitting beside the old
+    run's report.json, selected_model.pt, curves.png or later checkpoints, read as its own."""
     if out_dir is None or (torch.distributed.is_available() and torch.distributed.is_initialized()
                            and torch.distributed.get_rank() != 0):
         return None
@@ -205,14 +216,38 @@ def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
     if not found:
         return None
     state = "a finished run" if "report.json" in found else "an unfinished run"
-    msg = (f"{out} already holds {state}; this run overwrites its {', '.join(found)}. To continue "
-           f"that run instead, pass resume={str(out)!r} (command line: --resume {out})")
+    msg = (f"{out} already holds {state}; this run replaces it: its {', '.join(found)} are removed now. To "
+           f"continue that run instead, pass resume={str(out)!r} (command line: --resume {out})")
     # no module_globals: linecache would ask the module's loader for the source, which fails for
     # a `python -m` __main__ frame (ImportError "loader ... cannot handle __main__")
     where = dict(filename=frame.f_code.co_filename, lineno=frame.f_lineno,
                  module=frame.f_globals.get("__name__"),
                  registry=frame.f_globals.setdefault("__warningregistry__", {}))
-    return lambda: warnings.warn_explicit(msg, OutDirReusedWarning, **where)
+
+    def warn_and_remove() -> None:
+        warnings.warn_explicit(msg, OutDirReusedWarning, **where)
+        _remove_run_files(out)
+    return warn_and_remove
+
+
+def _remove_run_files(out: Path) -> None:
+    """Delete the run files of ``out`` (`_RUN_FILES`; in ``checkpoints/`` only `_CHECKPOINT_PATTERNS`).
+    Only what a run writes goes: a directory or other non-file under a run file's name stays (the
+    run then fails writing it, naming it), and a ``checkpoints`` that is a symlink is not followed.
+    OSError naming the file when one cannot be removed."""
+    ck = out / "checkpoints"
+    doomed = [out / n for n in _RUN_FILES[:-1] if (out / n).is_symlink() or (out / n).is_file()]
+    if ck.is_dir() and not ck.is_symlink():
+        doomed += [p for pattern in _CHECKPOINT_PATTERNS for p in ck.glob(pattern)]
+    for p in doomed:
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"out_dir {out} holds a previous run whose {p.name} cannot be removed "
+                                   f"({e.strerror}); remove it yourself or choose another out_dir", str(p)) from e
 
 
 def _copy(model: torch.nn.Module) -> torch.nn.Module:

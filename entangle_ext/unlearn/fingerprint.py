@@ -10,7 +10,7 @@ One home for them (before, `checkpoint.splits_fingerprint`, `report.split_finger
   and bytes, non-tensor leaves by ``repr``.
 * `model_fingerprint`: the model's class (module and qualname), its state dict, and its outputs on
   a few seeded inputs shaped like a batch of the forget split (so a changed ``forward`` with the
-  same weights is seen).
+  same weights is seen); of a compiled model, the module's under it.
 * `fingerprint`: both, as one 16-hex-digit key (the comparison cache).
 """
 from __future__ import annotations
@@ -23,6 +23,8 @@ import torch
 
 from .data import BatchStream, forward_logits, split_batch
 from .distributed import SINGLE
+from .module_state import state_module
+from .nest import map_tensors
 
 __all__ = ["splits_fingerprint", "model_fingerprint", "fingerprint", "FINGERPRINT_VERSION",
            "FINGERPRINT_BATCH"]
@@ -93,16 +95,10 @@ def _probe_inputs(model: torch.nn.Module, splits, rows: int, seed: int):
     dev = next((t.device for t in state), torch.device("cpu"))
     dtype = next((t.dtype for t in state if t.is_floating_point()), None)   # as the stages cast them
 
-    def fill(x):
-        if isinstance(x, torch.Tensor):
-            x = torch.randn(x.shape, generator=g).to(dtype or x.dtype) if x.is_floating_point() else x
-            return x.to(dev)
-        if isinstance(x, dict):
-            return {k: fill(v) for k, v in x.items()}
-        if isinstance(x, (tuple, list)):
-            return type(x)(fill(v) for v in x)
-        return x
-    return fill(inputs)
+    def fill(x: torch.Tensor) -> torch.Tensor:
+        x = torch.randn(x.shape, generator=g).to(dtype or x.dtype) if x.is_floating_point() else x
+        return x.to(dev)
+    return map_tensors(fill, inputs)
 
 
 def model_fingerprint(model: torch.nn.Module, splits=None, *, rows: int = 4, seed: int = 0) -> Dict[str, str]:
@@ -110,7 +106,10 @@ def model_fingerprint(model: torch.nn.Module, splits=None, *, rows: int = 4, see
     bytes), "outputs": 16 hex digits of the model's logits (rounded to 6 significant digits, so
     float round-off of another kernel does not count) on ``rows`` seeded inputs shaped like a batch
     of ``splits``' forget split}. Without ``splits`` there is no "outputs". The forward runs in
-    eval mode without gradients; the modules' train/eval flags are restored."""
+    eval mode without gradients; the modules' train/eval flags are restored. A compiled model
+    (``torch.compile``) is fingerprinted by the module underneath (`state_module`: class, state
+    and outputs), so it and the plain model with the same weights fingerprint the same."""
+    model = state_module(model)
     cls = type(model)
     out = {"class": f"{cls.__module__}.{cls.__qualname__}"}
     h = hashlib.sha256()

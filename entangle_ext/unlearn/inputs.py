@@ -5,7 +5,6 @@ one run lifecycle (`unlearn/run.py`), `stage1` / `stage2`, `evaluate`, the metri
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import numbers
 import os
@@ -19,6 +18,7 @@ from .batch import logits_of, model_output
 from .data import BatchStream, Splits, split_batch
 from .losses import trainable_params
 from .memory_format import resolve_channels_last
+from .module_state import state_module, unwrapped_state
 from .precision import amp_scope, model_dtype, state_dtype
 
 __all__ = ["check_model_and_splits", "model_device", "check_device_usable", "preflight", "probe_channels_last",
@@ -208,26 +208,11 @@ def preflight(model, splits: Splits, device, amp=None) -> int:
     return C
 
 
-def copy_model(model: torch.nn.Module, why: str) -> torch.nn.Module:
-    """``copy.deepcopy(model)``, or TypeError naming ``why`` the copy is needed (e.g. "inplace=False
-    runs on a copy of the model") when the model cannot be deep-copied (it holds a lock, a file or
-    socket handle, a non-leaf tensor attribute, ...), instead of the copy module's error from deep
-    inside the model's attributes."""
-    try:
-        return copy.deepcopy(model)
-    except (MemoryError, torch.OutOfMemoryError):   # out of memory is not "cannot be copied"
-        raise
-    except Exception as e:   # pickling / copying errors of any attribute: TypeError, RuntimeError, ...
-        raise TypeError(f"{why}, and the model ({type(model).__name__}) cannot be copied with copy.deepcopy: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Make it "
-                        "deep-copyable (e.g. drop or recreate in __deepcopy__ the attribute named)") from e
-
-
 def _warn_ambiguous_tuple(model, out, rows: int) -> None:
     """UserWarning when the model returns a tuple / list holding more than one (rows, k) floating
     tensor: the package takes element 0 as the logits (`logits_of`), which for a model returning
     ``(features, logits)`` would be its features, trained on and scored silently."""
-    if not isinstance(out, (tuple, list)):
+    if not isinstance(out, (tuple, list)) or hasattr(out, "logits"):   # a namedtuple with .logits: that is taken
         return
     cands = [i for i, v in enumerate(out) if isinstance(v, torch.Tensor) and v.dim() == 2
              and v.shape[0] == rows and v.is_floating_point()]
@@ -376,13 +361,15 @@ def check_resume_model(ckpt: Dict[str, Any], model: torch.nn.Module) -> None:
     entries) does not fit ``model``: a parameter or buffer missing on either side, or of another
     shape (e.g. another number of classes). Runs before anything is loaded into ``model``, so a
     refused resume leaves it untouched; the message names the mismatching entries (entries kept
-    in a sharded checkpoint directory are checked by the sharded load itself)."""
-    own = model.state_dict()
+    in a sharded checkpoint directory are checked by the sharded load itself). A compiled model
+    (``torch.compile``) and its checkpoints are compared by the state of the module underneath
+    (`state_module`), so either form resumes the other's checkpoint."""
+    own = state_module(model).state_dict()
     for entry in ("model", "selected_model"):
         saved = ckpt.get(entry)
         if not isinstance(saved, dict):
             continue
-        parts = state_dict_mismatch(saved, own, saved_name="the checkpoint", own_name="the model")
+        parts = state_dict_mismatch(unwrapped_state(saved), own, saved_name="the checkpoint", own_name="the model")
         if parts:
             raise ValueError(f"resume: the checkpoint's model does not fit the model given (another architecture "
                              f"or number of classes; checkpoint entry {entry!r}): " + "; ".join(parts) +

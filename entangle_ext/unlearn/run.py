@@ -18,7 +18,7 @@ import torch
 
 from . import curves
 from .checkpoint import (Checkpointer, check_resume, fingerprint_entry, load_resume, preserved_global_state,
-                         restore_objects, seed_everything, set_rng_state, splits_fingerprint)
+                         restore_objects, seed_everything, set_rng_state, splits_fingerprint, capture_state)
 from .._paths import expand_user
 from .data import Splits
 from .distributed import current, scope
@@ -325,7 +325,7 @@ class Run:
         self.done["history"] = self.done["history"] + history
         if results is not None:
             self.done.update(results(out))
-        self.saver.save(tag, {"stage": key, "stage_done": True, "step": steps, "model": self.model.state_dict(),
+        self.saver.save(tag, {"stage": key, "stage_done": True, "step": steps, "model": capture_state(self.model),
                               **(keep(out) if keep is not None else {})})
         self._at = key
         return out

@@ -421,3 +421,45 @@ def test_projection_degenerate_bases(case):
     B = torch.stack(basis)
     want = v - torch.linalg.pinv(B) @ (B @ v) if B.abs().sum() > 0 else v
     torch.testing.assert_close(x[0], want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("scope, want", [("minibatch", [16] * 3), ("forget_set", [20] * 3)])
+def test_the_paper_recipes_w2_covers_the_whole_forget_set(small, monkeypatch, scope, want):
+    """w2_scope="forget_set" (the paper text: one W2 over the whole forget set) took only the
+    forget_batch_limit batches drawn in the step (here 2 × 8 of the 20 forget samples), the same
+    samples as the reference recipe. Now every batch of the pass enters, in the run and in the
+    naive transcription's batch order alike."""
+    from entangle_ext.reference.unlearn import driver_order_stage2
+    from entangle_ext.unlearn import stages
+    seen = []
+    real = stages.forget_grad
+
+    def counting(model, params, batches, b_ref, sizes, config):
+        seen.append(sum(sizes))
+        assert len(b_ref) == sum(sizes)
+        return real(model, params, batches, b_ref, sizes, config)
+    monkeypatch.setattr(stages, "forget_grad", counting)
+    cfg = tiny_config(run_stage1=False, stage2={"w2_scope": scope})   # forget batches 8, limit 2; 20 forget samples
+    ee.unlearn(mlp(), small, cfg, progress=False)
+    assert seen == want
+    order = driver_order_stage2(small, cfg.stage2, seed=cfg.seed)
+    assert [sum(len(b[1]) for b in fbs) for _, fbs, _ in order] == want
+
+
+def test_the_whole_forget_set_is_cut_into_reference_sized_passes_off_the_cpu(small, monkeypatch):
+    """Off the CPU micro_batch="auto" is one pass; over the whole forget set (3000 Tiny-ImageNet
+    images at 224 px through a ViT) that would be one forward pass of all of them. "auto" now makes
+    no pass larger than a reference step's forget_batch_size x forget_batch_limit samples."""
+    from entangle_ext.unlearn import stages
+    monkeypatch.setattr(stages, "auto_micro_batch", lambda model, batch: None)   # as on a GPU
+    seen = []
+    real = stages.forget_grad
+
+    def spy(model, params, batches, b_ref, sizes, config):
+        seen.append(config.micro_batch)
+        return real(model, params, batches, b_ref, sizes, config)
+    monkeypatch.setattr(stages, "forget_grad", spy)
+    for scope, want in (("forget_set", 16), ("minibatch", None)):
+        seen.clear()
+        ee.unlearn(mlp(), small, tiny_config(run_stage1=False, stage2={"w2_scope": scope}), progress=False)
+        assert seen == [want] * 3, scope

@@ -133,3 +133,31 @@ def test_the_old_names_are_the_one_function(small):
     assert FP.splits_fingerprint(as_items(small)) == fp               # items, not the container, count
     net = mlp()
     assert C.fingerprint(net, small) == FP.fingerprint(net, small, fp)
+
+
+def test_the_model_fingerprint_takes_namedtuple_inputs(small):
+    """The probe inputs were rebuilt with type(x)(generator), which a namedtuple refuses: `compare`
+    died fingerprinting a model whose items are (Halves(a, b), y)."""
+    import collections
+    Halves = collections.namedtuple("Halves", ["a", "b"])
+
+    class Split(Dataset):
+        def __init__(self, tds):
+            self.x, self.y = tds.tensors
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return Halves(self.x[i, :32], self.x[i, 32:]), self.y[i]
+
+    class OnHalves(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, h):
+            return self.net(torch.cat([h.a, h.b], 1))
+    splits = dataclasses.replace(small, **{n: Split(ds) for n, ds in small.named().items()})
+    first, again = FP.model_fingerprint(OnHalves(), splits), FP.model_fingerprint(OnHalves(), splits)
+    assert first == again and "outputs" in first

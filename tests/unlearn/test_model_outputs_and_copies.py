@@ -2,6 +2,7 @@
 ``(features, logits)`` (element 0 of a tuple is taken as the logits), a model that cannot be
 deep-copied where a copy is needed (``inplace=False``, compare, SCRUB's teacher, relearn time),
 and a held-out split that is a train split."""
+import collections
 import dataclasses
 import threading
 import warnings
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, Subset
 import entangle_ext as ee
 from entangle_ext.unlearn import OverlappingSplitsWarning
 from entangle_ext.unlearn.metrics import relearn_time
+from entangle_ext.unlearn.model_copy import copy_model
 
 from _tiny import mlp, tiny_config
 
@@ -54,6 +56,20 @@ def test_a_tuple_with_one_batch_tensor_does_not_warn(small):
         ee.unlearn(Tup(), small, tiny_config(), progress=False)
 
 
+def test_a_namedtuple_with_logits_does_not_warn_about_element_0(small):
+    """A namedtuple (features, logits) is read by its .logits field (`logits_of`), but the warning
+    said element 0 (the 32 features) was taken as the logits, telling a correct model to change."""
+    Out = collections.namedtuple("Out", ["features", "logits"])
+
+    class Named(FeaturesFirst):
+        def forward(self, x):
+            return Out(*super().forward(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        res = ee.unlearn(Named(), small, tiny_config(), progress=False)
+    assert res.report["num_classes"] == 2
+
+
 class Locked(torch.nn.Module):
     """An MLP holding a lock, which copy.deepcopy cannot copy."""
     def __init__(self):
@@ -67,8 +83,12 @@ class Locked(torch.nn.Module):
 def test_inplace_false_on_a_model_that_cannot_be_copied_names_the_reason(small):
     with pytest.raises(TypeError, match=r"^inplace=False runs on a copy of the model \(pass inplace=True to update "
                                         r"it in place\), and the model \(Locked\) cannot be copied with copy.deepcopy: "
-                                        r"TypeError: cannot pickle '_thread.lock' object"):
+                                        r"TypeError: cannot pickle '_thread.lock' object; the attribute that "
+                                        r"cannot be copied is model.lock \(a lock\)"):
         ee.unlearn(Locked(), small, tiny_config(), inplace=False, progress=False)
+    # the path names the submodule (the message used to promise "the attribute named" and name none)
+    with pytest.raises(TypeError, match=r"^a copy, .* is model\.1\.lock \(a lock\)\. Make it deep-copyable"):
+        copy_model(torch.nn.Sequential(mlp(), Locked()), "a copy")
     ee.unlearn(Locked(), small, tiny_config(), inplace=True, progress=False)   # in place: no copy needed
 
 

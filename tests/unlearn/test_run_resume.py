@@ -117,13 +117,53 @@ def test_reusing_an_out_dir_warns_and_resuming_does_not(small, tmp_path):
         ee.unlearn(mlp(), small, tiny_config(), out_dir=tmp_path, progress=False)          # rerun
     (w,) = _reused(record)
     msg = str(w.message)
-    assert f"{tmp_path} already holds a finished run; this run overwrites its report.json, history.json, " \
-           "forget_loss_hist.png, checkpoints/" in msg and f"resume={str(tmp_path)!r}" in msg
+    assert f"{tmp_path} already holds a finished run; this run replaces it: its report.json, history.json, " \
+           "forget_loss_hist.png, checkpoints/ are removed now" in msg and f"resume={str(tmp_path)!r}" in msg
     assert f"--resume {tmp_path}" in msg and "\n" not in msg and w.filename == __file__   # points at the call
     (tmp_path / "report.json").unlink()
     with pytest.warns(ee.OutDirReusedWarning, match="already holds an unfinished run") as rec:
         ee.unlearn(mlp(), small, method="ga", setting="digits", out_dir=tmp_path, progress=False)
     assert [w.filename for w in _reused(rec)] == [__file__]
+
+
+def test_a_rerun_removes_the_old_runs_files_and_keeps_the_users(small, tmp_path):
+    """A rerun into a used out dir overwrote only the files it wrote itself: the old run's
+    selected_model.pt, curves.png, later checkpoints (and report.json, until the new run finished)
+    stayed beside the new run's files, read as its own. Now they go once the checks pass; other
+    files stay."""
+    ck = tmp_path / "checkpoints"
+    (ck / "stage2_step000099.dcp").mkdir(parents=True)
+    old = ["report.json", "history.json", "forget_loss_hist.png", "curves.png", "selected_model.pt",
+           "checkpoints/stage2_step000099.pt", "checkpoints/latest.pt", "checkpoints/stage1_done.pt.7.tmp",
+           "checkpoints/stage2_step000099.dcp/0.distcp"]
+    for name in old + ["mine.txt", "checkpoints/notes.txt"]:
+        (tmp_path / name).write_text("old")
+    with pytest.raises(TypeError):     # refused (a dict config): nothing is removed
+        ee.unlearn(mlp(), small, {"stage1": {"lr": 0.1}}, out_dir=tmp_path, progress=False)
+    assert all((tmp_path / n).read_text() == "old" for n in old)
+    with pytest.warns(ee.OutDirReusedWarning, match="curves.png, selected_model.pt, checkpoints/ are removed now"):
+        ee.unlearn(mlp(), small, tiny_config(), out_dir=tmp_path, progress=False)
+    assert not any((tmp_path / n).exists() for n in ["curves.png", "selected_model.pt",
+                                                     "checkpoints/stage2_step000099.pt",
+                                                     "checkpoints/stage2_step000099.dcp",
+                                                     "checkpoints/stage1_done.pt.7.tmp"])
+    assert (tmp_path / "mine.txt").read_text() == (ck / "notes.txt").read_text() == "old"
+    assert json.loads((tmp_path / "report.json").read_text())["steps"] == {"stage1": 7, "stage2": 3}   # the new run's
+    assert sorted(p.name for p in ck.iterdir()) == ["latest.pt", "notes.txt", "stage1_done.pt", "stage2_done.pt"]
+
+
+def test_a_rerun_removes_only_files_and_does_not_follow_a_linked_checkpoints_dir(small, tmp_path):
+    """Only what a run writes goes: a directory under a run file's name stays, and a checkpoints/
+    that is a symlink is not followed (its target's *.pt files were deleted)."""
+    out, elsewhere = tmp_path / "out", tmp_path / "kept"
+    (out / "curves.png").mkdir(parents=True)            # not a file: left alone
+    (out / "report.json").write_text("{}")
+    elsewhere.mkdir()
+    (elsewhere / "mine.pt").write_text("keep")
+    (out / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.warns(ee.OutDirReusedWarning):
+        ee.unlearn(mlp(), small, tiny_config(run_stage2=False), out_dir=out, progress=False)
+    assert (out / "curves.png").is_dir() and (elsewhere / "mine.pt").read_text() == "keep"
 
 
 @pytest.mark.parametrize("method", ["two_stage", "ga"])
