@@ -153,7 +153,8 @@ def iter_driver_order_stage2(splits, cfg2, seed, device="cpu"):
     step = 0
     for e in range(cfg2.epochs):
         for ab in adj.epoch_batches(e):
-            fbs = [fgt.fetch(i) for i in fgt.batch_indices(step)[:cfg2.forget_batch_limit]]
+            flimit = cfg2.forget_batch_limit if cfg2.w2_scope == "minibatch" else None   # "forget_set": all of D_f
+            fbs = [fgt.fetch(i) for i in fgt.batch_indices(step)[:flimit]]
             rbs = [rem.fetch(i) for i in rem.batch_indices(step)[:cfg2.remote_batch_limit]]
             yield ab, fbs, rbs
             step += 1

@@ -137,10 +137,14 @@ class Stage2Config(StrictFields):
         epochs: passes E over the D_adj loader (0 = no step).
         adjacent_batch_size: D_adj minibatch (samples).
         forget_batch_size, forget_batch_limit: g_f sums over up to ``limit`` forget minibatches
-            (a fresh pass of the forget loader each step).
+            (a fresh pass of the forget loader each step; not used with ``w2_scope="forget_set"``,
+            which takes every batch of the pass).
         remote_batch_size, remote_batch_limit: same for g_rem.
-        w2_scope: "minibatch" (reference: W2² per forget minibatch, summed) or "forget_set"
-            (paper: one W2² over all forget samples drawn in the step).
+        w2_scope: "minibatch" (reference: W2² per forget minibatch, summed, over up to
+            ``forget_batch_limit`` minibatches) or "forget_set" (paper text: one W2² over the whole
+            forget set, every batch of a fresh pass each step: |D_f| / forget_batch_size batches
+            per step instead of ``forget_batch_limit``; ``micro_batch="auto"`` then makes no pass
+            larger than forget_batch_size × forget_batch_limit samples, also on a GPU).
         forget_mean_sign: -1 (reference: mean(−ℓ)) or +1 (paper: mean(+ℓ)).
         micro_batch: max samples (>= 1) per forward/backward pass when accumulating g_f / g_rem;
             None = one pass over all the concatenated batches (fewest passes, most memory);

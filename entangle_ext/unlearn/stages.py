@@ -141,11 +141,17 @@ def _stage2_step(model, ref: torch.Tensor, params, master: MasterParams, opt, v,
     def fresh(i):
         """g_f, g_rem and the logged [f_obj, w2, f_ce, r_ce] from pass ``i`` of the streams."""
         nonlocal config
-        fidx = forget.pass_indices(i, config.forget_batch_limit)
+        # w2_scope "forget_set" (paper text): the whole forget set, every batch of the pass
+        limit = config.forget_batch_limit if config.w2_scope == "minibatch" else len(forget)
+        fidx = forget.pass_indices(i, limit)
         b_ref = ref[torch.cat(fidx).to(ref.device, non_blocking=True)]
-        f_batches = forget.fetch_pass(i, config.forget_batch_limit)
-        if config.micro_batch == "auto":
-            config = dataclasses.replace(config, micro_batch=auto_micro_batch(model, f_batches[0]))
+        f_batches = forget.fetch_pass(i, limit)
+        if config.micro_batch == "auto":   # off the CPU one pass; over the whole forget set no
+            # larger a pass than a reference step's (its forget_batch_limit batches), exact in chunks
+            mb = auto_micro_batch(model, f_batches[0])
+            if mb is None and config.w2_scope == "forget_set":
+                mb = config.forget_batch_size * config.forget_batch_limit
+            config = dataclasses.replace(config, micro_batch=mb)
         g_f, f_obj, w2, f_ce = forget_grad(model, params, f_batches, b_ref,
                                            [len(x) for x in fidx], config)
         r_sizes = [len(x) for x in remote.pass_indices(i, config.remote_batch_limit)]
@@ -189,7 +195,8 @@ def stage2(model: torch.nn.Module, splits: Splits, config: Stage2Config, *,
     there (`reference_losses`, no grad, ``eval_batch_size`` samples per pass; one draw per sample
     of a dataset with random transforms). For each D_adj
     minibatch (``config.epochs`` passes): g_adj = ∇ mean CE(adjacent batch); g_f = ∇ L̃_f over up
-    to ``forget_batch_limit`` forget batches (see `forget_objective`; the W2² of all of them in
+    to ``forget_batch_limit`` forget batches (``w2_scope="forget_set"``: every batch of the pass,
+    the whole forget set; see `forget_objective`; the W2² of all of them in
     one `entangle_ext.wasserstein2_1d` call against ℓ(θ̄) of the same samples); g_rem = ∇ Σ_b mean CE over up
     to ``remote_batch_limit`` remote batches; v ← m·v + g_adj (or v = g_adj without momentum);
     v ← v − Vᵀ(VVᵀ)⁺Vv with V = [g_f; g_rem] over all trainable parameters (with the per-tensor
