@@ -28,6 +28,7 @@ from .unlearn.files import WriteError, atomic_write, check_out_dir_type, make_ou
 from .unlearn.config import ChannelsLast
 from .unlearn.fields import MOMENTUM_RULE, check_fields
 from .unlearn.inputs import model_device, training_grad_mode
+from .unlearn.module_state import state_module, unwrapped_state
 from .unlearn.memory_format import CHANNELS_LAST_CHOICES, channels_last_scope, resolve_channels_last
 from .unlearn.precision import AMP_CHOICES, amp_scope, master_weight_optimizer, model_dtype, resolve_amp
 
@@ -166,7 +167,7 @@ def _state_dict_of(obj, path: Path) -> dict:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise ValueError(f"{path} holds no model state dict (a dict of tensors, or a checkpoint with a "
                          "'model' entry)")
-    return obj
+    return unwrapped_state(obj)   # a compiled model's own state_dict(): without its "_orig_mod." prefix
 
 
 def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=None) -> torch.nn.Module:
@@ -176,7 +177,9 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
     ``--resume`` uses (``from entangle_ext.unlearn import load_checkpoint``).
 
     Args:
-        model: the module to fill (its own architecture decides what fits).
+        model: the module to fill (its own architecture decides what fits); a ``torch.compile``
+            model is filled through the module underneath, so files of plain and compiled models
+            load into either.
         path: one of (a leading ``~`` is the home directory)
             * a file written by ``torch.save(model.state_dict())`` (e.g. a cached original model);
             * a checkpoint of `entangle_ext.unlearn` or a baseline run through it (e.g.
@@ -203,7 +206,7 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
         device = next(iter(model.parameters()), torch.empty(0)).device
     found, obj = open_checkpoint(path, map_location=device)
     sd = _state_dict_of(obj, found)
-    want = model.state_dict()
+    want = state_module(model).state_dict()
     missing = [k for k in want if k not in sd]
     unexpected = [k for k in sd if k not in want]
     shapes = [f"{k}: file {tuple(sd[k].shape)} vs model {tuple(v.shape)}" for k, v in want.items()
@@ -213,7 +216,7 @@ def load_model_file(model: torch.nn.Module, path: Union[str, Path], *, device=No
                  (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if items]
         raise ValueError(f"{found} does not fit this model ({type(model).__name__}): " + "; ".join(parts)
                          + ". It was made for another model, setting or data selection.")
-    model.load_state_dict(sd)
+    state_module(model).load_state_dict(sd)
     return model
 
 
@@ -259,7 +262,7 @@ def train_original(model: torch.nn.Module, datasets: Sequence[Dataset], recipe: 
         make_out_dir(Path(cache).parent, "the folder of the cache file")
     fit(model, datasets, recipe, device=device, seed=seed, progress=progress)
     if cache is not None:
-        state = model.state_dict()
+        state = state_module(model).state_dict()   # of a compiled model: its module's (no "_orig_mod.")
         try:
             atomic_write(cache, lambda tmp: torch.save(state, tmp), what="original-model cache",
                          hint="the trained model is returned but not cached (the next run trains it "

@@ -14,17 +14,57 @@ import torch
 from torch.utils.data import TensorDataset
 
 import entangle_ext as ee
+from entangle_ext.train import TrainRecipe
 
 C, DIM = 3, 6
 # forget 13, adjacent 21, remote 27: with the batch sizes below some global batches have a single
 # sample, so one of two ranks gets an empty part.
 SIZES = {"forget": 13, "adjacent": 21, "remote": 27, "forget_test": 5, "adjacent_test": 6, "remote_test": 7}
-BASELINES = {"ft": dict(optimizer="adam", lr=1e-2, epochs=2, batch_size=8, weight_decay=0.0),
-             "ga": dict(lr=5e-2, epochs=2, forget_batch_size=6),
-             "salun": dict(optimizer="adam", lr=1e-2, epochs=1, batch_size=10, forget_batch_size=6,
-                           weight_decay=0.0),
-             "scrub": dict(optimizer="adam", lr=1e-2, epochs=2, msteps=1, batch_size=12,
-                           forget_batch_size=6, weight_decay=0.0)}
+# Every registered method that trains, under DDP: case -> (method, its config's fields; None = the
+# two-stage `config()`). Two ranks cut a global batch of n samples into ceil(n/2) + floor(n/2): an
+# odd n gives unequal parts, n = 1 an empty part on rank 1. The streams are forget (13 samples),
+# retain = adjacent + remote (48) and all three (61). "_unequal": unequal parts, none empty;
+# "_empty": a part is empty on rank 1 (the comments give each stream's global batches).
+_TRAIN = dict(epochs=1, train_mode=False)
+_ADAM = dict(optimizer="adam", lr=1e-2, weight_decay=0.0, epochs=1)
+BASELINES = {"ft": ("ft", dict(optimizer="adam", lr=1e-2, epochs=2, batch_size=8, weight_decay=0.0)),
+             "ga": ("ga", dict(lr=5e-2, epochs=2, forget_batch_size=6)),
+             "salun": ("salun", dict(_ADAM, batch_size=10, forget_batch_size=6)),
+             "scrub": ("scrub", dict(_ADAM, epochs=2, msteps=1, batch_size=12, forget_batch_size=6)),
+             # retain 7 x 6 + 6, forget 5, 5, 3 (restarted)
+             "neggrad_plus_unequal": ("neggrad_plus", dict(_TRAIN, lr=5e-2, batch_size=7, forget_batch_size=5)),
+             # retain 4 x 12, forget 4, 4, 4, 1
+             "neggrad_plus_empty": ("neggrad_plus", dict(_TRAIN, lr=5e-2, batch_size=12, forget_batch_size=4)),
+             # retain 7 x 6 + 6; then 47 + 1 (two epochs)
+             "l1_sparse_unequal": ("l1_sparse", dict(_TRAIN, lr=5e-2, batch_size=7, l1=1e-2, momentum=0.0)),
+             "l1_sparse_empty": ("l1_sparse", dict(_TRAIN, lr=5e-2, epochs=2, batch_size=47, l1=1e-2)),
+             # forget 7 + 6, all 8 x 7 + 5; then forget 6, 6, 1, all 10 x 6 + 1
+             "ssd_unequal": ("ssd", dict(lam=1.0, alpha=1.5, batch_size=7)),
+             "ssd_empty": ("ssd", dict(lam=1.0, alpha=1.5, batch_size=6)),
+             # forget 5, 5, 3 with retain 7s; then forget 4, 4, 4, 1 with retain 4 x 12 (two epochs:
+             # the memory bank; gamma 1: the weight λ is far from 0)
+             "gdr_unequal": ("gdr", dict(_TRAIN, lr=1e-2, epochs=2, batch_size=7, forget_batch_size=5, gamma=1.0,
+                                         weight_decay=0.0)),
+             "gdr_empty": ("gdr", dict(_TRAIN, lr=1e-2, epochs=2, batch_size=12, forget_batch_size=4, gamma=1.0,
+                                       weight_decay=0.0)),
+             # retain 7 x 6 + 6 with forget 5, 5, 3 restarted; then retain 6 x 8 with forget 4, 4, 4, 1 and
+             # two retain-only steps (not restarted)
+             "munba_unequal": ("munba", dict(_TRAIN, lr=5e-2, batch_size=7, forget_batch_size=5, forget_cycle=True)),
+             "munba_empty": ("munba", dict(_TRAIN, lr=5e-2, batch_size=8, forget_batch_size=4, forget_cycle=False)),
+             # forget 5, 5, 3 (two epochs); then 4, 4, 4, 1
+             "delete_unequal": ("delete", dict(_TRAIN, lr=5e-2, epochs=2, forget_batch_size=5)),
+             "delete_empty": ("delete", dict(_TRAIN, lr=5e-2, forget_batch_size=4)),
+             # all 8 x 7 + 5; then 6 x 10 + 1
+             "rl_unequal": ("rl", dict(_ADAM, batch_size=7)),
+             "rl_empty": ("rl", dict(_ADAM, batch_size=10)),
+             # no parts: every rank trains the fresh model on whole batches, as one process does
+             "retrain": ("retrain", dict(recipe=TrainRecipe("adam", lr=1e-2, epochs=2, batch_size=7))),
+             # the ablations of the two-stage method (its streams: see config())
+             **{n: (n, None) for n in ("no_w2", "pgd_mean", "stage1_only", "two_stage_basis4")}}
+# a baseline scenario runs in a process group of its own: a rank left waiting in a collective
+# that the other rank never joins (it stopped with an error) stops after this, and the next
+# scenario starts on both ranks together
+SCENARIO_TIMEOUT = timedelta(seconds=30)
 
 
 def splits(dtype=torch.float64) -> ee.Splits:
@@ -54,9 +94,13 @@ def config(recipe: str = "reference", micro_batch=None, **kw) -> ee.UnlearnConfi
     return cfg
 
 
-def baseline_config(name: str):
+def baseline_case(case: str):
+    """(method name, config) of the `BASELINES` case ``case``."""
     from entangle_ext.methods import get_method
-    return get_method(name).Config(log_every=1, eval_batch_size=4, **BASELINES[name])
+    method, fields = BASELINES[case]
+    if fields is None:
+        return method, config()
+    return method, get_method(method).Config(log_every=1, eval_batch_size=4, **fields)
 
 
 def params_of(m: torch.nn.Module) -> torch.Tensor:
@@ -84,8 +128,19 @@ def _shard(m, world):
     return fully_shard(m, mesh=mesh)
 
 
-def _ddp(m):
-    return torch.nn.parallel.DistributedDataParallel(m)
+def _ddp(m, group=None):
+    return torch.nn.parallel.DistributedDataParallel(m, process_group=group)
+
+
+def _own_group(fn):
+    """``fn(group)`` with a new process group of both ranks (`SCENARIO_TIMEOUT`), destroyed after."""
+    import torch.distributed as dist
+    g = dist.new_group(timeout=SCENARIO_TIMEOUT)
+    try:
+        return fn(g)
+    finally:
+        gc.collect()
+        dist.destroy_process_group(g)
 
 
 class SignalledNet(torch.nn.Module):
@@ -111,9 +166,11 @@ def scenarios(out: str, world: int, one_process_ckpt: str):
         return lambda: summary(ee.unlearn(wrap(model()), splits(), cfg, progress=False,
                                           out_dir=os.path.join(out, sub), **kw))
 
-    def baseline(name):
-        return lambda: summary(ee.unlearn(_ddp(model()), splits(), baseline_config(name), method=name,
-                                          progress=False))
+    def baseline(case):
+        def run(group):
+            method, cfg = baseline_case(case)
+            return summary(ee.unlearn(_ddp(model(), group), splits(), cfg, method=method, progress=False))
+        return lambda: _own_group(run)
 
     def interrupted():   # rank 1 is signalled in Stage-1 step 1; both stop at the log point, step 2
         from entangle_ext.unlearn import RunInterrupted

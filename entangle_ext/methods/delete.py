@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..unlearn.data import split_batch
+from ..unlearn.distributed import current
 from ..unlearn.losses import loss_logits, trainable_params
 from .base import TrainConfig, UnlearningMethod, make_optimizer, make_presets, register_method
 from .scrub import frozen_copy
@@ -58,8 +59,10 @@ class DELETE(UnlearningMethod):
             inputs, y = split_batch(batch)
             with torch.no_grad():
                 t = loss_logits(teacher, inputs)
-            loss = F.kl_div(F.log_softmax(loss_logits(model, inputs), dim=1), delete_targets(t, y),
-                            reduction="batchmean")
+            # KL per sample, then its mean over the global batch ("batchmean"; docs/algorithm.md §11)
+            kl = F.kl_div(F.log_softmax(loss_logits(model, inputs), dim=1), delete_targets(t, y),
+                          reduction="none").sum(1)
+            loss = current().means(kl)[0]
             self.descend(opt, params, loss, config)
             return loss, []
 

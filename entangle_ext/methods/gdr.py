@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..projection import project_orthogonal_
 from ..unlearn.fields import require
-from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
+from ..unlearn.losses import grads_of, mean_ce, trainable_params
 from .base import (Optimizer, TrainConfig, UnlearningMethod, ZipStream, make_optimizer, make_presets,
                    register_method, retain_set)
 
@@ -126,9 +126,9 @@ class GDR(UnlearningMethod):
 
         def step(i, b):
             self.set_epoch_lr(opt, config, i, len(stream))
-            ce_r = per_sample_ce(model, b["retain"]).mean()
+            ce_r = mean_ce(model, b["retain"])   # global means: λ below is the same on every rank
             x = grads_of(ce_r, params)
-            ce_f = per_sample_ce(model, b["forget"]).mean()
+            ce_f = mean_ce(model, b["forget"])
             y = grads_of(-ce_f, params)
             bank.update(y[-1])
             rectify_(x, y, config.rectify)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..unlearn.fields import require
-from ..unlearn.losses import per_sample_ce, trainable_params
+from ..unlearn.losses import mean_ce, trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method, retain_set
 
 __all__ = ["L1Sparse", "L1SparseConfig"]
@@ -55,7 +55,7 @@ class L1Sparse(UnlearningMethod):
         def step(i, batch):
             self.set_epoch_lr(opt, config, i, len(stream))
             gamma = config.l1 * (1.0 - (i // len(stream)) / epochs)
-            ce = per_sample_ce(model, batch).mean()
+            ce = mean_ce(model, batch)
             norm1 = torch.stack([p.abs().sum() for p in params]).sum()
             self.descend(opt, params, ce + gamma * norm1, config)
             return ce, [norm1]

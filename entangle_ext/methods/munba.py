@@ -2,6 +2,7 @@
 their 2×2 gradient Gram (Wu & Harandi, 2025; docs/algorithm.md §10)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from ..unlearn.data import stream_seed, split_batch
-from ..unlearn.losses import grads_of, loss_logits, per_sample_ce, trainable_params
+from ..unlearn.distributed import current
+from ..unlearn.losses import grads_of, loss_logits, mean_ce, trainable_params
 from .base import TrainConfig, UnlearningMethod, ZipStream, make_optimizer, make_presets, register_method, retain_set
 from .rl import LabelMode, random_labels
 
@@ -25,6 +27,8 @@ class MUNBaConfig(TrainConfig):
         label_mode: random forget labels, "uniform" over all classes (both codes) or "never_true".
         forget_cycle: restart the forget stream when exhausted (reference code) instead of
             taking retain-only steps (original).
+        grad_clip: as `TrainConfig`, but applied to the bargaining steps only (the retain-only
+            steps are not clipped, as in the original).
     """
     grad_clip: Optional[float] = 1.0
     train_mode: bool = True
@@ -65,7 +69,8 @@ class MUNBa(UnlearningMethod):
     """Each step: one retain batch (driving stream, D_adj ∪ D_rem) and one forget batch with
     random labels; g_r = ∇CE_r, g_f = ∇CE_f(random labels); (α0, α1) = `bargaining_weights`
     (`gram` of g_r, g_f); the step direction is α0·g_r + α1·g_f (= ∇(α0·L_r + α1·L_f)), clipped.
-    Without a forget batch: a plain retain step. "paper_code" presets: the reference run scripts
+    Without a forget batch: a plain retain step, not clipped (the original clips only the
+    bargaining steps). "paper_code" presets: the reference run scripts
     (forget stream restarted; lr 1e-2 / 1e-3 / 1e-3 / 1e-5, epochs 5 / 5 / 5 / 3)."""
     Config = MUNBaConfig
     presets = make_presets(
@@ -79,22 +84,25 @@ class MUNBa(UnlearningMethod):
     def run(self, model, splits, config, *, device, seed, out_dir=None, progress=True, loop_args):
         params = trainable_params(model)
         opt = make_optimizer(params, config)
+        forget = self.stream(model, splits.source("forget"), config.forget_batch_size, "forget", seed, device)
         stream = ZipStream({"retain": self.stream(model, retain_set(splits), config.batch_size, "retain", seed, device),
-                            "forget": self.stream(model, splits.source("forget"), config.forget_batch_size, "forget",
-                                                  seed, device)},
-                           length="retain", cycle=config.forget_cycle)
+                            "forget": forget}, length="retain", cycle=config.forget_cycle)
         one = torch.ones((), dtype=torch.float64, device=device)
+        unclipped = dataclasses.replace(config, grad_clip=None)
 
         def step(i, b):
             self.set_epoch_lr(opt, config, i, len(stream))
-            ce_r = per_sample_ce(model, b["retain"]).mean()
-            if b["forget"] is None:
-                self.step_along(opt, params, grads_of(ce_r, params), config)
+            ce_r = mean_ce(model, b["retain"])
+            if b["forget"] is None:   # a retain-only step (forget_cycle=False): unclipped, as in the original
+                self.step_along(opt, params, grads_of(ce_r, params), unclipped)
                 return ce_r, [ce_r, torch.zeros_like(ce_r), one, one]
             inputs, y = split_batch(b["forget"])
             gen = torch.Generator().manual_seed(stream_seed(seed, "munba/labels", i))
-            l_f = F.cross_entropy(loss_logits(model, inputs), random_labels(y, int(self.num_classes),
-                                                                              config.label_mode, gen))
+            # the labels one process draws for the whole forget batch (this rank's part of them:
+            # ``span``), and the mean over the global batch (docs/algorithm.md §11)
+            span = forget.shard_span((i % len(stream)) % len(forget))
+            labels = random_labels(y, int(self.num_classes), config.label_mode, gen, span=span)
+            l_f = current().means(F.cross_entropy(loss_logits(model, inputs), labels, reduction="none"))[0]
             g_r, g_f = grads_of(ce_r, params), grads_of(l_f, params)
             a0, a1, _ = bargaining_weights(gram([g_r, g_f]))
             self.step_along(opt, params, [a0.to(r.dtype) * r + a1.to(r.dtype) * f for r, f in zip(g_r, g_f)], config)

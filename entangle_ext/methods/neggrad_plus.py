@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..unlearn.fields import require
+from ..unlearn.distributed import current
 from ..unlearn.losses import per_sample_ce, trainable_params
 from .base import (TrainConfig, UnlearningMethod, ZipStream, make_optimizer, make_presets,
                    register_method, retain_set)
@@ -55,8 +56,8 @@ class NegGradPlus(UnlearningMethod):
 
         def step(i, b):
             self.set_epoch_lr(opt, config, i, len(stream))
-            ce_r = per_sample_ce(model, b["retain"]).mean()
-            ce_f = per_sample_ce(model, b["forget"]).mean()
+            # global means over both global batches (one all-reduce under several ranks)
+            ce_r, ce_f = current().means(per_sample_ce(model, b["retain"]), per_sample_ce(model, b["forget"]))
             pull = sum(((p - p0) ** 2).sum() for p, p0 in zip(params, theta0))
             loss = config.beta * (ce_r + 0.5 * config.l2_pull * pull) - (1 - config.beta) * ce_f
             self.descend(opt, params, loss, config)

@@ -12,6 +12,7 @@ from ..train import TrainRecipe, fit
 from ..unlearn.checkpoint import seed_everything
 from ..unlearn.fields import field_values
 from ..unlearn.inputs import state_dict_mismatch
+from ..unlearn.module_state import state_module
 from ..unlearn.loop import StageResult
 from ..unlearn.memory_format import channels_last_active
 from .base import MethodConfig, UnlearningMethod, register_method
@@ -115,7 +116,7 @@ class Retrain(UnlearningMethod):
             steps = self._retrain(model, splits, config, device=device, seed=seed, progress=progress)
         except BaseException:         # also KeyboardInterrupt: no re-initialised model left behind
             with torch.no_grad():
-                model.load_state_dict(saved)
+                state_module(model).load_state_dict(saved)
             raise
         return StageResult(stage=0, steps=steps)   # no per-step history; the optimizer steps it took
 
@@ -127,8 +128,10 @@ class Retrain(UnlearningMethod):
         elif not isinstance(fresh, torch.nn.Module):
             raise TypeError(f"model_fn must return a fresh torch.nn.Module, it returned {type(fresh).__name__}")
         else:   # before any training: its weights must load into ``model`` afterwards
-            parts = state_dict_mismatch(fresh.state_dict(), model.state_dict(), saved_name="model_fn()'s model",
-                                        own_name="the model given")
+            # compared (and loaded below) as the modules under any torch.compile wrapper: a compiled
+            # model and a plain model_fn() (or the reverse) hold the same entries
+            parts = state_dict_mismatch(state_module(fresh).state_dict(), state_module(model).state_dict(),
+                                        saved_name="model_fn()'s model", own_name="the model given")
             if parts:
                 raise ValueError("model_fn() built a model whose state dict does not fit the given model (another "
                                  "architecture or number of classes), so its retrained weights could not replace "
@@ -141,7 +144,7 @@ class Retrain(UnlearningMethod):
                     seed=seed, progress=progress, desc="retrain (from scratch)")
         if fresh is not None:
             try:
-                model.load_state_dict(fresh.state_dict())
+                state_module(model).load_state_dict(state_module(fresh).state_dict())
             except RuntimeError as exc:
                 raise ValueError(f"model_fn() built a model whose state dict does not fit the given model: {exc}") \
                     from None
@@ -151,9 +154,10 @@ class Retrain(UnlearningMethod):
 
 
 def _saved_state(model: torch.nn.Module) -> dict:
-    """A detached copy of ``model.state_dict()`` (on the CPU; sharded DTensors copied where they are)."""
+    """A detached copy of ``model.state_dict()`` (on the CPU; sharded DTensors copied where they are;
+    of a compiled model, its module's: `state_module`)."""
     def copy(v):
         if not isinstance(v, torch.Tensor):
             return v
         return v.detach().clone() if type(v).__name__ == "DTensor" else v.detach().to("cpu", copy=True)
-    return {k: copy(v) for k, v in model.state_dict().items()}
+    return {k: copy(v) for k, v in state_module(model).state_dict().items()}

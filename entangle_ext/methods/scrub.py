@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ..unlearn.fields import at_least, require
 from ..unlearn.data import split_batch
 from ..unlearn.distributed import current
-from ..unlearn.inputs import copy_model
+from ..unlearn.model_copy import copy_model
 from ..unlearn.losses import loss_logits, trainable_params
 from .base import TrainConfig, UnlearningMethod, every, make_optimizer, make_presets, register_method, retain_set
 

@@ -9,7 +9,7 @@ import torch
 
 from ..unlearn.fields import require
 from ..unlearn.data import union_source
-from ..unlearn.losses import grads_of, per_sample_ce, trainable_params
+from ..unlearn.losses import grads_of, mean_ce, trainable_params
 from .base import MethodConfig, UnlearningMethod, every, make_presets, register_method
 
 __all__ = ["SSD", "SSDConfig", "dampen_"]
@@ -73,7 +73,7 @@ class SSD(UnlearningMethod):
         imp = [torch.zeros_like(p) for p in params]
 
         def step(_, batch):
-            loss = per_sample_ce(model, batch).mean()
+            loss = mean_ce(model, batch)   # over the global batch (docs/algorithm.md §11)
             g = grads_of(loss, params)
             torch._foreach_addcmul_(imp, g, g)
             return loss, []

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 import entangle_ext as ee
 from entangle_ext import cli
@@ -20,7 +21,7 @@ from entangle_ext.settings import get_setting
 from entangle_ext.train import TrainRecipe, train_original
 from entangle_ext.unlearn import metrics as M
 
-from _tiny import mlp, tiny_config
+from _tiny import DictDS, mlp, tiny_config
 
 C = importlib.import_module("entangle_ext.compare")   # the module (the package attribute is the function)
 
@@ -227,6 +228,37 @@ def test_bad_input(setup):
     with pytest.raises(TypeError, match="'ft'"):                   # before any run starts
         ee.compare(net, s, ["two_stage", "ft"], configs={"ft": get_method("ga").Config()},
                    progress=False)
+
+
+def _width_5(n, c):
+    return TensorDataset(torch.randn(n, 5), torch.full((n,), c))
+
+
+@pytest.mark.parametrize("case", ["feature width", "dict inputs"])
+@pytest.mark.parametrize("relearn", [False, None])
+def test_a_model_that_cannot_take_a_split_is_refused_as_unlearn_refuses_it(small, tmp_path, case, relearn):
+    """compare ran the model (its fingerprint, the relearn threshold) before the input checks of
+    `unlearn`, so a split the model cannot take was a bare RuntimeError ("mat1 and mat2 shapes cannot be
+    multiplied") or TypeError ("forward() got an unexpected keyword argument"); now the ValueError of
+    `unlearn` naming the split, before anything is written."""
+    if case == "feature width":   # a model of input width 8, splits of width 5
+        s = ee.Splits(forget=_width_5(20, 0), adjacent=_width_5(20, 0), remote=_width_5(20, 1),
+                      remote_test=_width_5(20, 1))
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        says = r"shape \(2, 5\) torch.float32; .*: mat1 and mat2 shapes cannot be multiplied"
+    else:                         # dict items, a forward that takes one positional tensor
+        s = ee.Splits(**{n: DictDS(getattr(small, n)) for n in ("forget", "adjacent", "remote", "remote_test")})
+        model = mlp()
+        says = r"pixels: shape \(2, 64\) torch.float32; .*unexpected keyword argument 'pixels'"
+    says = r"^split 'forget': the model \(Sequential\) cannot take this split's inputs \(" + says
+    with pytest.raises(ValueError, match=says) as by_unlearn:
+        ee.unlearn(copy.deepcopy(model), s, setting="digits", progress=False)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=says) as by_compare:
+        ee.compare(model, s, methods=["ga"], seeds=[0], setting="digits", relearn=relearn, out_dir=out,
+                   progress=False)
+    assert str(by_compare.value) == str(by_unlearn.value)
+    assert not out.exists()   # no cache file, no lock, no table
 
 
 def test_method_registry(setup, monkeypatch, tmp_path):

@@ -22,7 +22,7 @@ EPS_IN, MAX_OUT = 1e-13, 1e-8
 
 def _config(name):
     if name in W.BASELINES:
-        return W.baseline_config(name)
+        return W.baseline_case(name)[1]
     if get_method(name).Config is ee.UnlearnConfig:
         return get_method(name).transform(W.config())
     return get_method(name).config_for("digits").replace(eval_batch_size=4)

@@ -191,6 +191,23 @@ def test_munba_weights_solve_the_bargaining_condition(seed, mix):
         assert (float(a0), float(a1)) == (1.0, 0.1)
 
 
+def test_munba_clips_only_the_bargaining_steps(small64, monkeypatch):
+    """The original (JingWu321/MUNBa) calls clip_grad_norm_ in its bargaining branch only; the
+    retain-only steps after the forget loader ran out (forget_cycle=False) were clipped here too."""
+    clipped = []
+    real = torch.nn.utils.clip_grad_norm_
+
+    def counting(params, max_norm, *a, **kw):
+        clipped.append(max_norm)
+        return real(params, max_norm, *a, **kw)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", counting)
+    model = mlp64()
+    cfg = get_method("munba").Config(epochs=1, optimizer="sgd", lr=0.1, batch_size=40, grad_clip=1.0,
+                                     forget_batch_size=len(small64.forget), forget_cycle=False)
+    res = ee.unlearn(model, small64, cfg, method="munba", progress=False)
+    assert res.report["steps"]["munba"] == 5 and clipped == [1.0]   # 180 retain samples / 40; one forget batch
+
+
 def test_munba_bargaining_success_and_fallback():
     G = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
     a0, a1, ok = bargaining_weights(G)

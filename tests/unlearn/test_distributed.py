@@ -1,9 +1,10 @@
 """Two gloo processes on the CPU give the result of one process with the same global batch and seed
-(docs/algorithm.md §11): the two-stage method under DDP and under FSDP (fully_shard), four
-baselines under DDP, resume from a distributed checkpoint (DCP for FSDP), a resume on another
-number of ranks refused, a signal on one rank stopping all at the same step, and files written by
-rank 0 only. Every 2-process scenario runs in one launch (tests/dist_workers.py); the one-process
-references run here."""
+(docs/algorithm.md §11): the two-stage method under DDP and under FSDP (fully_shard), every other
+registered method that trains under DDP (with unequal and with empty parts of global batches),
+resume from a distributed checkpoint (DCP for FSDP), a resume on another number of ranks refused,
+a signal on one rank stopping all at the same step, and files written by rank 0 only. Every
+2-process scenario runs in one launch (tests/dist_workers.py); the one-process references run
+here."""
 import json
 import os
 import time
@@ -65,10 +66,10 @@ def runs(tmp_path_factory):
 
 def _get(runs, name):
     """Both ranks' records of scenario ``name``; skips when FSDP2 is missing from this torch."""
-    for r, rec in enumerate(runs[name]):
-        if "traceback" in rec and "fully_shard" in rec["traceback"] and "ImportError" in rec["traceback"]:
-            pytest.skip("torch.distributed.fsdp.fully_shard is not available")
-        assert "traceback" not in rec, f"{name} on rank {r}:\n{rec['traceback']}"
+    failed = {r: rec["traceback"] for r, rec in enumerate(runs[name]) if "traceback" in rec}
+    if any("fully_shard" in tb and "ImportError" in tb for tb in failed.values()):
+        pytest.skip("torch.distributed.fsdp.fully_shard is not available")
+    assert not failed, "\n".join(f"{name} on rank {r}:\n{tb}" for r, tb in failed.items())   # every rank's
     return runs[name]
 
 
@@ -120,10 +121,14 @@ def test_ddp_float32_within_stated_tolerance(runs):
     _both_ranks(_get(runs, "ddp_float32"), _one_process(W.config(), dtype=torch.float32), F32)
 
 
-@pytest.mark.parametrize("name", sorted(W.BASELINES))
-def test_ddp_baseline_equals_one_process(runs, name):
-    want = W.summary(ee.unlearn(W.model(), W.splits(), W.baseline_config(name), method=name, progress=False))
-    _both_ranks(_get(runs, f"baseline_{name}"), want, F64)
+@pytest.mark.parametrize("case", sorted(W.BASELINES))
+def test_ddp_baseline_equals_one_process(runs, case):
+    """Every registered method that trains (W.BASELINES: for the baselines that take means over
+    batches, a case with unequal parts of a global batch and one with an empty part on a rank)."""
+    method, cfg = W.baseline_case(case)
+    want = W.summary(ee.unlearn(W.model(), W.splits(), cfg, method=method, progress=False))
+    assert not torch.equal(want["params"], W.params_of(W.model())), "the run does not move the weights"
+    _both_ranks(_get(runs, f"baseline_{case}"), want, F64)
 
 
 @pytest.mark.parametrize("name,full", [("ddp_resume", "ddp"), ("fsdp_resume", "fsdp")])
