@@ -18,9 +18,13 @@ methods and seeds from one original model, §10); the paper settings in `entangl
 CLI `python -m entangle_ext` / `entangle-unlearn` (also under ``torchrun``; ``compare`` subcommand).
 The exceptions a run raises for the caller to catch, `NonFiniteLossError` (a ValueError) and
 `RunInterrupted` (a KeyboardInterrupt), `OutDirInUseError` (a ValueError: another live run
-holds the out dir), the `OutDirReusedWarning` it may emit, the `MIAUndefinedWarning` of a
-metric without signal (MIA-efficacy NaN), the `SelectionWarning` of a ``select`` that kept no
-state, and `available_methods` are importable from here.
+holds the out dir), `NonFiniteOutputError` (a ValueError: `evaluate` met NaN/Inf logits),
+`WriteError` (an OSError: a file could not be written), every warning class of the package
+(`OutDirReusedWarning`, `MIAUndefinedWarning` of a metric without signal, `SelectionWarning` of
+a ``select`` that kept no state, `OverlappingSplitsWarning`, `BatchLargerThanSplitWarning`,
+`PlotSkippedWarning`, `DataDirWarning`, `CacheNotWrittenWarning`; filter them with
+``warnings.filterwarnings("ignore", category=entangle_ext.X)``), and `available_methods` are
+importable from here.
 
 Note: ``entangle_ext.unlearn`` and ``entangle_ext.compare`` are the functions, which hide the
 subpackage/module of the same name as attributes; import from those by name instead, e.g.
@@ -44,6 +48,13 @@ from .unlearn import (NonFiniteLossError, OutDirInUseError, OutDirReusedWarning,
 from . import methods as _methods  # noqa: F401,E402  (importing it registers every method, from above the run)
 from .compare import available_methods, compare
 from .unlearn.mia import MIAUndefinedWarning
+from .unlearn.disjoint import OverlappingSplitsWarning
+from .unlearn.data import BatchLargerThanSplitWarning
+from .unlearn.report import PlotSkippedWarning
+from .unlearn.files import WriteError
+from .unlearn.evaluate import NonFiniteOutputError
+from .data.root import DataDirWarning
+from .train import CacheNotWrittenWarning
 
 __all__ = [
     "__version__", "available", "built_torch_version", "cuda_arch_list", "cuda_built", "load_error",
@@ -54,4 +65,6 @@ __all__ = [
     "unlearn", "Splits", "UnlearnConfig", "Stage1Config", "Stage2Config", "UnlearnResult",
     "stage1", "stage2", "evaluate", "compare", "available_methods", "NonFiniteLossError", "RunInterrupted",
     "OutDirReusedWarning", "OutDirInUseError", "MIAUndefinedWarning", "SelectionWarning",
+    "OverlappingSplitsWarning", "BatchLargerThanSplitWarning", "PlotSkippedWarning", "WriteError",
+    "NonFiniteOutputError", "DataDirWarning", "CacheNotWrittenWarning",
 ]

@@ -28,6 +28,29 @@ def test_exceptions_warning_and_methods_at_the_top_level():
     assert {"NonFiniteLossError", "RunInterrupted", "OutDirReusedWarning", "available_methods"} <= set(ee.__all__)
 
 
+def test_every_warning_and_run_error_is_importable_from_the_top_level():
+    """README names OverlappingSplitsWarning, BatchLargerThanSplitWarning, PlotSkippedWarning and
+    WriteError, but they lived in submodules only (``entangle_ext.unlearn`` is the function, so
+    ``ee.unlearn.X`` fails too): ``filterwarnings(category=ee.OverlappingSplitsWarning)`` raised
+    AttributeError. Every warning class of a public module is exported at the top level now."""
+    found = {}
+    for info in pkgutil.walk_packages(ee.__path__, "entangle_ext."):
+        if any(part.startswith("_") for part in info.name.split(".")[1:]):
+            continue
+        try:
+            mod = importlib.import_module(info.name)
+        except ImportError:   # an optional package (transformers, ...) is missing
+            continue
+        for name, obj in vars(mod).items():
+            if inspect.isclass(obj) and issubclass(obj, Warning) and obj.__module__ == info.name:
+                found[name] = obj
+    assert len(found) >= 8
+    for name, cls in sorted(found.items()):
+        assert getattr(ee, name, None) is cls and name in ee.__all__, name
+    for name, base in (("WriteError", OSError), ("NonFiniteOutputError", ValueError)):
+        assert issubclass(getattr(ee, name), base) and name in ee.__all__
+
+
 def _texts():
     """(where, text) of every module, public class / function / method docstring and both --help."""
     for info in pkgutil.walk_packages(ee.__path__, "entangle_ext."):
