@@ -70,14 +70,21 @@ def _cell(k: str, s: Mapping[str, Any]) -> str:
         return "–"
     if s.get("undefined"):
         return f"{_cell(k, {**s, 'undefined': 0})} ({s['n']}/{s['n'] + s['undefined']})"
+    mean = _shown(k, s["mean"])
+    if s["std"] is None:
+        return mean
+    std = f"{s['std']:.2g}" if k == "forget_quality" else _shown(k, s["std"])
+    return f"{mean} ± {std}"
+
+
+def _shown(k: str, x: float) -> str:
+    """A mean (or std) of metric ``k`` as its cell prints it: 3 decimals for forget_ks, 3
+    significant digits for forget_quality, 2 decimals for time_s, else 1 (percentages)."""
     if k == "forget_ks":
-        mean, std = f"{s['mean']:.3f}", None if s["std"] is None else f"{s['std']:.3f}"
-    elif k == "forget_quality":
-        mean, std = f"{s['mean']:.3g}", None if s["std"] is None else f"{s['std']:.2g}"
-    else:
-        digits = 2 if k == "time_s" else 1
-        mean, std = f"{s['mean']:.{digits}f}", None if s["std"] is None else f"{s['std']:.{digits}f}"
-    return mean if std is None else f"{mean} ± {std}"
+        return f"{x:.3f}"
+    if k == "forget_quality":
+        return f"{x:.3g}"
+    return f"{x:.{2 if k == 'time_s' else 1}f}"
 
 
 def _band(summary, order: Sequence[str], band: Optional[float]) -> Tuple[List[str], List[str], str]:
@@ -167,7 +174,8 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
     "–" for a metric undefined on every seed, "(n/N)" after a mean over n of N seeds, see
     `summarize`).
 
-    Bold: the best (defined) mean per column among the unlearning methods (never original / retrain)
+    Bold: the best (defined) mean per column, as printed (every mean whose cell prints the best
+    one's digits is bold: a tie on the page is a tie), among the unlearning methods (never original / retrain)
     whose mean adjacent and remote accuracy (held-out, else train; `BAND_SPLITS`) are within
     ± ``band`` percentage points of the "original" row's (default `BOLD_BAND` = 5), in a column where
     at least two such methods have a value; a method outside the band is bold nowhere, and without an
@@ -190,7 +198,10 @@ def format_markdown(summary: Mapping[str, Mapping[str, Mapping[str, Any]]], *, s
         for k in cols:
             s = summary[m].get(k)
             c = "–" if s is None else _cell(k, s)
-            cells.append(f"**{c}**" if _defined(s) and m in eligible and s["mean"] == best.get(k) else c)
+            # bold as printed: a mean that prints as the best one is bold too (ranking unrounded
+            # means bolded one of two cells that read the same)
+            top = k in best and _defined(s) and m in eligible and _shown(k, s["mean"]) == _shown(k, best[k])
+            cells.append(f"**{c}**" if top else c)
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", _bold_rule(order, band, eligible, keys, why, bool(best)), "", _legend(summary, order, cols, seeds)]
     if budget != 1:

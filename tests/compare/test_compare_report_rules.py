@@ -45,6 +45,23 @@ def test_a_degenerate_best_value_is_not_bold_and_a_method_within_the_band_is():
     assert "outside: wiped" in rule[0]
 
 
+def test_means_that_print_the_same_are_bold_together():
+    """Bold follows the printed digits: 5.51 and 5.54 both print 5.5, so both are the best on the
+    page (ranking the unrounded means bolded one of two identical-looking cells)."""
+    runs = _runs()
+    for s in (0, 1):
+        runs["good"][s]["acc_forget_test"] = 5.51 + s
+        runs["fair"][s].update(acc_forget_test=5.54 + s, avg_gap=10.04 - s)   # avg_gap 9.5 vs 9.54: 9.5 both
+    cells = _cells(format_markdown(summarize(runs), seeds=[0, 1]))
+    assert cells["good"]["forget test acc ↓"] == "**6.0 ± 0.7**"
+    assert cells["fair"]["forget test acc ↓"] == "**6.0 ± 0.7**"
+    gap = next(h for h in cells["good"] if h.startswith("avg"))
+    assert cells["good"][gap].startswith("**9.5") and cells["fair"][gap].startswith("**9.5")
+    runs["fair"][0]["acc_forget_test"] = 5.71   # mean 6.125: prints 6.1, no longer a tie
+    cells = _cells(format_markdown(summarize(runs), seeds=[0, 1]))
+    assert cells["good"]["forget test acc ↓"] == "**6.0 ± 0.7**" and "**" not in cells["fair"]["forget test acc ↓"]
+
+
 def test_the_band_is_an_argument_and_too_few_within_it_means_no_bold():
     summary = summarize(_runs())
     wide = format_markdown(summary, seeds=[0, 1], band=200.0)        # every method within: "wiped" ranks again
