@@ -13,6 +13,7 @@ import torch
 
 from ._al_schedule import NO_MEASUREMENT
 from ._dense import check_dense
+from ._shown import shown
 from ._wrappers import plain_of
 
 _KINDS = ("equality", "inequality")
@@ -134,7 +135,7 @@ def as_mu(op: str, mu: Scalar, lam: torch.Tensor, *, finite: bool) -> torch.Tens
             bad = (m <= 0) | ~torch.isfinite(m) if finite else (m <= 0) & torch.isfinite(m)
             if bool(bad.any()):
                 need = "> 0 and finite" if finite else "> 0"
-                raise ValueError(f"{op}: the penalty mu must be {need}, got {m.tolist()}")
+                raise ValueError(f"{op}: the penalty mu must be {need}, got {shown(m, bad)}")
         return mu.detach().contiguous()
     if isinstance(mu, bool) or not isinstance(mu, numbers.Real):
         raise TypeError(f"{op}: mu must be a tensor or a Python float, got {type(mu).__name__}")
@@ -273,14 +274,13 @@ def as_c0(c0, device, dtype: torch.dtype, op: str = CLASS) -> torch.Tensor:
                              f"{dtype}), got {c0}")
         c0_t, bad = torch.full((1,), c0, dtype=dtype, device=device), False
     if c0_t.is_meta:   # no data: nothing could be checked or computed
-        raise ValueError(f"{op}: c0 (or device=) is on the meta device, which holds no data; "
-                         "build the state on a real device (cpu or cuda)")
+        raise ValueError(f"{op}: c0 (or device=) is on the meta device, which holds no data; build the state on a real device")
     if c0_t.numel() == 0:
         raise ValueError(f"{op}: c0 is empty (need at least one constraint)")
     if bad:   # finite as given: the cast to dtype overflowed
-        beyond = c0.dtype != dtype and bool(torch.isfinite(c0.detach()).all())
-        raise ValueError(f"{op}: the pinned values c0 must be finite" + (f" in the state dtype {dtype}: {c0.reshape(-1).tolist()} "
-                         f"({c0.dtype}) is beyond its range" if beyond else f", got {c0_t.tolist()}"))
+        beyond, over = c0.dtype != dtype and bool(torch.isfinite(c0.detach()).all()), ~torch.isfinite(c0_t)
+        raise ValueError(f"{op}: the pinned values c0 must be finite" + (f" in the state dtype {dtype}: {shown(c0.reshape(-1), over)} "
+                         f"({c0.dtype}) is beyond its range" if beyond else f", got {shown(c0_t, over)}"))
     return c0_t
 
 
@@ -295,7 +295,7 @@ def as_state_mu(mu, like: torch.Tensor, op: str = CLASS) -> torch.Tensor:
             raise ValueError(f"{op}: mu must have shape () or ({m},), got {tuple(mu.shape)}")
         mu_t = mu.detach().to(device=like.device, dtype=like.dtype).clone()
         if not capturing(mu_t) and not bool(((mu_t > 0) & torch.isfinite(mu_t)).all()):
-            raise ValueError(f"{op}: mu must be finite and > 0, got {mu_t.tolist()}")
+            raise ValueError(f"{op}: mu must be finite and > 0, got {shown(mu_t, ~((mu_t > 0) & torch.isfinite(mu_t)))}")
         return mu_t
     if not (0 < as_real(op, "mu", mu) <= torch.finfo(like.dtype).max) or underflows(mu, like.dtype):
         raise ValueError(f"{op}: mu must be a finite float > 0 (in the state dtype {like.dtype}), "
@@ -364,16 +364,16 @@ def checked_state(op: str, state, c0: torch.Tensor, kind: str, version: int,
             given = state["lam"].detach()
             beyond = bool(torch.isfinite(given).all())   # finite as given: the cast to c0's dtype overflowed
             raise ValueError(f"{op}: lam must be finite" + (
-                f" in the state dtype {c0.dtype}: {given.tolist()} ({given.dtype}) is beyond its range"
-                if beyond else f", got {given.tolist()}"))
+                f" in the state dtype {c0.dtype}: {shown(given, ~torch.isfinite(lam))} ({given.dtype}) is beyond its range"
+                if beyond else f", got {shown(given, ~torch.isfinite(given))}"))
         if kind == "inequality" and bool((lam < 0).any()):
-            raise ValueError(f"{op}: an inequality multiplier is >= 0, got lam = {lam.tolist()}")
+            raise ValueError(f"{op}: an inequality multiplier is >= 0, got lam = {shown(lam, lam < 0)}")
         for k in ("window_sum", "prev_window"):
             if not bool((out[k] >= 0).all()):
-                raise ValueError(f"{op}: {k} must be >= 0 (sums of |g|), got {out[k].tolist()}")
+                raise ValueError(f"{op}: {k} must be >= 0 (sums of |g|), got {shown(out[k], ~(out[k] >= 0))}")
         if bool((out["last_violation"] < 0).any()):   # |g|: >= 0, or NaN/+Inf for a non-finite g
             raise ValueError(f"{op}: last_violation must be >= 0 (it is |g|), got "
-                             f"{out['last_violation'].tolist()}")
+                             f"{shown(out['last_violation'], out['last_violation'] < 0)}")
     return out
 
 
@@ -388,7 +388,7 @@ def window_count(op: str, state, out: Dict[str, torch.Tensor], every: int) -> to
         out["prev_window"] = torch.where(steps < every, torch.full_like(prev, NO_MEASUREMENT), prev)
         return torch.remainder(steps, every).expand(out["window_sum"].shape).clone()
     count = state[COUNT].detach()
-    bad = count.dtype == torch.bool or count.is_complex()
+    bad, ok = count.dtype == torch.bool or count.is_complex(), None
     if not bad and not capturing(count):
         ok = count >= 0
         if count.is_floating_point():   # integer-valued, and within int64
@@ -396,5 +396,5 @@ def window_count(op: str, state, out: Dict[str, torch.Tensor], every: int) -> to
         bad = not bool(ok.all())
     if bad:
         raise ValueError(f"{op}: {COUNT} must hold integers >= 0 (counts of finite |g| entries), got "
-                         f"{'a tensor' if capturing(count) else count.tolist()} ({count.dtype})")
+                         f"{'a tensor' if capturing(count) else shown(count, None if ok is None else ~ok)} ({count.dtype})")
     return count.to(device=out["steps"].device, dtype=torch.int64)

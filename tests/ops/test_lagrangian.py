@@ -666,3 +666,29 @@ def test_bounds_beyond_the_state_dtype_and_a_non_bool_check_finite_are_refused_u
     assert al.dtype == torch.float64
     with pytest.raises(TypeError, match="check_finite must be None, True or False, got 'no'"):
         ee.AugmentedLagrangian(1.0, check_finite="no")
+
+
+def test_messages_about_many_constraints_name_the_bad_entries_not_every_value():
+    """A bad entry among 1000 constraints: the message counts them and names the bad ones with their
+    indices (it printed all 1000 values); up to 8 entries still print as a list."""
+    c0 = torch.ones(1000, dtype=torch.float64)
+    c0[17] = float("nan")
+    with pytest.raises(ValueError, match=r"c0 must be finite, got 1000 values, 1 of them offending: \[17\] nan$"):
+        ee.AugmentedLagrangian(c0)
+    with pytest.raises(ValueError, match=r"in the state dtype torch.float32: 1000 values, 1 of them offending: "
+                                         r"\[3\] 1e\+300 \(torch.float64\) is beyond"):
+        ee.AugmentedLagrangian(torch.ones(1000, dtype=torch.float64).index_fill_(0, torch.tensor([3]), 1e300),
+                               dtype=torch.float32)
+    mu = torch.full((1000,), 2.0, dtype=torch.float64)
+    mu[[5, 900]] = -1.0
+    with pytest.raises(ValueError, match=r"penalty mu must be > 0, got 1000 values, 2 of them offending: "
+                                         r"\[5\] -1.0, \[900\] -1.0$"):
+        ee.dual_update_(torch.zeros(1000, dtype=torch.float64), torch.ones(1000, dtype=torch.float64), mu)
+    al = ee.AugmentedLagrangian(torch.ones(1000, dtype=torch.float64), kind="inequality")
+    state = al.state_dict()
+    state["lam"][999] = -0.5
+    with pytest.raises(ValueError, match=r"inequality multiplier is >= 0, got lam = 1000 values, 1 of them "
+                                         r"offending: \[999\] -0.5$"):
+        al.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"c0 must be finite, got \[1.0, nan\]$"):   # short: the whole list
+        ee.AugmentedLagrangian(torch.tensor([1.0, float("nan")], dtype=torch.float64))
