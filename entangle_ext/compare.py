@@ -43,7 +43,7 @@ from .unlearn.disjoint import disjoint_scope
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fields import SEED_MAX, SEED_MIN
 from .unlearn.fingerprint import fingerprint
-from .unlearn.inputs import check_model_and_splits, model_device, preflight, training_flags_kept
+from .unlearn.inputs import check_model_and_splits, model_device, preflight, require_trainable, training_flags_kept
 from .unlearn.model_copy import copy_model
 from .unlearn.precision import model_dtype
 from .unlearn.lock import out_dir_lock
@@ -254,9 +254,9 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         ``relearn`` key or a bad relearn value; ``batch_size`` < 1; ``budget`` <= 0;
         ``mia_max_samples`` < 1; a negative or non-finite ``band``; a missing or empty forget / adjacent / remote train split; no
         held-out retain split; an ``out_dir`` that exists and is not a directory, cannot be created
-        or is not writable; a model without parameters or buffers when ``device`` is None; a model
-        that cannot take a split's inputs or gives no (B, C) logits on it: `unlearn`'s message naming
-        the split, `_checked_model`), TypeError (a model that is no `torch.nn.Module`; a config of another
+        or is not writable; a model without parameters or buffers when ``device`` is None; a model without
+        trainable parameters (a registered method given); a model that cannot take a split's inputs or
+        gives no (B, C) logits on it: `unlearn`'s message naming the split, `_checked_model`), TypeError (a model that is no `torch.nn.Module`; a config of another
         method; ``seeds`` not a sequence of integers, e.g. a bare int; a budget that is not a number; an
         ``out_dir`` that is not a path). Later: the other errors of the methods and metrics
         (ImportError without scikit-learn / scipy).
@@ -281,7 +281,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         # workers) only adds to the per-run cache, atomically, under the lock of the parent
         from .unlearn.metrics import require_metric_dependencies
         require_metric_dependencies()   # before any run: MIA-efficacy needs scikit-learn
-        device = _checked_model(model, splits, device)   # before the lock, the fingerprint or any run
+        device = _checked_model(model, splits, device, methods)   # before the lock, the fingerprint or any run
         with out_dir_lock(out_dir if write_tables else None):
             rl = _relearn_settings(relearn, model, splits, device, batch_size)
             metric_kw = {"relearn": rl, "mia_max_samples": mia_max_samples, "batch_size": batch_size}
@@ -350,15 +350,18 @@ def _checked_arguments(splits, methods, seeds, *, configs, setting, variant, hpa
     return seeds, specs, budget
 
 
-def _checked_model(model, splits: Splits, device) -> torch.device:
+def _checked_model(model, splits: Splits, device, methods) -> torch.device:
     """`compare`'s checks of ``model`` on ``splits``, those `entangle_ext.unlearn` runs before any
     forward pass (`run_method`): a `torch.nn.Module` (TypeError), its device (`model_device`) and one
     probe batch of each split (`preflight`, in eval mode without gradients; the caller's train/eval
     flags are kept). A model that cannot take a split's inputs (another feature width, dict inputs
     its forward does not take) or gives no (B, C) logits is the ValueError naming the split that
-    `unlearn` raises, before the fingerprint (which runs the model) and the relearn threshold.
-    Returns the device, ``model`` moved there."""
+    `unlearn` raises, before the fingerprint (which runs the model) and the relearn threshold; so is a
+    model without trainable parameters when ``methods`` names a registered method (a str: it runs
+    through `unlearn`, `require_trainable`). Returns the device, ``model`` moved there."""
     check_model_and_splits(model, splits, "compare")
+    if any(isinstance(m, str) for m in ([methods] if isinstance(methods, (str, MethodSpec)) else methods)):
+        require_trainable(model)
     device = model_device(model, device)
     model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
     with training_flags_kept(model):

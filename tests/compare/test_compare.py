@@ -438,3 +438,20 @@ def test_a_diverging_method_is_recorded_not_fatal(setup, tmp_path):
         raise RuntimeError("other errors still stop the comparison")
     with pytest.raises(RuntimeError, match="still stop"):
         ee.compare(net, s, [retrain_spec(), C.MethodSpec("boom", boom, {})], **kw)
+
+
+@pytest.mark.parametrize("relearn", [False, None])
+def test_a_model_without_trainable_parameters_is_refused_before_anything_runs(small, tmp_path, relearn):
+    """A frozen model and a registered method: `unlearn`'s ValueError, raised before the fingerprint,
+    the relearn threshold or the out dir (it came from the first run, after the cache dir was made)."""
+    model = mlp()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters") as by_unlearn:
+        ee.unlearn(copy.deepcopy(model), small, setting="digits", progress=False)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="no trainable parameters") as by_compare:
+        ee.compare(model, small, methods=["ga"], seeds=[0], setting="digits", relearn=relearn, out_dir=out,
+                   progress=False)
+    assert str(by_compare.value) == str(by_unlearn.value)
+    assert not out.exists()
