@@ -4,6 +4,7 @@
 → evaluate → Stage 2 → evaluate → report; docs/algorithm.md §2, §3, §10)."""
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import warnings
@@ -196,9 +197,12 @@ class OutDirReusedWarning(UserWarning):
 
 #: What a run writes into its out dir (report.py, selection.py, run.py's curves, the checkpointer).
 _RUN_FILES = ("report.json", "history.json", "forget_loss_hist.png", "curves.png", "selected_model.pt", "checkpoints")
-#: The files of ``checkpoints/`` a run writes (its checkpoints, ``latest.pt``, sharded ``*.dcp/``
-#: folders and a killed write's ``*.tmp``); anything else a user keeps there is left alone.
-_CHECKPOINT_PATTERNS = ("*.pt", "*.dcp", "*.tmp")
+#: The names of the files of ``checkpoints/`` a run writes: its checkpoints (``{label}_step000012``,
+#: ``stage1_done``, a baseline's ``done``) as ``.pt`` files and sharded ``.dcp/`` folders, the
+#: ``latest.pt`` pointer, and a killed write's ``{name}.{pid}.tmp``. Anything else a user keeps there
+#: (``pretrained.pt``, ``epoch90.pt`` of their own training) is left alone: a ``*.pt`` glob deleted it.
+_TAG = r"(?:[^/]+_step\d{6,}|(?:[^/]+_)?done)"
+_CHECKPOINT_NAME = re.compile(rf"(?:(?:{_TAG}|latest)\.pt(?:\.\d+\.tmp)?|{_TAG}\.dcp)")
 
 
 def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
@@ -231,14 +235,14 @@ def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
 
 
 def _remove_run_files(out: Path) -> None:
-    """Delete the run files of ``out`` (`_RUN_FILES`; in ``checkpoints/`` only `_CHECKPOINT_PATTERNS`).
+    """Delete the run files of ``out`` (`_RUN_FILES`; in ``checkpoints/`` only `_CHECKPOINT_NAME`).
     Only what a run writes goes: a directory or other non-file under a run file's name stays (the
     run then fails writing it, naming it), and a ``checkpoints`` that is a symlink is not followed.
     OSError naming the file when one cannot be removed."""
     ck = out / "checkpoints"
     doomed = [out / n for n in _RUN_FILES[:-1] if (out / n).is_symlink() or (out / n).is_file()]
     if ck.is_dir() and not ck.is_symlink():
-        doomed += [p for pattern in _CHECKPOINT_PATTERNS for p in ck.glob(pattern)]
+        doomed += [p for p in ck.iterdir() if _CHECKPOINT_NAME.fullmatch(p.name)]
     for p in doomed:
         try:
             if p.is_dir() and not p.is_symlink():

@@ -152,6 +152,21 @@ def test_a_rerun_removes_the_old_runs_files_and_keeps_the_users(small, tmp_path)
     assert sorted(p.name for p in ck.iterdir()) == ["latest.pt", "notes.txt", "stage1_done.pt", "stage2_done.pt"]
 
 
+def test_a_rerun_keeps_the_users_own_pt_files_in_checkpoints(small, tmp_path):
+    """An out dir whose checkpoints/ holds the user's own training checkpoints (a project folder):
+    the removal took every ``checkpoints/*.pt``, deleting them; only the names a run writes go."""
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    mine = ["resnet18_epoch90.pt", "pretrained.pt", "best.pt.bak", "notes.tmp"]
+    old = ["stage1_step000004.pt", "stage2_done.pt", "done.pt", "salun_step1234567.pt", "latest.pt.99.tmp"]
+    for name in mine + old:
+        (ck / name).write_text("x")
+    with pytest.warns(ee.OutDirReusedWarning):
+        ee.unlearn(mlp(), small, tiny_config(run_stage2=False), out_dir=tmp_path, progress=False)
+    assert all((ck / n).read_text() == "x" for n in mine)
+    assert not any((ck / n).exists() for n in old)
+
+
 def test_a_rerun_removes_only_files_and_does_not_follow_a_linked_checkpoints_dir(small, tmp_path):
     """Only what a run writes goes: a directory under a run file's name stays, and a checkpoints/
     that is a symlink is not followed (its target's *.pt files were deleted)."""
