@@ -23,11 +23,20 @@ _LABEL_KEYS = ("labels", "label")
 
 
 def _cat(parts: List[Any]):
+    """``parts`` (nests of one structure) concatenated leaf by leaf; ValueError when their structures
+    differ (a dict key or a sequence entry that only some parts have would be dropped silently) or
+    hold a leaf that is not a tensor (a str would recurse into its characters)."""
     first = parts[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(parts)
     if isinstance(first, dict):
+        if any(not isinstance(p, dict) or p.keys() != first.keys() for p in parts):
+            raise ValueError("batches with different dict keys")
         return {k: _cat([p[k] for p in parts]) for k in first}
+    plain = (tuple, list)   # default_collate's lists and a dataset's tuples are one form; a namedtuple its own
+    if not isinstance(first, plain) or any(not isinstance(p, plain) or len(p) != len(first) or (
+            type(p) is not type(first) and not {type(p), type(first)} <= set(plain)) for p in parts):
+        raise ValueError("batches with different sequences")
     return rebuild(first, [_cat([p[i] for p in parts]) for i in range(len(first))])
 
 
@@ -39,10 +48,9 @@ def concat_batches(batches: List[Any]):
     try:
         if not all(sample_nest(split_batch(b)[0], batch_size_of(b)) for b in batches):
             return None
-        first = batches[0]
-        if isinstance(first, dict):
+        if isinstance(batches[0], dict):
             return _cat(batches)
-        return tuple(_cat([b[i] for b in batches]) for i in range(len(first)))
+        return tuple(_cat([tuple(b) for b in batches]))
     except (RuntimeError, TypeError, KeyError, IndexError, ValueError):
         return None
 

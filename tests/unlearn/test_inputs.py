@@ -385,3 +385,36 @@ def test_an_explicit_bf16_that_cannot_apply_warns(small):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         ee.unlearn(mlp().double(), small, tiny_config(amp="auto"), progress=False)
+
+
+class _OptionalBias(torch.nn.Module):
+    """Takes nested dict inputs {"feat": {"a": x, "bias": b (optional)}}."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, feat):
+        out = self.lin(feat["a"])
+        return out + feat["bias"] if "bias" in feat else out
+
+
+def test_batches_whose_nests_differ_are_not_concatenated():
+    """concat_batches took the first batch's nested keys / sequence lengths: Stage 1's remote and
+    forget batches of one top-level form but another nest ({"a"} vs {"a", "bias"}) were cut to the
+    first's, the forget samples' "bias" silently dropped and their CE wrong. Now they do not
+    concatenate (one pass each)."""
+    from entangle_ext.unlearn.batch import concat_batches
+    from entangle_ext.unlearn.losses import per_sample_ce
+    from entangle_ext.unlearn.stage1_al import _remote_and_forget_ce
+    model = _OptionalBias()
+    rb = ({"feat": {"a": torch.randn(2, 3)}}, torch.tensor([0, 1]))
+    fb = ({"feat": {"a": torch.randn(2, 3), "bias": torch.tensor([[5.0, -5.0]] * 2)}}, torch.tensor([0, 1]))
+    _, ce_f = _remote_and_forget_ce(model, rb, fb)
+    torch.testing.assert_close(ce_f, per_sample_ce(model, fb))
+    short, long = ([torch.ones(2, 3)], torch.tensor([0, 1])), ([torch.ones(2, 3)] * 2, torch.tensor([0, 1]))
+    assert concat_batches([short, long]) is None and concat_batches([long, short]) is None
+    listed = ([torch.ones(2, 3)], torch.tensor([0, 1]))
+    tupled = ((torch.zeros(1, 3),), torch.tensor([1]))   # a list and a tuple are one form
+    assert concat_batches([listed, tupled])[0][0].shape == (3, 3)
