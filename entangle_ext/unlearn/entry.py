@@ -9,7 +9,7 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 
@@ -79,11 +79,13 @@ def unlearn(model: torch.nn.Module, splits: Splits, config: Optional[UnlearnConf
         device: "cpu"/"cuda"/torch.device (default: the model's device).
         out_dir: (a leading ``~`` is the home directory, here and in ``resume``) writes ``report.json``, ``forget_loss_hist.png``, ``history.json`` and
             ``checkpoints/`` (after each stage, every ``config.checkpoint_every`` steps, and on
-            Ctrl-C / SIGTERM / SIGHUP). A directory that already holds a run (its report.json or
-            checkpoints/) is replaced, unless ``resume`` is given: an `OutDirReusedWarning`, then
+            Ctrl-C / SIGTERM / SIGHUP). A directory that already holds a run (any of the files a
+            run writes) is replaced, unless ``resume`` is given: an `OutDirReusedWarning`, then
             the old run's files are removed (report.json, history.json, the plots,
-            selected_model.pt, and the checkpoints in ``checkpoints/``; other files stay), once the
-            call's checks have passed and before the run starts.
+            selected_model.pt, and in ``checkpoints/`` the names a run writes, e.g.
+            ``stage1_step000012.pt``, ``stage2_done.pt``, ``latest.pt``; other files stay, also a
+            ``pretrained.pt`` of one's own there), once the call's checks have passed and before
+            the run starts.
             One live run per dir: the run locks it (``OUT/.entangle_ext.lock``, an OS lock that
             ends with the process, so a killed run leaves no stale lock) from its checks to its
             return, and a second run into a locked dir raises `OutDirInUseError`.
@@ -216,9 +218,10 @@ def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
                            and torch.distributed.get_rank() != 0):
         return None
     out = Path(out_dir)
-    found = [n + ("/" if (out / n).is_dir() else "") for n in _RUN_FILES if (out / n).exists()]
-    if not found:
+    doomed = _run_files(out)
+    if not doomed:   # (a checkpoints/ holding only the user's own files is no run)
         return None
+    found = list(dict.fromkeys(p.name if p.parent == out else "checkpoints/" for p in doomed))
     state = "a finished run" if "report.json" in found else "an unfinished run"
     msg = (f"{out} already holds {state}; this run replaces it: its {', '.join(found)} are removed now. To "
            f"continue that run instead, pass resume={str(out)!r} (command line: --resume {out})")
@@ -230,19 +233,24 @@ def _reuse_warning(out_dir, frame) -> Optional[Callable[[], None]]:
 
     def warn_and_remove() -> None:
         warnings.warn_explicit(msg, OutDirReusedWarning, **where)
-        _remove_run_files(out)
+        _remove_run_files(out, doomed)
     return warn_and_remove
 
 
-def _remove_run_files(out: Path) -> None:
-    """Delete the run files of ``out`` (`_RUN_FILES`; in ``checkpoints/`` only `_CHECKPOINT_NAME`).
-    Only what a run writes goes: a directory or other non-file under a run file's name stays (the
-    run then fails writing it, naming it), and a ``checkpoints`` that is a symlink is not followed.
-    OSError naming the file when one cannot be removed."""
+def _run_files(out: Path) -> List[Path]:
+    """The run files of ``out``: those of `_RUN_FILES` that are files (or symlinks), and in
+    ``checkpoints/`` only the names of `_CHECKPOINT_NAME`. Only what a run writes: a directory or
+    other non-file under a run file's name is not one (the run then fails writing it, naming it),
+    and a ``checkpoints`` that is a symlink is not followed."""
     ck = out / "checkpoints"
-    doomed = [out / n for n in _RUN_FILES[:-1] if (out / n).is_symlink() or (out / n).is_file()]
+    files = [out / n for n in _RUN_FILES[:-1] if (out / n).is_symlink() or (out / n).is_file()]
     if ck.is_dir() and not ck.is_symlink():
-        doomed += [p for p in ck.iterdir() if _CHECKPOINT_NAME.fullmatch(p.name)]
+        files += sorted(p for p in ck.iterdir() if _CHECKPOINT_NAME.fullmatch(p.name))
+    return files
+
+
+def _remove_run_files(out: Path, doomed: List[Path]) -> None:
+    """Delete ``doomed`` (`_run_files` of ``out``); OSError naming the file when one cannot be removed."""
     for p in doomed:
         try:
             if p.is_dir() and not p.is_symlink():

@@ -167,6 +167,23 @@ def test_a_rerun_keeps_the_users_own_pt_files_in_checkpoints(small, tmp_path):
     assert not any((ck / n).exists() for n in old)
 
 
+def test_a_checkpoints_dir_of_the_users_own_files_is_no_run_to_warn_about(small, tmp_path):
+    """checkpoints/ holding only the user's files: no warning ("its checkpoints/ are removed now"
+    said it although nothing of it was removed); a run's checkpoint beside them is named."""
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    (ck / "pretrained.pt").write_text("x")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ee.unlearn(mlp(), small, tiny_config(run_stage2=False), out_dir=tmp_path, progress=False)
+    assert not _reused(record) and (ck / "pretrained.pt").read_text() == "x"
+    (tmp_path / "report.json").unlink()
+    with pytest.warns(ee.OutDirReusedWarning, match=r"an unfinished run; this run replaces it: its history.json, "
+                      r"forget_loss_hist.png, checkpoints/ are removed now"):
+        ee.unlearn(mlp(), small, tiny_config(run_stage2=False), out_dir=tmp_path, progress=False)
+    assert (ck / "pretrained.pt").read_text() == "x"
+
+
 def test_a_rerun_removes_only_files_and_does_not_follow_a_linked_checkpoints_dir(small, tmp_path):
     """Only what a run writes goes: a directory under a run file's name stays, and a checkpoints/
     that is a symlink is not followed (its target's *.pt files were deleted)."""
