@@ -143,8 +143,8 @@ class Stage2Config(StrictFields):
         w2_scope: "minibatch" (reference: W2² per forget minibatch, summed, over up to
             ``forget_batch_limit`` minibatches) or "forget_set" (paper text: one W2² over the whole
             forget set, every batch of a fresh pass each step: |D_f| / forget_batch_size batches
-            per step instead of ``forget_batch_limit``; ``micro_batch="auto"`` then makes no pass
-            larger than forget_batch_size × forget_batch_limit samples, also on a GPU).
+            per step instead of ``forget_batch_limit``; where ``micro_batch="auto"`` is one pass (off the
+            CPU, several ranks) it then makes none larger than forget_batch_size × forget_batch_limit).
         forget_mean_sign: -1 (reference: mean(−ℓ)) or +1 (paper: mean(+ℓ)).
         micro_batch: max samples (>= 1) per forward/backward pass when accumulating g_f / g_rem;
             None = one pass over all the concatenated batches (fewest passes, most memory);
