@@ -91,22 +91,26 @@ def move_batch(batch, device):
 
 
 def split_batch(batch, split: Optional[str] = None) -> Tuple[Any, torch.Tensor]:
-    """(inputs, labels) of a tuple/list or dict batch (dict labels under ``"labels"`` or
-    ``"label"``; every other entry is a model input). Raises ValueError otherwise (naming
-    ``split``, the split the batch came from, when given, and what a split's items must be)."""
+    """(inputs, labels) of a 2-element tuple/list or dict batch (dict labels under ``"labels"`` or
+    ``"label"``; every other entry is a model input). Raises ValueError otherwise, also for 3 or
+    more elements (which one is the label is not guessed), naming ``split``, the split the batch
+    came from, when given, and what a split's items must be."""
     where = "" if split is None else f"split {split!r}: "
     if isinstance(batch, dict):
         key = next((k for k in _LABEL_KEYS if k in batch), None)
         if key is None:
             raise ValueError(f"{where}dict batches need a 'labels' (or 'label') entry, got keys {sorted(batch)}")
         return {k: v for k, v in batch.items() if k not in _LABEL_KEYS}, batch[key]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
     got = f"a {len(batch)}-element {type(batch).__name__}" if isinstance(batch, (tuple, list)) else \
         f"a {type(batch).__name__}"
+    more = ("; which of its elements is the label is not guessed (an (x, sample_id, y) item would train on "
+            "the ids): put extra model inputs into the first element, ((x, extra), y), or use a dict with "
+            "'labels'") if isinstance(batch, (tuple, list)) and len(batch) > 2 else ""
     raise ValueError(f"{where}its items give {got} batch; batches must be (x, y) tuples or dicts with 'labels': "
                      "each item of a split is an (inputs, label) pair or a dict with 'labels' (e.g. "
-                     "torch.utils.data.TensorDataset(X, y))")
+                     f"torch.utils.data.TensorDataset(X, y)){more}")
 
 
 def cast_floating(x, dtype: Optional[torch.dtype]):

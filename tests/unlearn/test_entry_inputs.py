@@ -288,14 +288,16 @@ def _split_forms(small):
             ("adjacent", x, r" is a torch\.Tensor"),
             ("forget", TensorDataset(x), r" is a TensorDataset of 1 tensor"),
             ("adjacent", [x[i] for i in range(len(x))], r" is a list of \d+ tensors / arrays"),
-            ("forget", _Unlabelled(x), r": its items give a Tensor batch")]
+            ("forget", _Unlabelled(x), r": its items give a Tensor batch"),
+            # (x, sample_id, y): element 1 was taken as the label, the rest dropped, without a word
+            ("forget", TensorDataset(x, torch.zeros_like(y), y), r": its items give a 3-element tuple batch")]
 
 
-@pytest.mark.parametrize("k", range(6))
+@pytest.mark.parametrize("k", range(7))
 @pytest.mark.parametrize("entry", ["two_stage", "ga", "evaluate"])
 def test_a_split_of_the_wrong_form_is_named_with_what_to_pass(small, k, entry):
     """A split that is not a Dataset of (x, y) items (arrays, an (X, y) tuple, a one-tensor
-    TensorDataset, unlabelled items) is a ValueError naming the split and the fix (was: torch's
+    TensorDataset, unlabelled items, items of 3 elements) is a ValueError naming the split and the fix (was: torch's
     "stack expects each tensor to be equal size" or a message without the split)."""
     name, bad, says = _split_forms(small)[k]
     s = dataclasses.replace(small, **{name: bad})
