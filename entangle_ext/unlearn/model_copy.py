@@ -15,9 +15,12 @@ def copy_model(model: torch.nn.Module, why: str) -> torch.nn.Module:
     """``copy.deepcopy(model)``, or TypeError naming ``why`` the copy is needed (e.g. "inplace=False
     runs on a copy of the model") and the attribute that cannot be copied (it holds a lock, a file or
     socket handle, a non-leaf tensor, ...), instead of the copy module's error from deep inside the
-    model's attributes. Out of memory is re-raised as it is."""
+    model's attributes. Out of memory is re-raised as it is. The copy is made with inference mode
+    off: under a caller's ``torch.inference_mode()`` its parameters would be inference tensors,
+    which cannot be trained (the run trains outside that mode; `training_grad_mode`)."""
     try:
-        return copy.deepcopy(model)
+        with torch.inference_mode(False):
+            return copy.deepcopy(model)
     except (MemoryError, torch.OutOfMemoryError):   # out of memory is not "cannot be copied"
         raise
     except Exception as e:   # pickling / copying errors of any attribute: TypeError, RuntimeError, ...

@@ -114,17 +114,25 @@ def test_logits_that_cannot_be_trained_are_named(small, method, post, match):
     torch.testing.assert_close(params(model), before, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("inplace", [True, False])
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
-def test_unlearn_under_no_grad_or_inference_mode_trains_as_outside(small, mode):
+def test_unlearn_under_no_grad_or_inference_mode_trains_as_outside(small, mode, inplace):
     """A call inside torch.no_grad() / torch.inference_mode() (the model built outside) runs as
-    it would outside, and the caller's mode is back afterwards."""
+    it would outside, and the caller's mode is back afterwards. With inplace=False the copy was
+    made under inference_mode: its parameters were inference tensors, refused as "built or loaded
+    under torch.inference_mode", which the model was not."""
     ref, model = mlp(), mlp()
     _unlearn(ref, small, "two_stage")
+    before = params(model)
     with mode():
-        _unlearn(model, small, "two_stage")
+        out = _unlearn(model, small, "two_stage", inplace=inplace).model
         assert not torch.is_grad_enabled()
-    torch.testing.assert_close(params(model), params(ref), rtol=0, atol=0)
-    assert not torch.equal(params(model), params(mlp()))
+    assert (out is model) == inplace
+    torch.testing.assert_close(params(out), params(ref), rtol=0, atol=0)
+    assert not torch.equal(params(out), before)
+    if not inplace:
+        torch.testing.assert_close(params(model), before, rtol=0, atol=0)
+        assert not any(p.is_inference() for p in out.parameters())
 
 
 def test_stage_functions_and_training_under_no_grad(small):
