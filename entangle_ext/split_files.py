@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
@@ -17,6 +18,12 @@ from .unlearn.files import atomic_write
 __all__ = ["IndexSplit", "SPLIT_FORMAT", "split_hash", "save_split", "load_split"]
 
 SPLIT_FORMAT = "entangle_ext.split/1"
+
+
+def _few(indices: List[int]) -> str:
+    """Up to 5 of the sorted ``indices`` for a message, and how many there are beyond them."""
+    more = f" and {len(indices) - 5} more" if len(indices) > 5 else ""
+    return ", ".join(map(str, indices[:5])) + more
 
 
 @dataclass
@@ -62,17 +69,21 @@ class IndexSplit:
         hold duplicates or a negative index, if the forget list is empty, or if ``targets`` (None
         or a sequence of integers) does not cover every index. Lists assigned after construction
         are checked as the constructor reads them."""
-        seen = set()
+        seen: Dict[str, set] = {}
         for n in self.NAMES:
             lst = index_list(getattr(self, n), f"split {n!r}")
             s = set(lst)
             if len(s) != len(lst):
-                raise ValueError(f"split {n!r} holds duplicate indices")
+                twice = sorted(i for i, c in Counter(lst).items() if c > 1)
+                raise ValueError(f"split {n!r} holds duplicate indices ({_few(twice)})")
             if lst and min(lst) < 0:
-                raise ValueError(f"split {n!r} holds negative indices")
-            if seen & s:
-                raise ValueError(f"split {n!r} overlaps another split")
-            seen |= s
+                raise ValueError(f"split {n!r} holds negative indices ({_few(sorted(i for i in s if i < 0))})")
+            for other, t in seen.items():
+                if s & t:
+                    raise ValueError(f"splits {other!r} and {n!r} share indices ({_few(sorted(s & t))}): a "
+                                     "sample may be in one split only")
+            seen[n] = s
+        seen = set().union(*seen.values())
         if not len(self.forget):
             raise ValueError("the forget split is empty")
         targets = None if self.targets is None else index_list(self.targets, "targets")

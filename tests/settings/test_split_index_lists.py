@@ -28,13 +28,21 @@ def test_index_sequences_become_lists_of_python_ints(make):
 def test_overlap_in_tensors_is_found_and_save_refuses_it(tmp_path):
     # the tensors' elements hashed by identity: the overlap was missed, save wrote a file load refused
     s = IndexSplit(torch.tensor([3]), torch.tensor([3]), [2])
-    with pytest.raises(ValueError, match="split 'adjacent' overlaps another split"):
+    with pytest.raises(ValueError, match=r"^splits 'forget' and 'adjacent' share indices \(3\): a sample may be in one"):
         s.check()
-    with pytest.raises(ValueError, match="overlaps"):
+    with pytest.raises(ValueError, match="share indices"):
         save_split(tmp_path / "ov.json", s)
     assert not (tmp_path / "ov.json").exists()
-    with pytest.raises(ValueError, match="split 'forget' holds duplicate indices"):
+    with pytest.raises(ValueError, match=r"split 'forget' holds duplicate indices \(3\)"):
         IndexSplit(torch.tensor([3, 3]), [1], [2]).check()      # was RuntimeError: Boolean value of Tensor
+
+
+def test_messages_name_both_splits_and_the_indices():
+    """The overlap message named one split ("overlaps another split"), none of the indices."""
+    with pytest.raises(ValueError, match=r"^splits 'adjacent' and 'remote' share indices \(5, 6, 7, 8, 9 and 3 more\)"):
+        IndexSplit([0], list(range(5, 13)), list(range(5, 20))).check()
+    with pytest.raises(ValueError, match=r"^split 'remote' holds duplicate indices \(4, 9\)$"):
+        IndexSplit([0], [1], [4, 9, 4, 9, 9]).check()
 
 
 @pytest.mark.parametrize("forget", [np.array([0]), np.array([3, 4]), torch.tensor([0]), torch.tensor([3, 4])])
@@ -72,7 +80,7 @@ def test_bad_targets_are_refused_at_construction():
 def test_lists_assigned_after_construction_are_checked_as_plain_ints():
     s = IndexSplit([0], [1], [2])
     s.forget = np.array([1])
-    with pytest.raises(ValueError, match="overlaps"):
+    with pytest.raises(ValueError, match="splits .forget. and .adjacent. share indices \\(1\\)"):
         s.check()
     s.forget = np.array([0])
     s.check()                               # np.array([0]) is not "empty"

@@ -163,7 +163,7 @@ def test_save_load_tamper_and_errors(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ValueError, match="not an entangle_ext split"):
         load_split(tmp_path / "x.json")
-    with pytest.raises(ValueError, match="overlaps"):
+    with pytest.raises(ValueError, match="share indices"):
         IndexSplit([0, 1], [1], [2]).check()
 
 
