@@ -18,7 +18,8 @@ methods and seeds from one original model, §10); the paper settings in `entangl
 CLI `python -m entangle_ext` / `entangle-unlearn` (also under ``torchrun``; ``compare`` subcommand).
 The exceptions a run raises for the caller to catch, `NonFiniteLossError` (a ValueError) and
 `RunInterrupted` (a KeyboardInterrupt), `OutDirInUseError` (a ValueError: another live run
-holds the out dir), `NonFiniteOutputError` (a ValueError: `evaluate` met NaN/Inf logits),
+holds the out dir), `NonFiniteOutputError` (a ValueError: the per-sample scoring of the metrics and
+`compare`, `per_sample`, met NaN/Inf logits),
 `WriteError` (an OSError: a file could not be written), every warning class of the package
 (`OutDirReusedWarning`, `MIAUndefinedWarning` of a metric without signal, `SelectionWarning` of
 a ``select`` that kept no state, `OverlappingSplitsWarning`, `BatchLargerThanSplitWarning`,
