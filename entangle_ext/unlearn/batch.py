@@ -63,6 +63,13 @@ def _slice(v, start: int, stop: int):
     return rebuild(v, [_slice(x, start, stop) for x in v])
 
 
+def _cut(v, start: int, stop: int):
+    """``v[start:stop]``, through dicts (a dict of inputs holding a tuple of str: ``dict[0:0]`` raised)."""
+    if isinstance(v, dict):
+        return {k: _cut(x, start, stop) for k, x in v.items()}
+    return v[start:stop]
+
+
 def sliceable(batch) -> bool:
     """Whether `slice_batch` can cut ``batch`` into samples: its inputs are a `sample_nest` of its
     batch size (labels included, every leaf a per-sample tensor)."""
@@ -73,13 +80,14 @@ def sliceable(batch) -> bool:
 def slice_batch(batch, start: int, stop: int):
     """Samples [start, stop) of a tuple/list or dict batch: every tensor of its inputs (at any depth
     of nested dicts / tuples / lists; the nesting is kept) and its labels, cut along dim 0. A batch
-    whose inputs are not a `sample_nest` (a tuple of str, None, a ragged list) has its top-level
-    entries cut as sequences (the rule before nests, enough for the 0-sample batch of a split's
-    structure); the stages never micro-batch such a batch (`sliceable`)."""
+    whose inputs are not a `sample_nest` (a tuple of str, None, a ragged list) has its dicts entered
+    and every other entry cut as a sequence of samples (enough for the 0-sample batch of a split's
+    structure, e.g. an empty part of a global batch on one rank); the stages never micro-batch such
+    a batch (`sliceable`)."""
     if not sliceable(batch):
         if isinstance(batch, dict):
-            return {k: v[start:stop] for k, v in batch.items()}
-        return tuple(v[start:stop] for v in batch)
+            return _cut(batch, start, stop)
+        return tuple(_cut(v, start, stop) for v in batch)
     if isinstance(batch, dict):
         return _slice(batch, start, stop)
     return tuple(_slice(v, start, stop) for v in batch)

@@ -426,3 +426,17 @@ def test_batches_whose_nests_differ_are_not_concatenated():
     listed = ([torch.ones(2, 3)], torch.tensor([0, 1]))
     tupled = ((torch.zeros(1, 3),), torch.tensor([1]))   # a list and a tuple are one form
     assert concat_batches([listed, tupled])[0][0].shape == (3, 3)
+
+
+def test_a_batch_that_is_not_cut_into_samples_still_gives_its_empty_part():
+    """The 0-sample batch of a split whose inputs are a dict holding a tuple of str (an empty part
+    of a global batch on one rank): ``dict[0:0]`` raised TypeError. Dicts are entered, tensors and
+    sequences cut."""
+    from entangle_ext.unlearn.batch import slice_batch
+    batch = ({"text": ("a", "b", "c"), "x": torch.ones(3, 4)}, torch.tensor([0, 1, 1]))
+    (inputs, y) = slice_batch(batch, 0, 0)
+    assert inputs["text"] == () and inputs["x"].shape == (0, 4) and y.shape == (0,)
+    (inputs, y) = slice_batch(batch, 1, 3)
+    assert inputs["text"] == ("b", "c") and inputs["x"].shape == (2, 4) and y.tolist() == [1, 1]
+    flat = slice_batch({"text": ["a", "b"], "labels": torch.tensor([0, 1])}, 0, 1)
+    assert flat["text"] == ["a"] and flat["labels"].tolist() == [0]
