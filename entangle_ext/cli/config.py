@@ -279,3 +279,20 @@ def resume_check(ckpt: Optional[dict], flag: str) -> Optional[Callable]:
             raise ValueError(f"{flag}: {e} (was it written by a run of another --setting, --variant or data "
                              "flags? Resume with that run's flags)") from None
     return check
+
+
+def check_resumed_original(ckpt: Optional[dict], model, flag: str) -> None:
+    """With ``--resume``: ValueError naming ``flag`` when ``model``, the original model this command
+    trained or loaded, is not the one the checkpoint's run started from (its ``done["original_state"]``,
+    `original_state`; a checkpoint without it, or a sharded model, is not checked). A resumed run
+    goes on from the checkpoint, its original model's evaluations included, so another
+    ``--original``, ``--original-epochs`` or ``--set train.*`` would change nothing but report.json's
+    record of the original model."""
+    from ..unlearn.fingerprint import original_state
+    want = ((ckpt or {}).get("done") or {}).get("original_state")
+    got = None if want is None else original_state(model)
+    if got is not None and got != want:
+        raise ValueError(f"{flag}: the checkpoint's run started from another original model than this command's "
+                         "(its --original, --original-epochs, --set train.* or --seed differ, or its cached original "
+                         "is not in this --out): the run goes on from the checkpoint, whose original model is that "
+                         "run's; resume with that run's flags and --out, or --original its cached original .pt")

@@ -20,8 +20,8 @@ from ..threads import check_thread_count
 from ..unlearn.files import WriteError
 from .common import (PROG, command_prefix, fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg,
                      sigterm_interrupts, stop_signals)
-from .config import (build_config, check_conflicts, check_option_flags, flag_of, flag_tables, parse_overrides,
-                     resume_check)
+from .config import (build_config, check_conflicts, check_option_flags, check_resumed_original, flag_of, flag_tables,
+                     parse_overrides, resume_check)
 
 __all__ = ["main", "build_parser"]
 
@@ -186,6 +186,10 @@ def _plan(args) -> _Plan:
         check_thread_count(args.threads, "--threads")
     if args.original is not None and not Path(args.original).exists():
         raise FileNotFoundError(f"--original {args.original}: no such file or directory")
+    if args.original is not None and (args.original_epochs is not None or sets["train"]):
+        raise ValueError(f"--original {args.original} loads the original model, which "
+                         f"{'--original-epochs' if args.original_epochs is not None else '--set train.*'} would "
+                         "train: give one of them")
     if not args.out.strip():
         raise ValueError("--out is empty: give an output directory (the report, checkpoints and cached "
                          "original go there)")
@@ -265,6 +269,7 @@ def _run_ranks(args, plan: _Plan, procs, device) -> int:
                           model=plan.model, train=plan.train, original=args.original,
                           before_training=resume_check(plan.resume, f"--resume {args.resume}"))
         procs.barrier()
+    check_resumed_original(plan.resume, run.model, f"--resume {args.resume}")   # before any unlearning
     if procs.is_main:
         print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))
     baseline = not isinstance(plan.config, UnlearnConfig)

@@ -26,7 +26,7 @@ from .distributed import SINGLE
 from .module_state import state_module
 from .nest import map_tensors
 
-__all__ = ["splits_fingerprint", "model_fingerprint", "fingerprint", "FINGERPRINT_VERSION",
+__all__ = ["splits_fingerprint", "model_fingerprint", "original_state", "fingerprint", "FINGERPRINT_VERSION",
            "FINGERPRINT_BATCH"]
 
 #: 2: every item of every split (1, implicit: labels and a sample of the inputs, or less)
@@ -133,6 +133,18 @@ def model_fingerprint(model: torch.nn.Module, splits=None, *, rows: int = 4, see
         text = json.dumps([tuple(logits.shape)] + [f"{v:.6g}" for v in vals])
         out["outputs"] = hashlib.sha256(text.encode()).hexdigest()[:16]
     return out
+
+
+def original_state(model: torch.nn.Module) -> Optional[str]:
+    """The "state" of `model_fingerprint` of ``model`` (of the module under a DDP wrapper), which a
+    run keeps in its checkpoints as ``done["original_state"]`` for θ0 (the CLI's ``--resume`` then
+    refuses an original model other than the one the run started from); None for a model with
+    sharded (DTensor) tensors, whose bytes are spread over the ranks."""
+    from .distributed import unwrap
+    model = unwrap(model)
+    if any(type(t).__name__ == "DTensor" for t in model.state_dict().values()):
+        return None
+    return model_fingerprint(model)["state"]
 
 
 def fingerprint(model: torch.nn.Module, splits, splits_fp: Optional[Dict[str, Any]] = None) -> str:

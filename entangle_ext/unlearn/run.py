@@ -1,9 +1,8 @@
-"""The one lifecycle of every run, whatever the method (docs/algorithm.md §2, §3, §10): checks →
-pre-flight → seeding → evaluate θ0 → the method's stages (each timed, checkpointed and resumable)
-→ evaluations → report, table and files. `run_method` is that lifecycle; `Run` is the state one
-call carries through it. A method plugs in with `UnlearningMethod.execute`, which takes its
-stages with `Run.stage` and evaluates with `Run.evaluate_after`: the two-stage family takes two
-(Stage 1, Stage 2), a baseline one."""
+"""The one lifecycle of every run, whatever the method (docs/algorithm.md §2, §3, §10): checks → pre-flight
+→ seeding → evaluate θ0 → the method's stages (each timed, checkpointed and resumable) → evaluations →
+report, table and files. `run_method` is that lifecycle; `Run` is the state one call carries through it.
+A method plugs in with `UnlearningMethod.execute`, which takes its stages with `Run.stage` and evaluates
+with `Run.evaluate_after`: the two-stage family takes two (Stage 1, Stage 2), a baseline one."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +22,7 @@ from .._paths import expand_user
 from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
+from .fingerprint import original_state
 from .inputs import (check_changes_apply, check_model_and_splits, check_resume_arguments, check_resume_model,
                      model_device, preflight, probe_channels_last, require_trainable, training_grad_mode)
 from .files import make_out_dir, warn_unwritten_checkpoints
@@ -104,7 +104,8 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
                   ckpt=ckpt, progress=progress, fingerprint=fingerprint, stages=cls.stage_keys(), amp=amp,
                   changes=changes)
         run.channels_last = channels_last
-        if "original" not in run.evals:
+        if "original" not in run.evals:   # a fresh run: θ0's state (a CLI --resume checks it) and evaluations
+            run.done["original_state"] = original_state(model)
             run.evaluate("original", check_finite=True)
             run.probe_original()
         extras = cls(num_classes=num_classes, model_fn=model_fn).execute(run)
@@ -279,9 +280,8 @@ class Run:
             self.evaluate("selected")
 
     def _end_probe(self, steps: int) -> None:
-        """The stage's end record when its loop did not write one (a stage without a probed loop),
-        then the stage's records join ``done["curves"]``; the rule that ended it into
-        ``done["stopped"]``."""
+        """The stage's end record when its loop did not write one (a stage without a probed loop), then
+        the stage's records join ``done["curves"]``; the rule that ended it into ``done["stopped"]``."""
         p = self._probe
         if p is not None:
             if not p.records or p.records[-1]["step"] != steps:

@@ -223,11 +223,12 @@ def test_original_flag_uses_the_file_and_refuses_a_mismatch(tmp_path, capsys):
     torch.save({k: torch.zeros_like(v) for k, v in DigitsMLP().state_dict().items()}, good)   # logits 0
     torch.save(DigitsMLP(hidden=16).state_dict(), bad)
     out = tmp_path / "run"
-    rc = cli.main(_argv(out, "--original", str(bad)))
+    caps = [c for c in TINY if c not in ("--original-epochs", "2")]   # --original trains nothing
+    rc = cli.main(_argv(out, "--original", str(bad), caps=caps))
     err = capsys.readouterr().err
     assert rc == 2 and "does not fit" in err and "0.weight" in err and "size mismatch for" not in err
     assert len(err.strip().splitlines()) == 1
-    assert cli.main(_argv(out, "--original", str(good))) == 0
+    assert cli.main(_argv(out, "--original", str(good), caps=caps)) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["run"]["original_model"] == str(good) and not list(out.glob("original_*.pt"))
     assert rep["evals"]["original"]["remote"]["loss"] == pytest.approx(math.log(2))   # the file's weights
