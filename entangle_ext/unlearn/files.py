@@ -55,7 +55,9 @@ def _reason(e: BaseException) -> str:
     m = re.search(r"WeightsUnpickler error:(.*?)(Check the documentation|$)", text, re.S)
     if m:
         text = m.group(1)
-    text = " ".join(text.split())
+    text = re.sub(r"\[enforce fail at [^\]]*\]\s*\.?\s*", "", " ".join(text.split()))   # PyTorch's C++ source position
+    if text.startswith("file in archive is not in a subdirectory"):   # a zip, but not torch.save's layout
+        return "a zip archive that torch.save did not write (e.g. a numpy .npz)"
     g = re.match(r"Unsupported global: GLOBAL (\S+)", text)
     if g:
         return f"it pickles the Python object {g.group(1)}, which is not loaded (no code from the file is run)"

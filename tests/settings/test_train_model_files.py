@@ -3,6 +3,7 @@
 dirs are accepted, read with ``weights_only=True``; unreadable files give one clear line."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,9 +84,14 @@ def test_original_flag_takes_a_checkpoint_and_an_out_dir(finished_run, tmp_path,
 @pytest.mark.parametrize("content, reason", [
     (b"garbage\n", "not a torch file"), (b"", "empty or truncated"), (b"PK\x03\x04junk", "zip archive"),
     (b"hello\n", "not a torch file: no zip archive"),   # the reason was torch's KeyError text: "101"
-    (None, "not a torch file: no zip archive")])        # a truncated torch.save file: "failed finding central directory"
+    (None, "not a torch file: no zip archive"),         # a truncated torch.save file: "failed finding central directory"
+    ("npz", "a zip archive that torch.save did not write (e.g. a numpy .npz)")])   # was "[enforce fail at ...]"
 def test_unreadable_file_is_one_clear_line(tmp_path, content, reason):
     bad = tmp_path / "bad.pt"
+    if content == "npz":
+        with open(bad, "wb") as f:
+            np.savez(f, a=np.zeros(3))
+        content = bad.read_bytes()
     if content is None:
         torch.save({"w": torch.ones(1000)}, bad)
         content = bad.read_bytes()[:3000]
@@ -95,7 +101,7 @@ def test_unreadable_file_is_one_clear_line(tmp_path, content, reason):
             load()
         msg = str(ei.value)
         assert msg.startswith(f"{bad} {PREFIX}") and reason in msg, msg
-        assert "\n" not in msg and "weights_only" not in msg and "Re-running" not in msg
+        assert "\n" not in msg and "weights_only" not in msg and "Re-running" not in msg and "enforce fail" not in msg
 
 
 @needs_ext
