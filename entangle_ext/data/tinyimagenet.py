@@ -9,9 +9,10 @@ official val images (the official test set has no labels).
 Accepted sources (`load_tinyimagenet`):
 
 * the standard ``tiny-imagenet-200/`` layout: ``wnids.txt``, ``words.txt``,
-  ``train/<wnid>/images/*.JPEG``, ``val/val_annotations.txt`` (``file<TAB>wnid<TAB>x0 y0 x1 y1``),
-  ``val/images/*.JPEG``. The hypernym paths come from ``tinyimagenet_wordnet.csv`` (columns wnid,
-  words, hypernym_path, hypernym_wnids; WordNet 3.0), looked up next to the data, in its parent and
+  ``train/<wnid>/images/*.JPEG`` (``.jpeg`` / ``.jpg`` also, any case), ``val/val_annotations.txt``
+  (``file<TAB>wnid<TAB>x0 y0 x1 y1``), ``val/images/<file>`` (the files the annotations name). The
+  hypernym paths come from ``tinyimagenet_wordnet.csv`` (columns wnid, words, hypernym_path,
+  hypernym_wnids; WordNet 3.0), looked up next to the data, in its parent and
   in the data directories (`entangle_ext.data.data_dirs`), or passed as ``wordnet_csv``;
 * ``tinyimagenet_dogs_cats.npz``: 11 classes (6 dog breeds, 5 felines), 500 train
   + 50 val each, original JPEG bytes, hypernym paths included. There the whole data set is inside
@@ -94,7 +95,9 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
             fit ``jpeg_bytes`` (`check_npz_arrays`; the message names the file and the key); a
             ``wnids.txt`` / ``words.txt`` / ``val_annotations.txt`` / hypernym table that is not
             UTF-8, has a malformed line or row, repeats a wnid, or (annotations) names a wnid
-            absent from ``wnids.txt`` (the message names the file and line); a cap
+            absent from ``wnids.txt`` (the message names the file and line); a selected class
+            without train images (its ``train/<wnid>/images`` folder holds no .JPEG / .jpeg / .jpg
+            file, any case; the message names the folder) or without a val annotation; a cap
             that is not None or an integer >= 1 (`check_cap`). TypeError: ``classes`` is one string.
     """
     max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")

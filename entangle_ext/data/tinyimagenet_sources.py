@@ -196,10 +196,30 @@ def _read_val_annotations(ann: Path, all_wnids: List[str]) -> List[Tuple[str, st
     return val
 
 
+_JPEG_SUFFIXES = (".jpeg", ".jpg")
+"""File endings of the train images of the standard layout, compared case-insensitively."""
+
+
+def _train_images(d: Path) -> np.ndarray:
+    """Sorted names of the JPEG files (`_JPEG_SUFFIXES`, any case) in the class folder ``d``
+    (``train/<wnid>/images``). Raises FileNotFoundError (no folder) and ValueError naming the
+    folder when it holds none: the class would otherwise keep its name with 0 train images."""
+    if not d.is_dir():
+        raise FileNotFoundError(f"missing class folder {d}")
+    files = sorted(p.name for p in d.iterdir() if p.suffix.lower() in _JPEG_SUFFIXES)
+    if not files:
+        raise ValueError(f"class folder {d} has no train image (no file ending in .JPEG, .jpeg or .jpg, any "
+                         "case); put the class's images there, or leave the class out of classes=")
+    return np.array(files)
+
+
 def read_standard_layout(src: Path, classes, max_train_per_class, max_val_per_class, rng, *,
                           wordnet_csv=None) -> dict:
     """`load_tinyimagenet` from the standard ``tiny-imagenet-200/`` folders (JPEG files, the
-    hypernym table ``wordnet_csv`` or `find_wordnet_csv`)."""
+    hypernym table ``wordnet_csv`` or `find_wordnet_csv`). The train images of a class are the
+    files of ``train/<wnid>/images`` ending in `_JPEG_SUFFIXES` (any case); the val images are the
+    files ``val_annotations.txt`` names (any ending). Raises ValueError naming the class folder /
+    the annotations file when a selected class has no train / no val image."""
     all_wnids, words = _read_class_lists(src)
     wnids = all_wnids if classes is None else list(classes)
     bad = [w for w in wnids if w not in all_wnids]
@@ -216,16 +236,18 @@ def read_standard_layout(src: Path, classes, max_train_per_class, max_val_per_cl
     xs, ys = [], []
     for new, w in enumerate(wnids):
         d = src / "train" / w / "images"
-        if not d.is_dir():
-            raise FileNotFoundError(f"missing class folder {d}")
-        files = np.array(sorted(p.name for p in d.glob("*.JPEG")))
+        files = _train_images(d)
         for f in files[_cap(np.arange(len(files)), max_train_per_class, rng)]:
             xs.append(_read_image(d / f))
             ys.append(new)
-    val = _read_val_annotations(src / "val" / "val_annotations.txt", all_wnids)
+    ann = src / "val" / "val_annotations.txt"
+    val = _read_val_annotations(ann, all_wnids)
     vx, vy = [], []
     for new, w in enumerate(wnids):
         files = np.array(sorted(f for f, ww in val if ww == w))
+        if not len(files):
+            raise ValueError(f"{ann}: class {w} (listed in wnids.txt) has no val image; add its "
+                             "'<file><TAB>" + w + "<TAB>x0 y0 x1 y1' lines, or leave it out of classes=")
         for f in files[_cap(np.arange(len(files)), max_val_per_class, rng)]:
             vx.append(_read_image(src / "val" / "images" / f))
             vy.append(new)

@@ -156,3 +156,30 @@ def test_forget_class_path_without_its_superclass(tmp_path):
         tinyimagenet_splits(p, superclasses=["feline"], forget="Chihuahua")
     s, info = tinyimagenet_splits(_tiny_npz(tmp_path / "ok.npz"))      # the intact paths still work
     assert info["forget_classes"] == ["Chihuahua"] and info["coarse_names"] == ["dog", "feline"]
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".jpeg", ".JPG", ".Jpeg"])
+def test_train_images_of_any_jpeg_ending_are_read(tiny_root, ext):   # noqa: F811
+    """A class folder of .jpg / .jpeg files (any case) was silently dropped: the class kept its
+    name but had 0 train images."""
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    d = tiny_root / "train" / "n02094433" / "images"
+    for p in d.iterdir():
+        p.rename(p.with_suffix(ext))
+    out = load_tinyimagenet(tiny_root)
+    assert np.bincount(out["y_train"], minlength=4).tolist() == [3, 3, 3, 3]
+
+
+def test_class_without_train_or_val_images_names_it(tiny_root):   # noqa: F811
+    """A class folder without any JPEG (or a class without val annotation) gave 0 images silently."""
+    d = tiny_root / "train" / "n02094433" / "images"
+    for p in d.iterdir():
+        p.rename(p.with_suffix(".png"))
+    msg = _load_folder_error(tiny_root, match=r"class folder .* has no train image")
+    assert str(d) in msg
+    for p in d.iterdir():
+        p.rename(p.with_suffix(".JPEG"))
+    ann = tiny_root / "val" / "val_annotations.txt"
+    ann.write_text("".join(l + "\n" for l in ann.read_text().splitlines() if "\tn01443537\t" not in l))
+    msg = _load_folder_error(tiny_root, match=r"class n01443537 \(listed in wnids.txt\) has no val image")
+    assert str(ann) in msg
