@@ -28,8 +28,8 @@ subset; needs ``pip install ".[lite0]"``).
 
 ``forget`` chooses the forgotten sub-population: digits: a digit 0-9 (adjacent = the other digits
 of its parity); cifar100: a fine class; tinyimagenet: a class or WordNet hypernym; celeba:
-``Attr=0|1`` pairs over the default forget sub-class (e.g. ``Young=1,Eyeglasses=0``); toxigen: a
-target group.
+``Attr=0|1`` pairs, each attribute once, over the default forget sub-class (e.g.
+``Young=1,Eyeglasses=0``); toxigen: a target group.
 """
 from __future__ import annotations
 

@@ -278,17 +278,21 @@ def write_celeba_miniature(root: Union[str, Path], n: int = 48, *, seed: int = 0
 def forget_subclass_of(spec) -> dict:
     """The forget sub-class of the ``celeba`` setting's ``forget`` option: ``"Attr=0|1,..."`` (or a
     mapping) over the paper's `FORGET_SUBCLASS` (None: that sub-class). Raises ValueError for a
-    malformed pair."""
+    malformed pair and for an attribute given twice (naming it; else the last value won silently)."""
     if spec is None:
         return dict(FORGET_SUBCLASS)
     if isinstance(spec, Mapping):
         return {**FORGET_SUBCLASS, **spec}
-    out = dict(FORGET_SUBCLASS)
+    out, given = dict(FORGET_SUBCLASS), set()
     for part in str(spec).split(","):
         k, eq, val = (x.strip() for x in part.partition("="))
         if not eq or val.lower() not in ("0", "1", "true", "false"):
             raise ValueError(f"celeba: forget takes Attr=0|1 pairs, e.g. 'Young=1,Eyeglasses=0' over "
                              f"{FORGET_SUBCLASS}; got {spec!r}")
+        if k in given:
+            raise ValueError(f"celeba: forget gives the attribute {k!r} more than once ({spec!r}); "
+                             "give each attribute once, e.g. 'Young=1,Eyeglasses=0'")
+        given.add(k)
         out[k] = val.lower() in ("1", "true")
     return out
 

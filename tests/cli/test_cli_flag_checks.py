@@ -204,3 +204,18 @@ def test_torch_threads_refuses_a_count_beyond_the_cap():
             with torch_threads(bad):
                 pass
     assert torch.get_num_threads() == before and check_thread_count(3) == 3
+
+
+# ------------------------------------------------------------------ celeba --forget: each attribute once
+@pytest.mark.parametrize("spec", ["Young=1,Young=0", "Young=1, Young=1", "Young=1,Eyeglasses=0,Young=true"])
+def test_celeba_forget_attribute_given_twice_is_refused(spec, tmp_path, capsys):
+    """``Young=1,Young=0`` was accepted (the last value won); now a ValueError naming the attribute,
+    which the command line turns into one error line and exit code 2."""
+    from entangle_ext.data.celeba import forget_subclass_of
+    with pytest.raises(ValueError, match="attribute 'Young' more than once"):
+        forget_subclass_of(spec)
+    assert forget_subclass_of("Young=1,Eyeglasses=1")["Young"] is True     # distinct attributes still work
+    rc = cli.main(["--setting", "celeba", "--variant", "scratch", "--out", str(tmp_path / "o"), "--device", "cpu",
+                   "--data-root", str(tmp_path), "--no-progress", "--forget", spec])
+    line = _one_line(capsys)
+    assert rc == 2 and "'Young' more than once" in line, line
