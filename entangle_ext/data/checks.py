@@ -134,15 +134,16 @@ def line_fields(line: str, path: Union[str, Path], lineno: int, count: int, sep:
 
 
 def read_csv_rows(path: Union[str, Path]) -> Tuple[List[Dict[str, str]], List[str]]:
-    """(rows as dicts, column names) of the UTF-8 CSV file ``path`` (header on line 1). The one
-    reader of the loaders' CSV tables (ToxiGen, the Tiny-ImageNet hypernym table).
+    """(rows as dicts, column names) of the UTF-8 CSV file ``path`` (header on line 1; a leading
+    byte-order mark, as Excel's "CSV UTF-8" writes, is skipped and not read into the first column's
+    name). The one reader of the loaders' CSV tables (ToxiGen, the Tiny-ImageNet hypernym table).
 
     Raises:
         ValueError (naming the file): not UTF-8, a malformed CSV, or truncated / malformed rows
             (fewer or more fields than the header; the message lists the row numbers, header = 1).
     """
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             rows = list(reader)
             cols = list(reader.fieldnames or [])

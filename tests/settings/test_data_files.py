@@ -208,6 +208,18 @@ def test_toxigen_latin1_and_caps(tmp_path):
     assert str(p) in str(e.value)
 
 
+def test_toxigen_csv_with_utf8_bom_is_read(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark: the header read '\\ufefftext' and the file
+    was refused as missing the column text. The hypernym table shares the reader."""
+    from entangle_ext.data.checks import read_csv_rows
+    from entangle_ext.data.toxigen import load_toxigen
+    p = _toxigen_csv(tmp_path / "toxigen_annotated.csv", GOOD_ROWS)
+    p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+    d = load_toxigen(p)
+    assert d["text"] == ["t0", "t1", "t2", "t3"] and d["toxic"].tolist() == [1, 0, 1, 0]
+    assert read_csv_rows(p)[1][0] == "text"
+
+
 def test_toxigen_fraction_that_empties_a_part(tmp_path):
     """test_fraction=0.99 on a small file said 'unknown group 'lgbtq'; groups: []' although the file
     has the group; now the message names the empty train part and the fraction."""
