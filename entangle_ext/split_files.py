@@ -116,7 +116,8 @@ def save_split(path: Union[str, Path], split: IndexSplit) -> str:
     hash; returns the hash.
 
     Raises ValueError when the split is inconsistent (`IndexSplit.check`) or ``meta`` is not
-    JSON-serialisable.
+    JSON-serialisable; `entangle_ext.WriteError` naming ``path`` when it cannot be
+    written, its missing folders included (a file where a folder must be, no permission, disk full).
     """
     split.check()
     d = split.to_dict()
@@ -125,9 +126,8 @@ def save_split(path: Union[str, Path], split: IndexSplit) -> str:
     except TypeError as e:
         raise ValueError(f"split meta must be JSON-serialisable: {e}") from e
     path = Path(expand_user(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(d, sort_keys=True)
-    atomic_write(path, lambda tmp: tmp.write_text(text), what="split file")
+    atomic_write(path, lambda tmp: tmp.write_text(text), what="split file", parents=True)
     return d["sha256"]
 
 

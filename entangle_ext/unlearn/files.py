@@ -251,25 +251,44 @@ def _likely_errno(tmp: Path) -> Optional[int]:
     return None
 
 
+def _make_parent(path: Path) -> None:
+    """Create the folder of ``path`` with its parents. Raises OSError; a file where a folder must
+    be is a NotADirectoryError naming that file and the fix (mkdir said "File exists" or "Not a
+    directory" of the folder it tried)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        in_way = next((p for p in (path.parent, *path.parent.parents) if p.exists() and not p.is_dir()), None)
+        if in_way is None:
+            raise
+        raise NotADirectoryError(_errno.ENOTDIR, f"{in_way} is a file, not a folder (move it away or choose "
+                                 "another path)") from e
+
+
 def atomic_write(path: Union[str, Path], write: Callable[[Path], Any], *, what: str,
-                 hint: Optional[str] = None) -> Path:
+                 hint: Optional[str] = None, parents: bool = False) -> Path:
     """``write(tmp)`` to a temporary file beside ``path`` (one per process), then rename it over
     ``path`` (atomic on one file system): a reader sees the old file or the new one, never half.
 
     Args:
         path: the target file. write: writes the whole content to the path it is given.
         what: what the file is, for the error (e.g. "checkpoint"). hint: what to do next (e.g. the
-            resume command), appended to the error.
+            resume command), appended to the error. parents: create the folder of ``path`` (with
+            its parents) first; a folder that cannot be created is a `WriteError` too.
     Returns:
         ``path`` as a `Path`.
     Raises:
         WriteError (an OSError): the write or the rename failed (OSError, or torch's RuntimeError
-        from its zip writer); the temporary file is deleted first. The message names the file,
-        the cause (errno and text when the OS gave one), the free space and ``hint``.
+        from its zip writer), or (``parents``) the folder could not be created (a file in the way,
+        no permission); the temporary file is deleted first. The message names the file, the
+        cause (errno and text when the OS gave one, and the path the OS named when it is another
+        one), the free space and ``hint``.
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
+        if parents:
+            _make_parent(path)
         write(tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
@@ -280,6 +299,8 @@ def atomic_write(path: Union[str, Path], write: Callable[[Path], Any], *, what: 
             pass
         text = (e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0]
                 if str(e).strip() else type(e).__name__)
+        if isinstance(e, OSError) and e.filename and str(e.filename) not in (str(tmp), str(path)):
+            text += f": {e.filename}"   # e.g. the folder that could not be created
         if code is not None and not isinstance(e, OSError):   # torch's zip writer hides the OS error
             text = f"{os.strerror(code)}; torch said: {text}"
         cause = f"{_errno.errorcode.get(code, code)}: {text}" if code is not None else text

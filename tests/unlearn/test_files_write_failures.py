@@ -125,3 +125,20 @@ def test_the_command_line_reports_a_failed_write_in_one_line_with_exit_1(tmp_pat
     assert len(errors) == 1 and "could not write the checkpoint" in errors[0] and "EFBIG" in errors[0], r.stderr
     assert "entangle-unlearn: warning: could not write the original-model cache" in r.stderr   # one line
     assert list((tmp_path / "w").rglob("*.tmp")) == []
+
+
+@pytest.mark.parametrize("under", ["file", "file/sub"])
+def test_save_split_into_a_folder_that_cannot_be_made_is_a_write_error(tmp_path, under):
+    """A split file whose folder is (or lies under) a file gave a raw FileExistsError [Errno 17] /
+    NotADirectoryError from mkdir; now a WriteError naming the split file and what is in the way."""
+    from entangle_ext.splits import IndexSplit, load_split, save_split
+    (tmp_path / "file").write_text("not a folder")
+    target = tmp_path / under / "s.json"
+    with pytest.raises(WriteError, match="could not write the split file") as e:
+        save_split(target, IndexSplit(forget=[0], adjacent=[1], remote=[2]))
+    msg = str(e.value)
+    assert str(target) in msg and f"ENOTDIR: {tmp_path / 'file'} is a file, not a folder" in msg, msg
+    assert list(tmp_path.rglob("*.tmp")) == [] and (tmp_path / "file").read_text() == "not a folder"
+    ok = tmp_path / "new" / "deeper" / "s.json"      # missing folders are still created
+    save_split(ok, IndexSplit(forget=[0], adjacent=[1], remote=[2]))
+    assert load_split(ok).forget == [0]
