@@ -11,7 +11,8 @@ Data directories, in lookup order (`data_dirs`):
    installed copy in site-packages has no repository around it and skips this place).
 
 `find_data_file` returns the first match of a file or directory name in these places and raises
-FileNotFoundError naming every place it looked at.
+FileNotFoundError naming every place it looked at, and every broken symbolic link it met at a
+candidate path (with its missing target).
 
 The environment variables are not authoritative: a place without the data falls through to the
 next one. So that a mistyped or stale variable is not silently bypassed, `data_dirs` warns
@@ -130,7 +131,9 @@ def find_data_file(names: Union[str, Sequence[str]], explicit: Optional[PathLike
     Returns:
         The path found (may be a file or a directory).
     Raises:
-        FileNotFoundError: nothing found; the message lists every name and every place looked at.
+        FileNotFoundError: nothing found; the message lists every name and every place looked at,
+            and names each broken symbolic link met at a candidate path (a place, or a name in
+            one) with the target it points to, which does not exist.
     Warns:
         DataDirWarning: as `data_dirs`; and (once per name and place) when the data are found in a
         place after an existing directory named by ``ENTANGLE_DATA`` / ``ENTANGLE_SHARED_DATA``
@@ -139,16 +142,31 @@ def find_data_file(names: Union[str, Sequence[str]], explicit: Optional[PathLike
     names = [names] if isinstance(names, str) else list(names)
     places = data_dirs(explicit)
     label = what or " or ".join(names)
+    broken: List[str] = []
     for _, place in places:
         if is_data is not None and place.exists() and is_data(place):
             _warn_env_bypassed(places, place, label)
             return place
+        broken += _broken_link(place)
         for n in names:
             if (place / n).exists():
                 _warn_env_bypassed(places, place, label)
                 return place / n
+            broken += _broken_link(place / n)
     raise FileNotFoundError(f"no {label} found: looked for {' / '.join(names)} in " + _describe(places)
-                            + ("" if explicit is not None else "; pass a path, or set ENTANGLE_DATA"))
+                            + ("" if explicit is not None else "; pass a path, or set ENTANGLE_DATA")
+                            + ("" if not broken else "; broken symbolic link(s): " + ", ".join(broken)
+                               + " (the target does not exist: fix the link or put the data at its target)"))
+
+
+def _broken_link(p: Path) -> List[str]:
+    """``["<p> -> <target>"]`` when ``p`` is a symbolic link whose target does not exist, else []."""
+    try:
+        if p.is_symlink() and not p.exists():
+            return [f"{p} -> {os.readlink(p)}"]
+    except OSError:   # no permission to look: not reported as broken
+        pass
+    return []
 
 
 def _describe(places: Sequence[Tuple[str, Path]]) -> str:
