@@ -21,7 +21,8 @@ method=NAME)`` with the config its ``resolve_config`` gives it (``entangle_ext/u
 the same config ``from entangle_ext.compare import method_config`` names; docs/algorithm.md §10); the stage flags (``--alpha``, ``--epochs``, ...) configure the two-stage
 family only. The whole configuration (method, flag values, options, device, resume and
 original-model files) is checked before any data is loaded or model trained: bad input prints one
-``entangle-unlearn: error: ...`` line and exits with code 2.
+``entangle-unlearn: error: ...`` line and exits with code 2 (so does a single-valued flag given twice
+with two values, ``--seed 1 --seed 2``: `common.Parser`, the parser of both commands).
 
 Reusing an ``--out`` that holds a run without ``--resume`` replaces it, after a one-line
 warning (the old run's report, plots, selected model and checkpoints are removed); an ``--out`` that another live run is writing (its lock ``OUT/.entangle_ext.lock`` is

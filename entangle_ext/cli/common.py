@@ -1,5 +1,6 @@
 """What the command lines (``entangle_ext/cli/run.py``, ``entangle_ext/cli/compare.py``, ``python_examples/``)
-share: the device and seed flags, the one-line bad-input exit, SIGTERM/SIGHUP as Ctrl-C and the
+share: the device and seed flags, the parser that refuses a flag given twice with two values,
+the one-line bad-input exit, SIGTERM/SIGHUP as Ctrl-C and the
 exit code of an interrupted command (128 + the signal's number)."""
 from __future__ import annotations
 
@@ -14,11 +15,52 @@ import torch
 
 from .._signals import STOP_SIGNALS, signal_name
 
-__all__ = ["PROG", "command_prefix", "resolve_device", "device_arg", "seed_arg", "default_device", "fail",
+__all__ = ["PROG", "Parser", "command_prefix", "resolve_device", "device_arg", "seed_arg", "default_device", "fail",
            "sigterm_interrupts", "stop_signals", "SignalInterrupt", "interrupt_exit_code", "exit_on_bad_input",
            "one_line_warnings"]
 
 PROG = "entangle-unlearn"
+
+_GIVEN = "_single_flags_given"   # the namespace attribute `_StoreOnce` keeps during a parse (then removed)
+
+
+class _StoreOnce(argparse.Action):
+    """argparse's "store" action (a single-valued flag) that refuses a second, different value
+    (``--seed 1 --seed 2``): one ``PROG: error: ...`` line naming the flag and both values, exit
+    code 2, as `parse_overrides` refuses ``--set`` twice. The same value twice is accepted."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, _GIVEN, None)
+        if given is None:
+            given = {}
+            setattr(namespace, _GIVEN, given)
+        if self.dest in given and given[self.dest] != values:
+            flag = next((o for o in self.option_strings if o.startswith("--")), self.option_strings[0])
+            parser.exit(2, f"{parser.prog}: error: {flag} {_shown(given[self.dest])} and {flag} {_shown(values)} "
+                           "set one flag to two values; give it once\n")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+def _shown(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+class Parser(argparse.ArgumentParser):
+    """The commands' ArgumentParser: a single-valued flag (action "store", the default) given twice
+    with two different values is refused (one ``PROG: error: ...`` line naming the flag and both
+    values, exit code 2) instead of silently taking the last; flags meant to repeat
+    (``action="append"``, e.g. ``--set``) and switches (``store_true``) are unchanged."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        vars(ns).pop(_GIVEN, None)
+        return ns, rest
 
 
 def command_prefix() -> list:

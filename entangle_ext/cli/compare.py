@@ -34,7 +34,7 @@ from pathlib import Path
 from .._paths import expand_user
 from ..threads import check_thread_count
 from ..unlearn.files import WriteError
-from .common import (fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts,
+from .common import (Parser, fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg, sigterm_interrupts,
                      stop_signals)
 
 __all__ = ["main", "build_parser"]
@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     from ..settings import SETTINGS
 
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
-    ap = argparse.ArgumentParser(prog="entangle-unlearn compare", description="Compare unlearning methods on a "
-                                 "registered setting: mean ± std over seeds (docs/algorithm.md §10).")
+    ap = Parser(prog="entangle-unlearn compare", description="Compare unlearning methods on a "
+                "registered setting: mean ± std over seeds (docs/algorithm.md §10).")
     ap.add_argument("--setting", choices=list(SETTINGS), required=True)
     ap.add_argument("--variant", choices=variants, default=None, help="size of the setting (reduced, cpu, lite0 = CPU runs)")
     ap.add_argument("--methods", default="all", help="'all' (default: every method, "

@@ -18,8 +18,8 @@ import torch
 from .._paths import expand_user
 from ..threads import check_thread_count
 from ..unlearn.files import WriteError
-from .common import (PROG, command_prefix, fail, interrupt_exit_code, one_line_warnings, resolve_device, seed_arg,
-                     sigterm_interrupts, stop_signals)
+from .common import (PROG, Parser, command_prefix, fail, interrupt_exit_code, one_line_warnings, resolve_device,
+                     seed_arg, sigterm_interrupts, stop_signals)
 from .config import (build_config, check_conflicts, check_option_flags, check_resumed_original, flag_of, flag_tables,
                      parse_overrides, resume_check)
 
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     variants = sorted({v.name for s in SETTINGS.values() for v in s.variants})
     from ..unlearn.method import HPARAMS, available_methods
 
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Two-stage unlearning (Cheng et al., ICLR 2026), its ablations or a baseline on a\n"
                     "registered setting (entangle_ext.settings).",

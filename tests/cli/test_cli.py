@@ -29,7 +29,13 @@ def _threads_restored():
 
 
 def _argv(out, *extra, caps=TINY):
-    return ["--setting", "digits", "--out", str(out), "--device", "cpu", *caps, *extra]
+    """digits on the CPU with ``caps``; a flag of ``extra`` replaces the same flag there (a flag given
+    twice with two values is refused)."""
+    base, given, keep = ["--device", "cpu", *caps], {a for a in extra if a.startswith("--")}, []
+    for i, a in enumerate(base):
+        if a.startswith("--") and a not in given:
+            keep += [a] + ([base[i + 1]] if i + 1 < len(base) and not base[i + 1].startswith("--") else [])
+    return ["--setting", "digits", "--out", str(out), *keep, *extra]
 
 
 def _no_prepare(monkeypatch):
@@ -207,7 +213,7 @@ def test_cache_is_keyed_on_the_data_not_only_the_options(tmp_path, monkeypatch):
 def test_reused_out_with_other_data_flags_trains_a_new_original(tmp_path, capsys):
     pytest.importorskip("sklearn")
     assert cli.main(_argv(tmp_path)) == 0
-    assert cli.main(_argv(tmp_path, "--max-train-per-class", "12")) == 0     # the later flag wins
+    assert cli.main(_argv(tmp_path, "--max-train-per-class", "12")) == 0     # instead of the caps' 10
     assert cli.main(_argv(tmp_path, "--original-epochs", "3")) == 0
     assert cli.main(_argv(tmp_path, "--seed", "1")) == 0
     assert len(list(tmp_path.glob("original_digits_full_*.pt"))) == 4

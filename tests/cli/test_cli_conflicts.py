@@ -1,6 +1,8 @@
 """Issue 24 item 15: two ways of setting one field with different values (a flag and ``--set``, or
 ``--set`` twice) exit 2 with one line naming both, before any data is read; equal values, and a
-``--set`` beside a flag left at its default, are accepted."""
+``--set`` beside a flag left at its default, are accepted. So does a single-valued flag given twice
+with two values (``--seed 1 --seed 2``), in ``entangle-unlearn`` and ``compare`` alike, instead of
+silently taking the last."""
 import pytest
 
 from entangle_ext import cli
@@ -50,3 +52,37 @@ def test_equal_values_and_defaulted_flags_are_accepted(extra, field, value):
     section, name = field
     got = getattr(plan.config, name) if section == "top" else getattr(getattr(plan.config, section), name)
     assert got == value
+
+
+@pytest.mark.parametrize("command,extra,named", [
+    ([], ["--seed", "1", "--seed", "2"], "--seed 1 and --seed 2"),
+    ([], ["--epochs", "1", "--epochs=2"], "--epochs 1 and --epochs 2"),
+    ([], ["--setting", "cifar100"], "--setting digits and --setting cifar100"),
+    ([], ["--superclasses", "fish,flowers", "--superclasses", "fish"], "--superclasses fish,flowers and --superclasses fish"),
+    (["compare"], ["--jobs", "1", "--jobs", "2"], "--jobs 1 and --jobs 2"),
+    (["compare"], ["--methods", "retrain", "--methods", "salun"], "--methods retrain and --methods salun"),
+])
+def test_a_flag_given_twice_with_two_values_exits_2_naming_both(command, extra, named, capsys, monkeypatch, tmp_path):
+    import entangle_ext.settings as settings
+
+    def no_data(*a, **k):
+        raise AssertionError("data was read before the flags were checked")
+    monkeypatch.setattr(settings, "prepare", no_data)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        cli.main([*command, *BASE, *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    prog = "entangle-unlearn compare" if command else "entangle-unlearn"
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"{prog}: error: {named} set one flag to two "
+                                                                     "values; give it once"), err
+    assert not (tmp_path / "unused_out_dir").exists()
+
+
+def test_a_flag_given_twice_with_one_value_and_repeated_set_are_accepted():
+    from entangle_ext.cli import compare as cli_compare
+    argv = BASE + ["--seed", "3", "--seed", "3", "--set", "stage2.lr=1e-3", "--set", "stage1.lr=1e-4"]
+    args = cli.build_parser().parse_args(argv)
+    assert args.seed == 3 and args.overrides == ["stage2.lr=1e-3", "stage1.lr=1e-4"]
+    assert "seed" in cli_run._typed_flags(argv) and not [k for k in vars(args) if k.startswith("_")]
+    args = cli_compare.build_parser().parse_args(["--setting", "digits", "--jobs", "2", "--jobs", "2"])
+    assert args.jobs == 2
