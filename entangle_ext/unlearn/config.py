@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
 from .fields import (HISTOGRAM_BINS_MAX, HISTOGRAM_BINS_RULE, MOMENTUM_RULE, Select, StrictFields, at_least,
-                     check_curve_fields, check_fields, check_seed, field_values, require)
+                     check_curve_fields, check_fields, check_seed, check_stage_switches, field_values, require)
 
 __all__ = ["Stage1Config", "Stage2Config", "UnlearnConfig", "PRESETS", "RECIPES", "RECIPE_OF_HPARAMS", "Recipe",
            "DualUpdate", "W2Scope", "ForgetOrder", "PenaltyOn", "MicroBatch"]
@@ -234,7 +234,8 @@ class UnlearnConfig(StrictFields):
         checkpoint_every: steps (>= 0) between mid-stage checkpoints (0 = only after each stage);
             needs out_dir.
         eval_batch_size: batch size (>= 1) of the evaluation / c0 passes.
-        run_stage1, run_stage2: skip a stage (e.g. α-ablations from a saved Stage-1 model).
+        run_stage1, run_stage2: skip a stage (e.g. α-ablations from a saved Stage-1 model); not
+            both (ValueError: nothing would run).
         histogram_bins: bins (1 to 10,000) of the forget-loss histogram PNG.
         amp: None, "bf16" or "auto": "bf16" runs every forward pass under `torch.autocast` with
             bfloat16 (parameters, gradients, optimizer state, λ/c0/μ and the W2 / projection
@@ -305,10 +306,7 @@ class UnlearnConfig(StrictFields):
         at_least(self, 0, "checkpoint_every")
         check_curve_fields(self)
         check_seed(self)
-        for name, until in (("stage1.until", self.stage1.until), ("stage2.until", self.stage2.until)):
-            if until is not None and self.eval_every == 0:
-                raise ValueError(f"UnlearnConfig.{name}={until!r} is a stopping rule checked at the curve "
-                                 "probes: it needs eval_every > 0 (steps between probes), got eval_every=0")
+        check_stage_switches(self)
         return self
 
     def with_recipe(self, recipe: Recipe) -> "UnlearnConfig":

@@ -10,7 +10,7 @@ import typing
 from typing import Literal
 
 __all__ = ["check_fields", "require", "at_least", "StrictFields", "Select", "check_curve_fields", "check_seed",
-           "SEED_MIN", "SEED_MAX", "MOMENTUM_RULE", "HISTOGRAM_BINS_MAX", "HISTOGRAM_BINS_RULE", "field_values"]
+           "check_stage_switches", "SEED_MIN", "SEED_MAX", "MOMENTUM_RULE", "HISTOGRAM_BINS_MAX", "HISTOGRAM_BINS_RULE", "field_values"]
 
 Select = typing.Optional[Literal["first_within"]]   # checkpoint selection (None: keep the final state)
 
@@ -227,3 +227,15 @@ def check_curve_fields(cfg) -> None:
     if cfg.select is not None and cfg.eval_every == 0:
         raise ValueError(f"{type(cfg).__name__}.select={cfg.select!r} picks among the curve probes: it needs "
                          "eval_every > 0 (steps between probes), got eval_every=0")
+
+
+def check_stage_switches(cfg) -> None:
+    """`UnlearnConfig`'s stage switches and stopping rules: ValueError when ``run_stage1`` and
+    ``run_stage2`` are both False (nothing would run) or a stage's ``until`` is set with
+    eval_every == 0 (a stopping rule is checked at the curve probes)."""
+    if not (cfg.run_stage1 or cfg.run_stage2):
+        raise ValueError("run_stage1 and run_stage2 are both False: nothing would run; leave at least one stage on")
+    for name, until in (("stage1.until", cfg.stage1.until), ("stage2.until", cfg.stage2.until)):
+        if until is not None and cfg.eval_every == 0:
+            raise ValueError(f"UnlearnConfig.{name}={until!r} is a stopping rule checked at the curve "
+                             "probes: it needs eval_every > 0 (steps between probes), got eval_every=0")

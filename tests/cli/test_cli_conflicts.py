@@ -86,3 +86,19 @@ def test_a_flag_given_twice_with_one_value_and_repeated_set_are_accepted():
     assert "seed" in cli_run._typed_flags(argv) and not [k for k in vars(args) if k.startswith("_")]
     args = cli_compare.build_parser().parse_args(["--setting", "digits", "--jobs", "2", "--jobs", "2"])
     assert args.jobs == 2
+
+
+@pytest.mark.parametrize("extra", [["--set", "run_stage1=false", "--set", "run_stage2=false"],
+                                   ["--method", "pgd_mean", "--set", "run_stage2=false"]])
+def test_both_stages_off_exits_2_before_any_data(extra, capsys, monkeypatch, tmp_path):
+    """It ran nothing, exited 0 and reported a two_stage run."""
+    import entangle_ext.settings as settings
+
+    def no_data(*a, **k):
+        raise AssertionError("data was read before the flags were checked")
+    monkeypatch.setattr(settings, "prepare", no_data)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(BASE + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["entangle-unlearn: error: run_stage1 and run_stage2 are both False: nothing would run; leave "
+                   "at least one stage on"], err

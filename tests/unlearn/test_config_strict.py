@@ -119,6 +119,20 @@ def test_histogram_bins_are_bounded(make):
             make(bad)
 
 
+def test_both_stages_off_is_refused_as_nothing_would_run():
+    """run_stage1=False with run_stage2=False ran nothing and returned a "finished" two_stage run."""
+    nothing = "run_stage1 and run_stage2 are both False: nothing would run"
+    assert not UnlearnConfig(run_stage1=False).run_stage1 and not UnlearnConfig(run_stage2=False).run_stage2
+    with pytest.raises(ValueError, match=nothing):
+        UnlearnConfig(run_stage1=False, run_stage2=False)
+    cfg = UnlearnConfig(run_stage2=False)
+    cfg.run_stage1 = False
+    with pytest.raises(ValueError, match=nothing):
+        cfg.validate()
+    with pytest.raises(ValueError, match=nothing):   # pgd_mean turns Stage 1 off itself
+        METHODS["pgd_mean"].resolve_config(UnlearnConfig(run_stage2=False), "digits", "paper_code")
+
+
 @pytest.mark.parametrize("call, err, says", [
     (lambda: UnlearnConfig.preset("digits", epochs=3), ValueError,
      r"unknown UnlearnConfig field\(s\) \['epochs'\].*go in stage1=\{\.\.\.\} / stage2=\{\.\.\.\}"),
