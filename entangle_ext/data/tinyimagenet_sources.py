@@ -227,8 +227,10 @@ def read_standard_layout(src: Path, classes, max_train_per_class, max_val_per_cl
         raise ValueError(f"unknown wnid(s) {bad}: not in {src / 'wnids.txt'}")
     wcsv = Path(wordnet_csv) if wordnet_csv is not None else find_wordnet_csv(src)
     if wcsv is None:
-        raise FileNotFoundError("no tinyimagenet_wordnet.csv (WordNet hypernym paths) next to the data or in "
-                                + ", ".join(str(p) for _, p in data_dirs()) + "; pass wordnet_csv=")
+        places = ", ".join(str(p) for p in [src, src.parent] + [p for _, p in data_dirs()])
+        raise FileNotFoundError(f"no tinyimagenet_wordnet.csv (WordNet hypernym paths) in {places}: put the file "
+                                f"in {src.parent} (beside {src.name}/) or in $ENTANGLE_DATA (no command-line flag "
+                                "takes its path), or from Python pass wordnet_csv=PATH")
     wn = load_wordnet_csv(wcsv)
     missing = [w for w in wnids if w not in wn]
     if missing:

@@ -183,3 +183,17 @@ def test_class_without_train_or_val_images_names_it(tiny_root):   # noqa: F811
     ann.write_text("".join(l + "\n" for l in ann.read_text().splitlines() if "\tn01443537\t" not in l))
     msg = _load_folder_error(tiny_root, match=r"class n01443537 \(listed in wnids.txt\) has no val image")
     assert str(ann) in msg
+
+
+def test_a_missing_wordnet_csv_says_where_to_put_it_for_the_command_line(tiny_root, monkeypatch):   # noqa: F811
+    """The message ended "; pass wordnet_csv=", a Python keyword the command line has no flag for."""
+    from entangle_ext.data import tinyimagenet_sources
+    from entangle_ext.data.tinyimagenet import load_tinyimagenet
+    monkeypatch.setattr(tinyimagenet_sources, "data_dirs", lambda: [])   # no shared table found elsewhere
+    (tiny_root.parent / "tinyimagenet_wordnet.csv").unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        load_tinyimagenet(tiny_root)
+    assert str(e.value) == (f"no tinyimagenet_wordnet.csv (WordNet hypernym paths) in {tiny_root}, {tiny_root.parent}: "
+                            f"put the file in {tiny_root.parent} (beside tiny-imagenet-200/) or in $ENTANGLE_DATA (no "
+                            "command-line flag takes its path), or from Python pass wordnet_csv=PATH")
+
