@@ -210,7 +210,8 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
         the `IndexSplit` objects ("index_splits": {"train", "val"}).
     Raises:
         FileNotFoundError / ValueError: as `load_tinyimagenet`, `resolve_classes`, `superclass_map`;
-        ValueError when the forget classes span several superclasses or have no images, or when a
+        ValueError when the forget classes span several superclasses or have no images in the train
+        or the held-out (val) part (the message names the classes and the part), or when a
         forget class's hypernym path contains none of the superclasses (e.g. the npz's paths lack
         "dog"; the message names the source, the class and its path).
     """
@@ -233,6 +234,7 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
         y = d[f"y_{part}"]
         if part == "val" and len(y) == 0:
             continue
+        _check_forget_images(d, ff, y, part)
         s = split_by_hierarchy(y, f2c, ff, fine_names=d["names"], coarse_names=list(superclasses))
         s.meta.update(setting="tinyimagenet", part=part, source=Path(d["source"]).name)
         empty = [n for n in IndexSplit.NAMES if not getattr(s, n)]
@@ -256,6 +258,16 @@ def tinyimagenet_splits(root: Union[str, Path, None] = None, *, forget: Union[st
             "forget_superclass": tr.meta["coarse_name"], "sizes": {k: len(v) for k, v in kw.items()},
             "index_splits": idx_splits}
     return splits, info
+
+
+def _check_forget_images(d: dict, ff: Sequence[int], y: np.ndarray, part: str) -> None:
+    """ValueError naming the forget class(es), the part and the source when none of their images
+    is in ``part`` ("train", or "val", the held-out part): an empty forget set."""
+    if not np.isin(y, ff).any():
+        where = "held-out (val)" if part == "val" else "train"
+        raise ValueError(f"empty forget set: the forget class(es) {[str(d['names'][k]) for k in ff]} have no image "
+                         f"in the {where} part of {Path(d['source']).name}; choose another forget class (--forget) "
+                         f"or add {part} images of it")
 
 
 def _check_forget_covered(d: dict, ff: Sequence[int], f2c: np.ndarray, superclasses, dropped) -> None:

@@ -197,3 +197,14 @@ def test_a_missing_wordnet_csv_says_where_to_put_it_for_the_command_line(tiny_ro
                             f"put the file in {tiny_root.parent} (beside tiny-imagenet-200/) or in $ENTANGLE_DATA (no "
                             "command-line flag takes its path), or from Python pass wordnet_csv=PATH")
 
+
+def test_a_forget_class_without_val_images_is_named_with_the_held_out_part(tmp_path):
+    """It said "empty forget set: no sample has fine label in [0]"."""
+    from entangle_ext.data.tinyimagenet import tinyimagenet_splits
+    split = np.tile(np.array([0, 0, 1], np.int8), 4)
+    split[2] = 0                                   # Chihuahua's one val image becomes a train image
+    p = _tiny_npz(tmp_path / "t.npz", split=split)
+    with pytest.raises(ValueError) as e:
+        tinyimagenet_splits(p)
+    assert str(e.value) == ("empty forget set: the forget class(es) ['Chihuahua'] have no image in the held-out (val) "
+                            "part of t.npz; choose another forget class (--forget) or add val images of it")
