@@ -269,7 +269,7 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
         raise FileNotFoundError(f"original model file {original} not found")
     if cache_dir is not None:   # before any data is read or any training: a file there fails now, not after
         make_out_dir(cache_dir, "cache_dir")
-    splits, info = s.load(data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
+    splits, info = _load(s, v, data, data_root, seed=seed, device=device, cache_dir=cache_dir, **data_kw)
     seed_everything(seed)   # the initial weights of the original model come from the seed
     net = s.build_model(info, **model_kw)
     if original is None:   # what the recipe's channels_last runs as, in the key (as amp above)
@@ -298,6 +298,21 @@ def prepare(name: str, variant: Optional[str] = None, *, data_root=None, seed: i
     info.update(setting=s.name, variant=v.name, model=summary)
     return Prepared(model=net, splits=splits, info=info, setting=s, variant=v, recipe=recipe, cache=cache,
                     key=key)
+
+
+def _load(s: Setting, v: Variant, given: Mapping[str, Any], data_root, **kw):
+    """``s.load(data_root, **kw)``; a forget class whose superclass the variant's own superclasses
+    (not the caller's ``given`` ones) leave out is a ValueError naming the variant, its
+    superclasses and the ``--superclasses`` list that keeps the class's superclass too."""
+    try:
+        return s.load(data_root, **kw)
+    except cifar100.ForgetSuperclassMissing as e:
+        if "superclasses" in given or "superclasses" not in v.data:
+            raise
+        keep = ",".join([*e.superclasses, e.superclass])
+        raise ValueError(f"forget class {e.forget!r} is in superclass {e.superclass!r}, which variant {v.name!r} of "
+                         f"{s.name} leaves out: the variant's superclasses are {e.superclasses}; pass --superclasses "
+                         f"{keep} (from Python: data={{'superclasses': [..., {e.superclass!r}]}})") from None
 
 
 def _option_text(x) -> str:

@@ -30,8 +30,18 @@ from .seeds import numpy_seed
 from .root import find_data_file, read_npz
 from .tinyimagenet import images_to_tensor
 
-__all__ = ["load_setting", "setting_model", "find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "small_resnet_cifar",
+__all__ = ["ForgetSuperclassMissing", "load_setting", "setting_model", "find_cifar100", "load_cifar100", "cifar100_splits", "resnet18_cifar", "small_resnet_cifar",
            "downsample_images", "CIFAR100_MEAN", "CIFAR100_STD"]
+
+class ForgetSuperclassMissing(ValueError):
+    """`cifar100_splits`: ``superclasses`` leave out the superclass of the forget class. Attributes:
+    ``forget`` (the fine class), ``superclass`` (its superclass), ``superclasses`` (the list given)."""
+
+    def __init__(self, forget: str, superclass: str, superclasses: Sequence[str]):
+        self.forget, self.superclass, self.superclasses = forget, superclass, list(superclasses)
+        super().__init__(f"superclasses {self.superclasses} do not include {superclass!r}, the superclass of the "
+                         f"forget class {forget!r}: give superclasses that include it")
+
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
@@ -153,7 +163,8 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
         split, and "index_splits" ({"train", "test"}: `IndexSplit` over the official arrays).
     Raises:
         ValueError: an unknown forget class or superclass (the message lists the choices), repeated
-        superclasses, superclasses without the forget class's superclass or with nothing else (an
+        superclasses, superclasses without the forget class's superclass (`ForgetSuperclassMissing`,
+        naming both) or with nothing else (an
         empty remote split), fine/coarse labels that disagree between samples or a fine class
         without train images (both name the class), arrays of the wrong dtype or shape (images not
         uint8 (N, 32, 32, 3), labels not integers as many as the images or outside the class
@@ -177,7 +188,7 @@ def cifar100_splits(root: Union[str, Path, None] = None, *, forget_fine: str = "
     sup = int(f2c[f_id])
     keep = list(range(len(coarse_names))) if superclasses is None else _keep_superclasses(superclasses, coarse_names)
     if sup not in keep:
-        raise ValueError(f"superclasses must include {coarse_names[sup]!r}, the forget class's superclass")
+        raise ForgetSuperclassMissing(forget_fine, coarse_names[sup], [coarse_names[c] for c in keep])
     if len(keep) < 2:
         raise ValueError(f"the remote split would be empty with superclasses {[coarse_names[c] for c in keep]}: "
                          "give at least one superclass besides the forget class's")

@@ -91,3 +91,29 @@ def test_good_arrays_still_give_the_splits_and_an_upper_case_suffix_is_found(tmp
                              "remote_test": 4}
     x = s.remote.tensors[0]
     assert x.min() < -1.5 and x.max() > 1.5   # uint8 pixels normalised once: the full range, not ~constant
+
+
+def test_a_forget_class_outside_the_variants_superclasses_names_them_and_the_flag(tmp_path):
+    """``--variant reduced --forget apple`` said "superclasses must include 'fruit_and_vegetables',
+    the forget class's superclass" though no superclasses were given: the variant's were."""
+    from entangle_ext.data.cifar100 import ForgetSuperclassMissing
+    from entangle_ext.settings import prepare
+    fine_tr, fine_te = np.repeat(np.arange(7), 2), np.arange(7)
+    coarse = np.array([0, 0, 1, 1, 2, 2, 3])
+    p = tmp_path / "c.npz"
+    np.savez(p, **_arrays(x_train=np.zeros((14, 32, 32, 3), np.uint8), y_train_fine=fine_tr,
+                          y_train_coarse=coarse[fine_tr], x_test=np.zeros((7, 32, 32, 3), np.uint8),
+                          y_test_fine=fine_te, y_test_coarse=coarse, fine_names=np.array(FINE + ["apple"]),
+                          coarse_names=np.array(COARSE + ["fruit_and_vegetables"])))
+    with pytest.raises(ValueError) as e:
+        prepare("cifar100", "reduced", data_root=p, data={"forget": "apple"}, progress=False)
+    assert str(e.value) == (
+        "forget class 'apple' is in superclass 'fruit_and_vegetables', which variant 'reduced' of cifar100 leaves "
+        "out: the variant's superclasses are ['fish', 'flowers', 'insects']; pass --superclasses "
+        "fish,flowers,insects,fruit_and_vegetables (from Python: data={'superclasses': [..., "
+        "'fruit_and_vegetables']})")
+    with pytest.raises(ForgetSuperclassMissing, match=r"superclasses \['fish', 'flowers'\] do not include "
+                                                      r"'fruit_and_vegetables', the superclass of the forget class "
+                                                      r"'apple': give superclasses that include it"):
+        prepare("cifar100", "reduced", data_root=p, data={"forget": "apple", "superclasses": ["fish", "flowers"]},
+                progress=False)   # the caller's own superclasses: the loader's message
