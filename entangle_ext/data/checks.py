@@ -112,11 +112,12 @@ def check_labels(y: Any, n: int, num_classes: int, where: str, key: str) -> np.n
 
 
 def read_text_lines(path: Union[str, Path]) -> List[str]:
-    """The lines of the UTF-8 text file ``path`` (without line ends). The one reader of the
+    """The lines of the UTF-8 text file ``path`` (without line ends; a leading byte-order mark, as
+    Windows editors save, is dropped: it would be part of the first entry). The one reader of the
     loaders' line-based list files (CelebA's lists, Tiny-ImageNet's ``wnids.txt`` / ``words.txt`` /
     ``val_annotations.txt``). Raises ValueError naming the file when it is not UTF-8 text."""
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
+        return Path(path).read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not a UTF-8 text file ({e}); re-save it as UTF-8") from e
 

@@ -307,3 +307,12 @@ def test_celeba_image_size_checked_up_front(celeba_root, bad):   # noqa: F811
         celeba_splits(celeba_root[0], image_size=bad)
     with pytest.raises(ValueError, match="image_size must be an integer >= 1"):
         load_celeba_images(celeba_root[0] / "celeba", ["000001.jpg"], bad)
+
+
+def test_list_files_with_a_byte_order_mark_are_read(tmp_path):
+    """wnids.txt / CelebA lists saved with a BOM: the first entry read '\\ufeffn01443537' (no such
+    class) where the CSV reader had already dropped it."""
+    from entangle_ext.data.checks import read_text_lines
+    p = tmp_path / "wnids.txt"
+    p.write_bytes(b"\xef\xbb\xbfn01443537\nn02094433\n")
+    assert read_text_lines(p) == ["n01443537", "n02094433"]
