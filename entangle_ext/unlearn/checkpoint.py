@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .distributed import check_world_size, current
-from .files import POINTER_NAME, atomic_write, open_checkpoint, stage_label
+from .files import POINTER_NAME, atomic_write, make_out_dir, open_checkpoint, stage_label
 from .fingerprint import FINGERPRINT_VERSION, splits_fingerprint
 from .module_state import state_module, unwrapped_state
 from .sharded import has_dtensor, init_optimizer_state, load_sharded, save_sharded, sharded_dir
@@ -208,7 +208,7 @@ class Checkpointer:
         self.common, self.dynamic = common, dynamic
         self.last_path: Optional[str] = None
         if self.dir is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_out_dir(self.dir, "out_dir's checkpoints folder")   # ValueError: e.g. a file named checkpoints
 
     @property
     def resume_hint(self) -> Optional[str]:

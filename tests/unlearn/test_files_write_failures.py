@@ -142,3 +142,14 @@ def test_save_split_into_a_folder_that_cannot_be_made_is_a_write_error(tmp_path,
     ok = tmp_path / "new" / "deeper" / "s.json"      # missing folders are still created
     save_split(ok, IndexSplit(forget=[0], adjacent=[1], remote=[2]))
     assert load_split(ok).forget == [0]
+
+
+def test_a_file_named_checkpoints_in_the_out_dir_is_named_before_any_training(small, tmp_path):
+    """The checkpoints folder's mkdir raised a raw FileExistsError [Errno 17]; now the ValueError of
+    the out-dir check, naming the folder, before any training."""
+    import entangle_ext as ee
+    from _tiny import mlp, tiny_config
+    (tmp_path / "checkpoints").write_text("mine")
+    with pytest.raises(ValueError, match=r"checkpoints folder '.*checkpoints' exists and is not a directory"):
+        ee.unlearn(mlp(), small, tiny_config(), out_dir=tmp_path, progress=False)
+    assert (tmp_path / "checkpoints").read_text() == "mine" and not (tmp_path / "report.json").exists()
