@@ -108,12 +108,11 @@ class ResultCache:
         p = self.path(method, seed)
         if p is None:
             return
-        p.parent.mkdir(parents=True, exist_ok=True)
         nan = sorted(k for k, v in rec.get("metrics", {}).items() if isinstance(v, float) and math.isnan(v))
         text = json.dumps(json_nan_free({**rec, **({"nan_metrics": nan} if nan else {}), "format": CACHE_FORMAT,
                                          "env": cache_env(self.device)}),
                           allow_nan=False)   # (one temporary file per process: --jobs workers share the dir)
-        atomic_write(p, lambda tmp: tmp.write_text(text), what="comparison cache entry",
+        atomic_write(p, lambda tmp: tmp.write_text(text), what="comparison cache entry", parents=True,
                      hint="the runs cached so far are kept: free space and rerun the same command to go on")
 
 

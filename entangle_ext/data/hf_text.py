@@ -132,9 +132,8 @@ def _read_cache(cache: Path, n: int) -> torch.Tensor:
 def _write_cache(cache: Path, arr: np.ndarray) -> None:
     """np.save through `atomic_write` (a temporary file beside ``cache``, then a rename): a crash or
     a full disk leaves no partial cache, and a failed write is a WriteError naming the file."""
-    cache.parent.mkdir(parents=True, exist_ok=True)
 
     def save(tmp: Path) -> None:
         with open(tmp, "wb") as f:   # (a file object: np.save would append ".npy" to a path)
             np.save(f, arr)
-    atomic_write(cache, save, what="embeddings cache", hint="rerun to recompute it")
+    atomic_write(cache, save, what="embeddings cache", hint="rerun to recompute it", parents=True)
