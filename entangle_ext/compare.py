@@ -361,7 +361,7 @@ def _checked_model(model, splits: Splits, device, methods) -> torch.device:
     through `unlearn`, `require_trainable`). Returns the device, ``model`` moved there."""
     check_model_and_splits(model, splits, "compare")
     if any(isinstance(m, str) for m in ([methods] if isinstance(methods, (str, MethodSpec)) else methods)):
-        require_trainable(model)
+        require_trainable(model, copied=True)   # every method trains its own copy (copy_model)
     device = model_device(model, device)
     model.to(device)   # its train/eval flags stay: every evaluation sets eval mode and restores them
     with training_flags_kept(model):

@@ -104,10 +104,11 @@ def training_grad_mode() -> Iterator[None]:
         yield
 
 
-def require_trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
+def require_trainable(model: torch.nn.Module, *, copied: bool = False) -> List[torch.nn.Parameter]:
     """The trainable parameters of ``model`` (`trainable_params`). Raises ValueError when there are
     none (a model without parameters, or with ``requires_grad`` False for all of them), when one
-    was created under ``torch.inference_mode`` (an inference tensor cannot be trained), or when a
+    was created under ``torch.inference_mode`` (an inference tensor cannot be trained; not checked
+    with ``copied``: the methods train a `copy_model` copy, whose tensors are normal ones), or when a
     trainable `torch.nn.Embedding` / `EmbeddingBag` has ``sparse=True`` (sparse gradients)."""
     params = trainable_params(model)
     if not params:
@@ -120,7 +121,8 @@ def require_trainable(model: torch.nn.Module) -> List[torch.nn.Parameter]:
         raise ValueError(f"the model's embedding {sparse!r} has sparse=True, whose sparse gradients the methods cannot "
                          "use (Adam, the projections and the dual update need dense ones): build it with "
                          "sparse=False (the weights stay the same)")
-    frozen = next((n for n, p in model.named_parameters() if p.requires_grad and p.is_inference()), None)
+    frozen = None if copied else next((n for n, p in model.named_parameters() if p.requires_grad and p.is_inference()),
+                                      None)
     if frozen is not None:
         raise ValueError(f"the model's parameter {frozen!r} is an inference tensor (the model was built or loaded "
                          "under torch.inference_mode), which autograd cannot train: build or load the model "
