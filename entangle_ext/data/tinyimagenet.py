@@ -97,7 +97,7 @@ def load_tinyimagenet(root: Union[str, Path, None] = None, *, classes: Optional[
             UTF-8, has a malformed line or row, repeats a wnid, or (annotations) names a wnid
             absent from ``wnids.txt`` (the message names the file and line); a selected class
             without train images (its ``train/<wnid>/images`` folder holds no .JPEG / .jpeg / .jpg
-            file, any case; the message names the folder) or without a val annotation; a cap
+            file, any case; the message names the folder); a cap
             that is not None or an integer >= 1 (`check_cap`). TypeError: ``classes`` is one string.
     """
     max_train_per_class = check_cap(max_train_per_class, "max_train_per_class")
