@@ -29,10 +29,11 @@ warning (the old run's report, plots, selected model and checkpoints are removed
 held) is refused with a one-line error naming that run (exit code 2). ``--resume`` continues a
 run with the same ``--method``, data and configuration: another method, or another configuration
 without ``--allow-config-change``, is refused before any data is loaded; other data once the data
-is known (the same checks as ``entangle_ext.unlearn``); an original model other than the one the
-run started from (other ``--original`` / ``--original-epochs`` / ``--set train.*`` / ``--seed``)
-once it is made or loaded. ``--original`` with ``--original-epochs`` or ``--set train.*`` (which would
-train the model it loads) exits 2.
+is known (the same checks as ``entangle_ext.unlearn``). The resumed run keeps its own original
+model (its evaluations are in the checkpoint): another one, made by other ``--original`` /
+``--original-epochs`` / ``--set train.*`` / ``--seed`` flags or trained anew elsewhere, gets a warning
+and no original-model entry in report.json. ``--original`` with ``--original-epochs`` or ``--set
+train.*`` (which would train the model it loads) exits 2.
 
 Writes ``report.json`` (with a "run" section: method, hparams, setting, variant, options,
 original-model file and the split fingerprint), ``history.json``, ``forget_loss_hist.png``, ``checkpoints/`` and the cached

@@ -8,6 +8,7 @@ import ast
 import copy
 import dataclasses
 import typing
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __all__ = ["OPTION_FLAGS", "STAGE_FLAGS", "RUN_FLAGS", "flag_tables", "flag_of", "check_option_flags", "parse_overrides",
@@ -281,18 +282,23 @@ def resume_check(ckpt: Optional[dict], flag: str) -> Optional[Callable]:
     return check
 
 
-def check_resumed_original(ckpt: Optional[dict], model, flag: str) -> None:
-    """With ``--resume``: ValueError naming ``flag`` when ``model``, the original model this command
-    trained or loaded, is not the one the checkpoint's run started from (its ``done["original_state"]``,
-    `original_state`; a checkpoint without it, or a sharded model, is not checked). A resumed run
-    goes on from the checkpoint, its original model's evaluations included, so another
-    ``--original``, ``--original-epochs`` or ``--set train.*`` would change nothing but report.json's
-    record of the original model."""
+def check_resumed_original(ckpt: Optional[dict], model, flag: str) -> bool:
+    """With ``--resume``: whether ``model``, the original model this command trained or loaded, is
+    the one the checkpoint's run started from (its ``done["original_state"]``, `original_state`; a
+    checkpoint without it, or a sharded model, counts as the same). When it is not, a `UserWarning`
+    naming ``flag``: a resumed run goes on from the checkpoint, its original model's evaluations
+    included, so another ``--original`` / ``--original-epochs`` / ``--set train.*`` / ``--seed``
+    changed nothing, and an original retrained elsewhere (another ``--out``, device or version, on
+    hardware that does not train bit-reproducibly) is not the run's either; the caller then records
+    no original-model file or recipe in report.json (they would name a model nothing used)."""
     from ..unlearn.fingerprint import original_state
     want = ((ckpt or {}).get("done") or {}).get("original_state")
     got = None if want is None else original_state(model)
-    if got is not None and got != want:
-        raise ValueError(f"{flag}: the checkpoint's run started from another original model than this command's "
-                         "(its --original, --original-epochs, --set train.* or --seed differ, or its cached original "
-                         "is not in this --out): the run goes on from the checkpoint, whose original model is that "
-                         "run's; resume with that run's flags and --out, or --original its cached original .pt")
+    if got is None or got == want:
+        return True
+    warnings.warn(f"{flag}: the original model this command made or loaded is not the one the checkpoint's run "
+                  "started from (other --original / --original-epochs / --set train.* / --seed flags, or one "
+                  "trained anew for another --out, device or version): the run goes on from the checkpoint, with "
+                  "that run's original-model evaluations; report.json names no original-model file or recipe",
+                  UserWarning, stacklevel=2)
+    return False

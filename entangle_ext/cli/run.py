@@ -269,7 +269,7 @@ def _run_ranks(args, plan: _Plan, procs, device) -> int:
                           model=plan.model, train=plan.train, original=args.original,
                           before_training=resume_check(plan.resume, f"--resume {args.resume}"))
         procs.barrier()
-    check_resumed_original(plan.resume, run.model, f"--resume {args.resume}")   # before any unlearning
+    same_original = check_resumed_original(plan.resume, run.model, f"--resume {args.resume}")   # else warns
     if procs.is_main:
         print(json.dumps({"setting": args.setting, **_jsonable(run.info)}))
     baseline = not isinstance(plan.config, UnlearnConfig)
@@ -288,8 +288,8 @@ def _run_ranks(args, plan: _Plan, procs, device) -> int:
                   "variant": plan.variant.name, "data": _jsonable(plan.data),
                   "model": _jsonable(plan.model),
                   # --original: the original model was loaded, not trained, so no recipe made it
-                  "original_recipe": None if args.original else run.recipe.to_dict(),
-                  "original_model": str(run.cache) if run.cache else None, "device": str(device),
+                  "original_recipe": None if args.original or not same_original else run.recipe.to_dict(),
+                  "original_model": str(run.cache) if run.cache and same_original else None, "device": str(device),
                   "threads": plan.threads, "resumed_from": args.resume}
     save_report_json(Path(args.out), rep)
     if args.no_progress:
