@@ -11,6 +11,18 @@ from entangle_ext.cli import run as cli_run
 BASE = ["--setting", "digits", "--out", "unused_out_dir"]
 
 
+def _refused_before_any_data(extra, capsys, monkeypatch, tmp_path):
+    """The stderr lines of ``BASE + extra``, which must exit 2 before any data is read."""
+    import entangle_ext.settings as settings
+
+    def no_data(*a, **k):
+        raise AssertionError("data was read before the flags were checked")
+    monkeypatch.setattr(settings, "prepare", no_data)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(BASE + extra) == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.mark.parametrize("extra,named", [
     (["--stage2-lr", "5e-4", "--set", "stage2.lr=1e-3"], ("--stage2-lr 0.0005", "--set stage2.lr=0.001")),
     (["--batch-limit", "2", "--set", "stage2.forget_batch_limit=3"],
@@ -25,14 +37,7 @@ BASE = ["--setting", "digits", "--out", "unused_out_dir"]
     (["--method", "ft", "--set", "epochs=2", "--set", "epochs=3"], ("'epochs=2'", "'epochs=3'")),
 ])
 def test_conflicting_values_exit_2_naming_both_before_any_data(extra, named, capsys, monkeypatch, tmp_path):
-    import entangle_ext.settings as settings
-
-    def no_data(*a, **k):
-        raise AssertionError("data was read before the flags were checked")
-    monkeypatch.setattr(settings, "prepare", no_data)
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(BASE + extra) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _refused_before_any_data(extra, capsys, monkeypatch, tmp_path)
     assert len(err) == 1 and err[0].startswith("entangle-unlearn: error:"), err
     for n in named:
         assert n in err[0], (n, err[0])
@@ -92,13 +97,6 @@ def test_a_flag_given_twice_with_one_value_and_repeated_set_are_accepted():
                                    ["--method", "pgd_mean", "--set", "run_stage2=false"]])
 def test_both_stages_off_exits_2_before_any_data(extra, capsys, monkeypatch, tmp_path):
     """It ran nothing, exited 0 and reported a two_stage run."""
-    import entangle_ext.settings as settings
-
-    def no_data(*a, **k):
-        raise AssertionError("data was read before the flags were checked")
-    monkeypatch.setattr(settings, "prepare", no_data)
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(BASE + extra) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _refused_before_any_data(extra, capsys, monkeypatch, tmp_path)
     assert err == ["entangle-unlearn: error: run_stage1 and run_stage2 are both False: nothing would run; leave "
                    "at least one stage on"], err
