@@ -17,7 +17,9 @@ table), ``comparison.json`` and ``comparison.png``, and
 effective hyperparameters (Retrain's also the model its ``model_fn`` builds: `compare_specs.model_fn_key`)
 and a fingerprint of the splits and the original model, so a rerun after an
 interruption (or with more methods / seeds) only runs what is missing. The key does not hold the
-device or the torch version (a cache made on one machine serves another); each record notes them,
+device or the torch version (a cache made on one machine usually serves another: the fingerprint
+holds the model's outputs rounded to 6 digits, which another CPU's kernels can change at a
+rounding boundary, `model_fingerprint`); each record notes them,
 and a record made with another torch version or device type is reused with a `UserWarning` that
 names the file to delete to recompute it.
 """
@@ -42,9 +44,10 @@ from .unlearn.data import check_batch_size
 from .unlearn.disjoint import disjoint_scope
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fields import SEED_MAX, SEED_MIN
-from .unlearn.fingerprint import fingerprint
+from .unlearn.fingerprint import fingerprint, one_thread
 from .unlearn.inputs import check_model_and_splits, model_device, preflight, require_trainable, training_flags_kept
 from .unlearn.model_copy import copy_model
+from .unlearn.original_eval import original_eval_scope
 from .unlearn.precision import model_dtype
 from .unlearn.lock import out_dir_lock
 from .compare_report import (BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize,
@@ -195,7 +198,11 @@ def _relearn_settings(relearn, model, splits, device, batch_size) -> Optional[di
     if relearn is False:
         return None
     rl = {**DEFAULT_RELEARN, **(relearn or {})}
-    acc = evaluate(model, splits, device=device, batch_size=batch_size, keep_forget_losses=False)["forget"]["acc"]
+    # the forget split alone: the threshold reads nothing else (evaluating every split cost a
+    # whole evaluation pass of θ0 per compare call, i.e. per task of every --jobs worker)
+    forget = Splits(forget=splits.forget, collate_fn=splits.collate_fn, num_workers=splits.num_workers)
+    with one_thread():   # a cache key: the same in the --jobs workers and their parent (`one_thread`)
+        acc = evaluate(model, forget, device=device, batch_size=batch_size, keep_forget_losses=False)["forget"]["acc"]
     rl["threshold"] = rl.pop("fraction") * acc
     return rl if rl["threshold"] > 0 else None   # nothing to relearn when θ0 gets no forget sample right
 
@@ -270,7 +277,9 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
     # one disjoint_scope for the whole comparison: its own check, every run and every scoring
     # check the splits; identical rows in two splits warn once per compare call. Likewise an MIA
     # attack without signal warns once per call (after the runs), not once per scored model.
-    with disjoint_scope(), mia_undefined_scope(), batch_warning_scope():
+    # θ0's evaluation before each run is made once per setting and seed and reused by the
+    # runs after it (`original_eval_scope`: bit-identical runs; a --jobs worker keeps its own)
+    with disjoint_scope(), mia_undefined_scope(), batch_warning_scope(), original_eval_scope():
         band = check_band(band)
         out_dir = expand_user(out_dir)   # "~/runs": the home directory, as the shell reads it
         seeds, specs, budget = _checked_arguments(

@@ -190,11 +190,13 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
     from ..settings import prepare
     from ..unlearn.disjoint import disjoint_scope
     from ..unlearn.lock import out_dir_lock
+    from ..unlearn.original_eval import original_eval_scope
 
     with contextlib.ExitStack() as stack:
         # one disjoint_scope for prepare and every compare call of this process (a worker's tasks
         # too): identical rows in two splits warn once per process
         stack.enter_context(disjoint_scope())
+        stack.enter_context(original_eval_scope())   # θ0 evaluated once per seed by every task of this process
         if args.worker is not None:
             die_with_parent(Path(args.worker))   # SIGTERM when the parent exits (Linux)
         else:   # one live comparison per --out (its workers share the parent's lock)

@@ -15,9 +15,10 @@ One home for them (before, `checkpoint.splits_fingerprint`, `report.split_finger
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 
@@ -27,7 +28,7 @@ from .module_state import state_module
 from .nest import map_tensors
 
 __all__ = ["splits_fingerprint", "model_fingerprint", "original_state", "fingerprint", "FINGERPRINT_VERSION",
-           "FINGERPRINT_BATCH"]
+           "FINGERPRINT_BATCH", "one_thread"]
 
 #: 2: every item of every split (1, implicit: labels and a sample of the inputs, or less)
 FINGERPRINT_VERSION = 2
@@ -101,12 +102,31 @@ def _probe_inputs(model: torch.nn.Module, splits, rows: int, seed: int):
     return map_tensors(fill, inputs)
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one CPU thread for the body (the caller's count is restored, also on error). A
+    float32 CPU kernel's result can change in the last bits with the thread count (it splits its
+    sums otherwise), so a value that goes into a key (`model_fingerprint`'s outputs, the relearn
+    threshold of `entangle_ext.compare`) is computed on one thread: the ``compare --jobs N``
+    workers (``threads // N`` threads each) and their parent then compute the same keys."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def model_fingerprint(model: torch.nn.Module, splits=None, *, rows: int = 4, seed: int = 0) -> Dict[str, str]:
     """{"class": module.qualname, "state": 16 hex digits of the state dict (names, dtypes, shapes,
-    bytes), "outputs": 16 hex digits of the model's logits (rounded to 6 significant digits, so
-    float round-off of another kernel does not count) on ``rows`` seeded inputs shaped like a batch
-    of ``splits``' forget split}. Without ``splits`` there is no "outputs". The forward runs in
-    eval mode without gradients; the modules' train/eval flags are restored. A compiled model
+    bytes), "outputs": 16 hex digits of the model's logits (rounded to 6 significant digits) on
+    ``rows`` seeded inputs shaped like a batch of ``splits``' forget split}. Without ``splits``
+    there is no "outputs". The forward runs in eval mode without gradients, on one CPU thread
+    (`one_thread`: on two threads the Tiny-ImageNet ``lite0`` model's outputs differed from one
+    thread's in a 6th digit, so the ``compare --jobs 2`` parent missed every record its
+    one-thread workers had cached and ran the whole comparison again); the modules' train/eval
+    flags are restored. The rounding hides most round-off of another CPU's kernels, not all of it: a
+    logit that lies at a rounding boundary gives another digit, and then another fingerprint. A compiled model
     (``torch.compile``) is fingerprinted by the module underneath (`state_module`: class, state
     and outputs), so it and the plain model with the same weights fingerprint the same."""
     model = state_module(model)
@@ -122,13 +142,14 @@ def model_fingerprint(model: torch.nn.Module, splits=None, *, rows: int = 4, see
     out["state"] = h.hexdigest()[:16]
     if splits is not None:
         flags = [(m, m.training) for m in model.modules()]
-        try:
-            model.eval()
-            with torch.no_grad():
-                logits = forward_logits(model, _probe_inputs(model, splits, rows, seed))
-        finally:
-            for m, t in flags:
-                m.training = t
+        with one_thread():   # the digits must not depend on the caller's thread count (see the docstring)
+            try:
+                model.eval()
+                with torch.no_grad():
+                    logits = forward_logits(model, _probe_inputs(model, splits, rows, seed))
+            finally:
+                for m, t in flags:
+                    m.training = t
         vals = logits.detach().float().cpu().reshape(-1).tolist()
         text = json.dumps([tuple(logits.shape)] + [f"{v:.6g}" for v in vals])
         out["outputs"] = hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -23,6 +23,7 @@ from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
 from .fingerprint import original_state
+from .original_eval import evaluation_key, reuse_or_evaluate
 from .inputs import (check_changes_apply, check_model_and_splits, check_resume_arguments, check_resume_model,
                      model_device, preflight, probe_channels_last, require_trainable, training_grad_mode)
 from .files import make_out_dir, warn_unwritten_checkpoints
@@ -106,7 +107,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         run.channels_last = channels_last
         if "original" not in run.evals:   # a fresh run: θ0's state (a CLI --resume checks it) and evaluations
             run.done["original_state"] = original_state(model)
-            run.evaluate("original", check_finite=True)
+            run.evaluate_original()
             run.probe_original()
         extras = cls(num_classes=num_classes, model_fn=model_fn).execute(run)
         run.restore_selected()
@@ -136,6 +137,7 @@ class Run:
                  fingerprint: Dict[str, Any], stages: Sequence[Any], amp: Optional[str] = None,
                  changes: Optional[Dict[str, Any]] = None):
         self.method, self.model, self.splits, self.config, self.device = method, model, splits, config, device
+        self.fingerprint = fingerprint   # the splits' (`splits_fingerprint`)
         self.num_classes, self.progress, self.amp, self.stages = num_classes, progress, amp, tuple(stages)
         self.channels_last = False   # what the config's channels_last runs as (set by run_method)
         self.out = make_out_dir(out_dir) if out_dir is not None else None
@@ -197,6 +199,29 @@ class Run:
         self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
             self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
             num_classes=self.num_classes, check_finite=check_finite, amp=self.amp))
+
+    def evaluate_original(self) -> None:
+        """`evaluate` θ0 under ``evals["original"]`` with the non-finite check, or, inside an
+        `original_eval_scope` (a comparison) that already evaluated the same θ0 with the same
+        settings and generator state, a copy of that evaluation (`reuse_or_evaluate`; the
+        generators are left as the evaluation would leave them). Not reused in a distributed run."""
+        if current().active:
+            self.evaluate("original", check_finite=True)
+            return
+
+        def key() -> str:
+            return evaluation_key(self.model, self.splits, self.fingerprint, device=self.device, amp=self.amp,
+                                  channels_last=self.channels_last, batch_size=self.config.eval_batch_size,
+                                  num_classes=self.num_classes, check_finite=True)
+
+        def fresh() -> Dict[str, dict]:
+            self.evaluate("original", check_finite=True)
+            return self.evals["original"]
+        start = time.perf_counter()
+        evals, reused = reuse_or_evaluate(key, fresh)
+        if reused:
+            self.evals["original"] = evals
+            self.timings["eval_original"] = time.perf_counter() - start
 
     def evaluate_after(self, key, tag: str) -> None:
         """`evaluate` under ``tag`` unless it is already there (a resumed run) or the model is not
