@@ -8,7 +8,9 @@
 Every (method, seed) run starts from a deep copy of ``model`` and is scored by `unlearning_metrics`
 (``from entangle_ext.unlearn.metrics import unlearning_metrics``; docs/algorithm.md §10); the
 retrained model of the same seed is the reference of the gap metrics; the row "original" scores
-``model`` itself. Outputs under ``out_dir``: ``comparison.md`` (mean ± std over seeds; one value
+``model`` itself. The evaluation of ``model`` that every run makes before its first step is made
+once per seed and evaluation settings and copied into the later runs (`original_eval_scope`; the
+runs are bit-identical to runs that evaluate it themselves). Outputs under ``out_dir``: ``comparison.md`` (mean ± std over seeds; one value
 per cell for one seed; rows = methods, columns = metrics with their direction, best per column
 in bold among the unlearning methods that keep the adjacent and remote accuracy within ± ``band``
 points of the original's, when two or more of them have the metric; the rule is stated under the
