@@ -50,6 +50,7 @@ from .unlearn.fingerprint import fingerprint, one_thread
 from .unlearn.inputs import check_model_and_splits, model_device, preflight, require_trainable, training_flags_kept
 from .unlearn.model_copy import copy_model
 from .unlearn.original_eval import original_eval_scope
+from .unlearn.final_outputs import FinalOutputs
 from .unlearn.precision import model_dtype
 from .unlearn.lock import out_dir_lock
 from .compare_report import (BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize,
@@ -140,18 +141,22 @@ class _Diverged(ValueError):
 def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, metric_kw) -> dict:
     m = copy_model(model, "compare runs every method on its own copy of the model")
     t = time.perf_counter()
-    with preserved_rng():
+    with preserved_rng(), FinalOutputs() as kept:   # the run's float32 evaluations keep their logits
         seed_everything(seed)
         res = spec.run(m, splits, seed=seed, device=device, progress=False)
     wall = time.perf_counter() - t
     report = dict(getattr(res, "report", None) or {})
     seconds = None if spec.name == "original" else _unlearn_seconds(report, wall)
     # the metrics' forward passes in the memory format the run used (report["channels_last"])
-    with preserved_rng(), channels_last_scope(bool(report.get("channels_last", False))):
+    channels_last = bool(report.get("channels_last", False))
+    with preserved_rng(), channels_last_scope(channels_last):
         try:
+            # the run's last evaluation, when it is of this model with the metrics' batch size and
+            # no autocast, gives the MIA its per-sample values (bit-identical; no second pass)
+            feats = kept.features(res.model, batch_size=metric_kw["batch_size"], channels_last=channels_last)
             metrics = unlearning_metrics(res.model, splits, retrained=retrained, evals=_final_evals(report),
                                          seconds=seconds, device=device, seed=seed,
-                                         keep_losses=spec.name == "retrain", **metric_kw)
+                                         keep_losses=spec.name == "retrain", features=feats, **metric_kw)
         except NonFiniteOutputError as e:
             if spec.name == "original":
                 raise

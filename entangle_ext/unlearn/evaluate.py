@@ -18,7 +18,7 @@ from .distributed import SINGLE, Dist, scope
 from .inputs import check_flags, check_model_and_splits, model_device, training_flags_kept
 from .precision import amp_scope, model_dtype, resolve_amp_for
 
-__all__ = ["evaluate", "per_sample", "NonFiniteOutputError"]
+__all__ = ["evaluate", "per_sample", "per_sample_of_outputs", "NonFiniteOutputError"]
 
 _MAX_LISTED = 20
 
@@ -34,8 +34,9 @@ def _non_finite_error(name: str, mask: torch.Tensor, n: int) -> ValueError:
 
 @torch.no_grad()
 def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], keep_losses: bool,
-                    check_finite: bool, d: Dist):
-    """(result dict, C) for one split; one host read (plus one to list non-finite samples)."""
+                    check_finite: bool, d: Dist, outputs: Optional[list] = None):
+    """(result dict, C) for one split; one host read (plus one to list non-finite samples).
+    ``outputs``: a list that gets each batch's (logits, labels), detached, on the CPU."""
     dev = stream.device
     correct = torch.zeros((), dtype=torch.float64, device=dev)
     loss = torch.zeros((), dtype=torch.float64, device=dev)
@@ -59,6 +60,8 @@ def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], kee
             masks.append(mask)
         if keep_losses:
             losses.append(ce)
+        if outputs is not None:
+            outputs.append((logits.detach().cpu(), y.cpu()))
     sizes = [len(i) for i in stream.global_batch_indices(0)]
     n_correct, total, n_bad, n_nonfinite = d.sum_(torch.stack([correct, loss, bad, nonfinite])).tolist()
     if n_bad:
@@ -74,7 +77,8 @@ def _evaluate_split(model, name: str, stream: BatchStream, C: Optional[int], kee
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size: int = 512,
              keep_forget_losses: bool = True, num_classes: Optional[int] = None,
-             check_finite: bool = False, amp: Optional[str] = None) -> Dict[str, dict]:
+             check_finite: bool = False, amp: Optional[str] = None,
+             outputs: Optional[Dict[str, list]] = None) -> Dict[str, dict]:
     """Accuracy and mean cross-entropy of ``model`` (eval mode, no grad) on every present split.
 
     Per-sample CE is computed in the logits' dtype (float32 for float16/bfloat16 logits; float64
@@ -92,6 +96,10 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
             before unlearning).
         amp: None, "bf16" or "auto" (bf16 where the device has bfloat16 matrix units, for a float32
             model): forward passes under `torch.autocast`.
+        outputs: a dict that gets, per split, the list of its batches' (logits (B, C) in the loss
+            dtype of `loss_logits`, labels (B,) int64), detached, on the CPU, in dataset order
+            (`per_sample_of_outputs` turns them into `per_sample`'s values); left empty inside a
+            distributed run, whose ranks see parts of every batch.
     Returns:
         {split name: {"acc": fraction in [0,1], "loss": mean CE in nats, "n": int}} (a sample
         whose CE is NaN/Inf counts as misclassified, and makes "loss" NaN/Inf); the forget
@@ -122,11 +130,14 @@ def evaluate(model: torch.nn.Module, splits: Splits, *, device=None, batch_size:
     with training_flags_kept(model):
         model.eval()
         with scope(model) as (d, model), amp_scope(resolve_amp_for(amp, model, device)):
+            if d.active:   # each rank sees a part of every batch: nothing kept
+                outputs = None
             for name in splits.named():
                 stream = BatchStream(splits.source(name), batch_size, shuffle=False, seed=0,
                                      name=f"eval/{name}", device=device, input_dtype=model_dtype(model))
                 keep = name == "forget" and keep_forget_losses
-                r, C = _evaluate_split(model, name, stream, C, keep, check_finite, d)
+                kept = None if outputs is None else outputs.setdefault(name, [])
+                r, C = _evaluate_split(model, name, stream, C, keep, check_finite, d, kept)
                 if name == "forget":
                     r["retained"] = r["acc"]
                 out[name] = r
@@ -158,17 +169,36 @@ def per_sample(model: torch.nn.Module, dataset, *, device=None, batch_size: int 
                          input_dtype=model_dtype(model), dist=SINGLE)
     if stream.n == 0:
         raise ValueError(f"split {name!r} is empty")
-    loss, correct = [], []
+    batches = []
     with training_flags_kept(model):
         model.eval()
         for b in stream.epoch_batches(0):
             inputs, y = split_batch(b, name)
-            logits = forward_logits(model, inputs).double()
-            if bool(((y < 0) | (y >= logits.shape[1])).any()):
-                raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
-            if not bool(torch.isfinite(logits).all()):
-                raise NonFiniteOutputError(f"split {name!r}: the model returned non-finite logits")
-            loss.append(F.cross_entropy(logits, y, reduction="none").cpu())
-            correct.append((logits.argmax(1) == y).cpu())
-    loss_t = torch.cat(loss)
-    return {"loss": loss_t, "p_true": torch.exp(-loss_t), "correct": torch.cat(correct)}
+            batches.append(_per_sample_batch(forward_logits(model, inputs), y, name))
+    return _per_sample_dict(batches)
+
+
+def _per_sample_batch(logits: torch.Tensor, y: torch.Tensor, name: str):
+    """(per-sample CE in float64, argmax == label) of one batch, on the CPU (`per_sample`)."""
+    logits = logits.double()
+    if bool(((y < 0) | (y >= logits.shape[1])).any()):
+        raise ValueError(f"split {name!r}: labels outside the model's classes [0, {logits.shape[1]})")
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteOutputError(f"split {name!r}: the model returned non-finite logits")
+    return F.cross_entropy(logits, y, reduction="none").cpu(), (logits.argmax(1) == y).cpu()
+
+
+def _per_sample_dict(batches) -> Dict[str, torch.Tensor]:
+    loss_t = torch.cat([b[0] for b in batches])
+    return {"loss": loss_t, "p_true": torch.exp(-loss_t), "correct": torch.cat([b[1] for b in batches])}
+
+
+def per_sample_of_outputs(batches, name: str = "split") -> Dict[str, torch.Tensor]:
+    """`per_sample`'s dict from the (logits, labels) batches that `evaluate` kept (its
+    ``outputs``): the same arithmetic batch by batch, so the same values to the bit as `per_sample`
+    of the same model when the logits are those `per_sample` computes (no autocast, the same
+    batch size, memory format and thread count). Raises as `per_sample` (ValueError for labels
+    outside [0, C), `NonFiniteOutputError` for non-finite logits) and ValueError for no batches."""
+    if not batches:
+        raise ValueError(f"split {name!r} is empty")
+    return _per_sample_dict([_per_sample_batch(logits, y, name) for logits, y in batches])

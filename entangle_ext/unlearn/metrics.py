@@ -27,15 +27,15 @@ from torch.utils.data import Subset, TensorDataset
 from .._optional import optional_import
 from .data import BatchStream, Source, Splits, as_source, check_batch_size, loss_logits, require_graph, split_batch
 from .distributed import SINGLE
-from .evaluate import NonFiniteOutputError, evaluate, per_sample
+from .evaluate import NonFiniteOutputError, evaluate, per_sample, per_sample_of_outputs
 from .mia import (MIA_MIN_BALANCED_ACCURACY, MIAUndefinedWarning, mia_efficacy, mia_efficacy_from_features,
-                  mia_undefined_scope)
+                  mia_undefined_scope, MIA_SPLITS)
 from .inputs import model_device, training_grad_mode
 from .model_copy import copy_model
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
-           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "mia_undefined_scope", "NonFiniteOutputError",
+           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "mia_undefined_scope", "MIA_SPLITS", "NonFiniteOutputError",
            "average_gap", "forget_quality_ks",
            "forget_ks_test", "relearn_time", "RELEARN_LR", "RELEARN_LR_GROWTH", "RELEARN_MAX_STEPS", "unlearning_metrics"]
 
@@ -243,7 +243,8 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
                        evals: Optional[Mapping[str, dict]] = None, seconds: Optional[float] = None,
                        relearn: Optional[Mapping[str, Any]] = None, device=None, batch_size: int = 512,
                        seed: int = 0, mia_max_samples: Optional[int] = None,
-                       keep_losses: bool = False) -> Dict[str, Any]:
+                       keep_losses: bool = False,
+                       features: Optional[Mapping[str, Mapping[str, torch.Tensor]]] = None) -> Dict[str, Any]:
     """All metrics of `METRICS` for one unlearned model (docs/algorithm.md §10).
 
     Args:
@@ -258,6 +259,9 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
         relearn: keyword arguments of `relearn_time` (``threshold`` required); None = skipped.
         seed: MIA member/non-member subsets and the relearn subset.
         keep_losses: add "forget_losses" (list of per-sample forget-train CE, nats).
+        features: {split: `per_sample` dict} of ``model`` already computed with ``batch_size``
+            (e.g. `FinalOutputs.features` of the run's last evaluation, which `compare` passes);
+            the splits it lacks get their own `per_sample` pass. None = every split's pass.
     Returns: {metric key: float, or None where not computable}; percentages in [0, 100]; the
         "mia_<split>" values NaN where the attack has no signal (one `MIAUndefinedWarning` per
         attack; none inside `mia_undefined_scope`, where `compare` warns once for all its runs).
@@ -267,10 +271,15 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
     if splits.forget is None:
         raise ValueError("unlearning_metrics needs the forget train split (UA, MIA forget, forget quality)")
     device = model_device(model, device)
-    if evals is None:
-        evals = evaluate(model, splits, device=device, batch_size=batch_size, keep_forget_losses=False)
+    feats: Dict[str, dict] = {k: dict(v) for k, v in (features or {}).items()}
+    if evals is None:   # one pass gives the accuracies and the MIA's per-sample values (`per_sample`'s, to the bit)
+        outputs: Dict[str, list] = {}
+        evals = evaluate(model, splits, device=device, batch_size=batch_size, keep_forget_losses=False,
+                         outputs=outputs)
+        for name, batches in outputs.items():
+            if name in MIA_SPLITS and name not in feats:
+                feats[name] = per_sample_of_outputs(batches, name)
     out: Dict[str, Any] = _accuracies(evals)
-    feats: Dict[str, dict] = {}
     present = tuple(n for n in Splits.TRAIN if getattr(splits, n) is not None)
     mia = mia_efficacy(model, splits, targets=present, device=device, batch_size=batch_size, seed=seed,
                        max_samples=mia_max_samples, features=feats)

@@ -21,7 +21,7 @@ from .evaluate import per_sample
 from .inputs import model_device
 
 __all__ = ["mia_efficacy", "mia_efficacy_from_features", "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY",
-           "mia_undefined_scope"]
+           "mia_undefined_scope", "MIA_SPLITS"]
 
 
 def _optional(module: str, what: str):
@@ -103,6 +103,8 @@ def mia_efficacy_from_features(members: torch.Tensor, nonmembers: torch.Tensor,
 _MIA_SIDES = {"members": (("adjacent", "remote"), "retain-train samples (adjacent and/or remote)"),
               "non-members": (("adjacent_test", "remote_test"),
                               "held-out retain samples (adjacent_test and/or remote_test)")}
+#: the splits whose `per_sample` values `mia_efficacy` may read (members, non-members, targets)
+MIA_SPLITS = ("forget", "adjacent", "remote", "adjacent_test", "remote_test")
 
 
 def _retain_features(model, splits: Splits, feats: Dict[str, dict], device, batch_size):

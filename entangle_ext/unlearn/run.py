@@ -24,6 +24,7 @@ from .distributed import current, scope
 from .evaluate import evaluate
 from .fingerprint import original_state
 from .original_eval import evaluation_key, reuse_or_evaluate
+from .final_outputs import keep_outputs
 from .inputs import (check_changes_apply, check_model_and_splits, check_resume_arguments, check_resume_model,
                      model_device, preflight, probe_channels_last, require_trainable, training_grad_mode)
 from .files import make_out_dir, warn_unwritten_checkpoints
@@ -196,9 +197,14 @@ class Run:
     def evaluate(self, tag: str, check_finite: bool = False) -> None:
         """Evaluate the model on every split under ``evals[tag]`` (timed as ``eval_<tag>``)."""
         self.timings.pop(f"eval_{tag}", None)
+        kept = keep_outputs() if self.amp is None and not current().active else None
+        outputs = None if kept is None else {}   # inside `compare`: the metrics may reuse them
         self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
             self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
-            num_classes=self.num_classes, check_finite=check_finite, amp=self.amp))
+            num_classes=self.num_classes, check_finite=check_finite, amp=self.amp, outputs=outputs))
+        if kept is not None:
+            kept.record(self.model, outputs, batch_size=self.config.eval_batch_size,
+                        channels_last=self.channels_last)
 
     def evaluate_original(self) -> None:
         """`evaluate` θ0 under ``evals["original"]`` with the non-finite check, or, inside an
