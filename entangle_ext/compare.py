@@ -39,20 +39,20 @@ import torch
 
 from ._paths import expand_user
 from .unlearn.data import Splits, batch_warning_scope
-from .unlearn.evaluate import evaluate
 from .unlearn.memory_format import channels_last_scope
 from .unlearn.loop import NonFiniteLossError
 from .unlearn.data import check_batch_size
 from .unlearn.disjoint import disjoint_scope
 from .unlearn.checkpoint import preserved_rng, seed_everything
 from .unlearn.fields import SEED_MAX, SEED_MIN
-from .unlearn.fingerprint import fingerprint, one_thread
+from .unlearn.fingerprint import fingerprint
 from .unlearn.inputs import check_model_and_splits, model_device, preflight, require_trainable, training_flags_kept
 from .unlearn.model_copy import copy_model
 from .unlearn.original_eval import original_eval_scope
 from .unlearn.final_outputs import FinalOutputs
 from .unlearn.precision import model_dtype
 from .unlearn.lock import out_dir_lock
+from .compare_relearn import DEFAULT_RELEARN, check_relearn as _check_relearn, relearn_settings as _relearn_settings
 from .compare_report import (BOLD_BAND, TABLE_COLUMNS, check_band, format_markdown, plot_comparison, summarize,
                              warn_undefined_mia)
 from .unlearn.files import atomic_write
@@ -62,19 +62,12 @@ from .compare_cache import (CACHE_FORMAT, ResultCache, cache_key, cached_note, j
                             resolved_amp_fields)
 from .unlearn.report import plot_available
 from .unlearn.evaluate import NonFiniteOutputError
-from .unlearn.metrics import (METRICS, RELEARN_LR, RELEARN_LR_GROWTH, RELEARN_MAX_STEPS, check_relearn_args,
-                              mia_undefined_scope, unlearning_metrics)
+from .unlearn.metrics import METRICS, mia_undefined_scope, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "scale_budget", "check_method_names", "available_methods", "fingerprint",
            "summarize", "format_markdown", "plot_comparison", "TABLE_COLUMNS", "DEFAULT_RELEARN"]
 
-DEFAULT_RELEARN = {"fraction": 0.9, "subset": 0.1, "lr": RELEARN_LR, "lr_growth": RELEARN_LR_GROWTH,
-                   "max_steps": RELEARN_MAX_STEPS, "batch_size": 64}
-"""Relearn time: threshold = ``fraction`` × the original model's forget-train accuracy; the rest are
-`relearn_time` arguments: Adam step k at lr ``lr * lr_growth**k`` (1e-5 growing 10 % a step; a
-constant 1e-3 relearned almost every model in one step, docs/algorithm.md §10), at most
-``max_steps``."""
 
 
 @dataclass
@@ -185,33 +178,6 @@ def _seed_list(seeds) -> List[int]:
                          f"{out_of_range}")
     return seeds
 
-
-def _check_relearn(relearn) -> None:
-    """The relearn argument of `compare`, checked before any run (ValueError / TypeError)."""
-    if relearn is None or relearn is False:
-        return
-    if not isinstance(relearn, Mapping):
-        raise TypeError(f"relearn must be None, False or a dict of {sorted(DEFAULT_RELEARN)}, got {relearn!r}")
-    unknown = sorted(set(relearn) - set(DEFAULT_RELEARN))
-    if unknown:
-        raise ValueError(f"relearn has unknown keys {unknown}; known: {sorted(DEFAULT_RELEARN)}")
-    rl = {**DEFAULT_RELEARN, **relearn}
-    if not (isinstance(rl["fraction"], numbers.Real) and 0 < rl["fraction"] <= 1):
-        raise ValueError(f"relearn: fraction must be in (0, 1], got {rl['fraction']!r}")
-    check_relearn_args(**{k: v for k, v in rl.items() if k != "fraction"})
-
-
-def _relearn_settings(relearn, model, splits, device, batch_size) -> Optional[dict]:
-    if relearn is False:
-        return None
-    rl = {**DEFAULT_RELEARN, **(relearn or {})}
-    # the forget split alone: the threshold reads nothing else (evaluating every split cost a
-    # whole evaluation pass of θ0 per compare call, i.e. per task of every --jobs worker)
-    forget = Splits(forget=splits.forget, collate_fn=splits.collate_fn, num_workers=splits.num_workers)
-    with one_thread():   # a cache key: the same in the --jobs workers and their parent (`one_thread`)
-        acc = evaluate(model, forget, device=device, batch_size=batch_size, keep_forget_losses=False)["forget"]["acc"]
-    rl["threshold"] = rl.pop("fraction") * acc
-    return rl if rl["threshold"] > 0 else None   # nothing to relearn when θ0 gets no forget sample right
 
 
 def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str, MethodSpec]] = ("two_stage",),

@@ -14,8 +14,9 @@ last evaluation) the metrics make their own pass as before.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 
@@ -64,6 +65,15 @@ class FinalOutputs:
         return {name: per_sample_of_outputs(b, name) for name, b in last["outputs"].items() if name in MIA_SPLITS}
 
 
-def keep_outputs() -> Optional[FinalOutputs]:
-    """The open `FinalOutputs` (None outside one): where `Run.evaluate` keeps its outputs."""
-    return _OPEN.get()
+@contextlib.contextmanager
+def keep_outputs(run) -> Iterator[Optional[Dict[str, list]]]:
+    """`Run.evaluate`'s ``outputs`` dict for `evaluate`, recorded in the open `FinalOutputs` when the
+    evaluation returns; None (nothing kept) outside one, under autocast or in a distributed run."""
+    from .distributed import current
+    kept = _OPEN.get()
+    if kept is None or run.amp is not None or current().active:
+        yield None
+        return
+    outputs: Dict[str, list] = {}
+    yield outputs
+    kept.record(run.model, outputs, batch_size=run.config.eval_batch_size, channels_last=run.channels_last)

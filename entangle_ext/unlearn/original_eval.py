@@ -25,6 +25,7 @@ import contextvars
 import copy
 import hashlib
 import json
+import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
@@ -32,7 +33,7 @@ import torch
 
 from .checkpoint import rng_state, set_rng_state
 
-__all__ = ["original_eval_scope", "evaluation_key", "rng_digest", "reuse_or_evaluate"]
+__all__ = ["original_eval_scope", "evaluation_key", "rng_digest", "reuse_or_evaluate", "evaluate_original"]
 
 #: {key: {"evals": ..., "rng": state after the evaluation}} of the open scope; None outside one.
 _KEPT: contextvars.ContextVar[Optional[Dict[str, Dict[str, Any]]]] = contextvars.ContextVar(
@@ -96,3 +97,29 @@ def reuse_or_evaluate(key_fn: Callable[[], str], evaluate_fn: Callable[[], Dict[
     evals = evaluate_fn()
     kept[key] = {"evals": copy.deepcopy(evals), "rng": copy.deepcopy(rng_state())}
     return evals, False
+
+
+def evaluate_original(run) -> None:
+    """``run.evaluate("original", check_finite=True)`` (θ0 under ``run.evals["original"]``), or,
+    inside an `original_eval_scope` that already evaluated the same θ0 with the same settings and
+    generator state, a copy of that evaluation (`reuse_or_evaluate`: the generators are left as
+    the evaluation would leave them; ``run.timings["eval_original"]`` is the copy's time). Not
+    reused in a distributed run (its ranks evaluate together)."""
+    from .distributed import current
+    if current().active:
+        run.evaluate("original", check_finite=True)
+        return
+
+    def key() -> str:
+        return evaluation_key(run.model, run.splits, run.fingerprint, device=run.device, amp=run.amp,
+                              channels_last=run.channels_last, batch_size=run.config.eval_batch_size,
+                              num_classes=run.num_classes, check_finite=True)
+
+    def fresh() -> Dict[str, dict]:
+        run.evaluate("original", check_finite=True)
+        return run.evals["original"]
+    start = time.perf_counter()
+    evals, reused = reuse_or_evaluate(key, fresh)
+    if reused:
+        run.evals["original"] = evals
+        run.timings["eval_original"] = time.perf_counter() - start

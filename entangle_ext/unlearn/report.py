@@ -17,7 +17,8 @@ from .files import atomic_write
 from .fingerprint import splits_fingerprint
 
 __all__ = ["format_table", "plot_forget_histograms", "forget_histogram_figure", "build_report",
-           "write_report", "save_report_json", "plot_available", "PlotSkippedWarning", "split_fingerprint", "UNITS"]
+           "write_report", "save_report_json", "plot_available", "PlotSkippedWarning", "split_fingerprint", "UNITS",
+           "write_curves_png"]
 
 GOOD_DIRECTION = {"forget": "↓", "adjacent": "↑", "remote": "↑"}
 """Split base name → the direction of its accuracy that unlearning aims for."""
@@ -215,3 +216,28 @@ def write_report(out: Path, report: Dict[str, Any], history: List[Dict[str, floa
     if plot_available(png):
         report["histogram_png"] = plot_forget_histograms(evals, str(png), bins=bins, num_classes=num_classes)
         save_report_json(out, report)
+
+
+def write_curves_png(out: Path, report: Dict[str, Any], evals: Dict[str, Dict[str, dict]]) -> None:
+    """``curves.png`` under ``out`` (a run's out_dir) when the run has curves and matplotlib is
+    installed (its path into ``report["curves_png"]``, report.json rewritten), with the held-out
+    accuracies of the stage-end evaluations (``evals``: {tag: {split: {"acc", ...}}}) as markers."""
+    from . import curves   # only when a run has curves
+    png = Path(out) / "curves.png"
+    if not report["curves"] or not plot_available(png):
+        return
+    at, total = {"original": 0}, 0
+    for key, n in report["steps"].items():
+        total += n
+        at[key if key.startswith("stage") else "final"] = total
+    at.setdefault("final", total)
+    at["end"] = total
+    if report.get("selected") and report["selected"]["global_step"] is not None:
+        at["selected"] = report["selected"]["global_step"]
+    marks: Dict[str, list] = {}
+    for tag, e in evals.items():
+        for name, r in e.items():
+            if name.endswith("_test") and tag in at:
+                marks.setdefault(name[:-len("_test")], []).append((at[tag], r["acc"]))
+    report["curves_png"] = curves.plot_curves(report["curves"], str(png), marks)
+    save_report_json(Path(out), report)

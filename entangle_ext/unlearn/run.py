@@ -10,7 +10,6 @@ import copy
 import dataclasses
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Type, Union
 
 import torch
@@ -23,7 +22,7 @@ from .data import Splits
 from .distributed import current, scope
 from .evaluate import evaluate
 from .fingerprint import original_state
-from .original_eval import evaluation_key, reuse_or_evaluate
+from .original_eval import evaluate_original
 from .final_outputs import keep_outputs
 from .inputs import (check_changes_apply, check_model_and_splits, check_resume_arguments, check_resume_model,
                      model_device, preflight, probe_channels_last, require_trainable, training_grad_mode)
@@ -35,7 +34,7 @@ from .method import UnlearningMethod, warm_imports
 from .precision import amp_scope, model_dtype, resolve_run_amp
 from .certificate import NOT_APPLICABLE, certificate_line
 from .selection import StateSelection, check_unchanged, selection_line
-from .report import UnlearnResult, build_report, format_table, plot_available, save_report_json, write_report
+from .report import UnlearnResult, build_report, format_table, write_curves_png, write_report
 
 __all__ = ["run_method", "Run"]
 
@@ -108,7 +107,7 @@ def run_method(cls: Type[UnlearningMethod], model: torch.nn.Module, splits: Spli
         run.channels_last = channels_last
         if "original" not in run.evals:   # a fresh run: θ0's state (a CLI --resume checks it) and evaluations
             run.done["original_state"] = original_state(model)
-            run.evaluate_original()
+            evaluate_original(run)   # (inside a comparison, a copy of the first run's: `original_eval_scope`)
             run.probe_original()
         extras = cls(num_classes=num_classes, model_fn=model_fn).execute(run)
         run.restore_selected()
@@ -197,37 +196,10 @@ class Run:
     def evaluate(self, tag: str, check_finite: bool = False) -> None:
         """Evaluate the model on every split under ``evals[tag]`` (timed as ``eval_<tag>``)."""
         self.timings.pop(f"eval_{tag}", None)
-        kept = keep_outputs() if self.amp is None and not current().active else None
-        outputs = None if kept is None else {}   # inside `compare`: the metrics may reuse them
-        self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
-            self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
-            num_classes=self.num_classes, check_finite=check_finite, amp=self.amp, outputs=outputs))
-        if kept is not None:
-            kept.record(self.model, outputs, batch_size=self.config.eval_batch_size,
-                        channels_last=self.channels_last)
-
-    def evaluate_original(self) -> None:
-        """`evaluate` θ0 under ``evals["original"]`` with the non-finite check, or, inside an
-        `original_eval_scope` (a comparison) that already evaluated the same θ0 with the same
-        settings and generator state, a copy of that evaluation (`reuse_or_evaluate`; the
-        generators are left as the evaluation would leave them). Not reused in a distributed run."""
-        if current().active:
-            self.evaluate("original", check_finite=True)
-            return
-
-        def key() -> str:
-            return evaluation_key(self.model, self.splits, self.fingerprint, device=self.device, amp=self.amp,
-                                  channels_last=self.channels_last, batch_size=self.config.eval_batch_size,
-                                  num_classes=self.num_classes, check_finite=True)
-
-        def fresh() -> Dict[str, dict]:
-            self.evaluate("original", check_finite=True)
-            return self.evals["original"]
-        start = time.perf_counter()
-        evals, reused = reuse_or_evaluate(key, fresh)
-        if reused:
-            self.evals["original"] = evals
-            self.timings["eval_original"] = time.perf_counter() - start
+        with keep_outputs(self) as outputs:   # inside `compare`: its metrics may reuse them (`FinalOutputs`)
+            self.evals[tag] = self._timed(f"eval_{tag}", lambda: evaluate(
+                self.model, self.splits, device=self.device, batch_size=self.config.eval_batch_size,
+                num_classes=self.num_classes, check_finite=check_finite, amp=self.amp, outputs=outputs))
 
     def evaluate_after(self, key, tag: str) -> None:
         """`evaluate` under ``tag`` unless it is already there (a resumed run) or the model is not
@@ -402,30 +374,7 @@ class Run:
                 report["selected"]["model_file"] = self.selection.save(self.out)
             write_report(self.out, report, history + report["curves"], self.evals,
                          bins=self.config.histogram_bins, num_classes=self.num_classes)
-            self._write_curves_png(report)
+            write_curves_png(self.out, report, self.evals)
         if self.progress and current().is_main:
             print(table)
         return UnlearnResult(model=self.model, report=report, history=history, table=table)
-
-    def _write_curves_png(self, report: Dict[str, Any]) -> None:
-        """``curves.png`` under out_dir when the run has curves and matplotlib is installed (its
-        path into ``report["curves_png"]``, report.json rewritten), with the held-out accuracies
-        of the stage-end evaluations as markers."""
-        png = self.out / "curves.png"
-        if not report["curves"] or not plot_available(png):
-            return
-        at, total = {"original": 0}, 0
-        for key, n in report["steps"].items():
-            total += n
-            at[key if key.startswith("stage") else "final"] = total
-        at.setdefault("final", total)
-        at["end"] = total
-        if report.get("selected") and report["selected"]["global_step"] is not None:
-            at["selected"] = report["selected"]["global_step"]
-        marks: Dict[str, list] = {}
-        for tag, e in self.evals.items():
-            for name, r in e.items():
-                if name.endswith("_test") and tag in at:
-                    marks.setdefault(name[:-len("_test")], []).append((at[tag], r["acc"]))
-        report["curves_png"] = curves.plot_curves(report["curves"], str(png), marks)
-        save_report_json(self.out, report)
