@@ -53,8 +53,9 @@ class FinalOutputs:
 
     def features(self, model: torch.nn.Module, *, batch_size: int, channels_last: bool) -> Optional[Dict[str, dict]]:
         """{split: `per_sample` dict} of the MIA's splits (`MIA_SPLITS`) from the last kept
-        evaluation when it was of ``model`` as it is now (state-dict hash) with this ``batch_size`` and memory format; None otherwise.
-        Raises as `per_sample_of_outputs` (`NonFiniteOutputError` for non-finite logits)."""
+        evaluation when it was of ``model`` as it is now (state-dict hash) with this
+        ``batch_size`` and memory format; None otherwise. Raises as `per_sample_of_outputs`
+        (`NonFiniteOutputError` for non-finite logits)."""
         from .evaluate import per_sample_of_outputs
         from .mia import MIA_SPLITS
         last = self._last

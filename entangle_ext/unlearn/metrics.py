@@ -35,7 +35,8 @@ from .model_copy import copy_model
 from .precision import model_dtype
 
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
-           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "mia_undefined_scope", "MIA_SPLITS", "NonFiniteOutputError",
+           "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "mia_undefined_scope", "MIA_SPLITS",
+           "NonFiniteOutputError",
            "average_gap", "forget_quality_ks",
            "forget_ks_test", "relearn_time", "RELEARN_LR", "RELEARN_LR_GROWTH", "RELEARN_MAX_STEPS", "unlearning_metrics"]
 
