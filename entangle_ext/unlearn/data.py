@@ -34,6 +34,7 @@ from .batch import (LABEL_DTYPES, batch_size_of, cast_floating, concat_batches, 
                     loss_logits, move_batch, prepare_batch, require_graph, slice_batch, sliceable, split_batch)  # (re-exported)
 from .disjoint import check_disjoint, check_held_out
 from .distributed import Dist, current
+from .scopes import joined_scope
 from .source import (Source, as_source, check_batch_size, check_loader_options, indexed_tensors,  # noqa: F401
                      named_collate, union_source)  # (re-exported)
 
@@ -176,12 +177,8 @@ def batch_warning_scope() -> Iterator[None]:
     """Within this context (one `compare` call, every run of it) each distinct
     `BatchLargerThanSplitWarning` is given once; a scope opened inside another joins it; outside
     one, every stream that meets the case warns."""
-    token = _GIVEN.set(set()) if _GIVEN.get() is None else None
-    try:
+    with joined_scope(_GIVEN, set):
         yield
-    finally:
-        if token is not None:
-            _GIVEN.reset(token)
 
 
 def _warn_once(message: str) -> None:

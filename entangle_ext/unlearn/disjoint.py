@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Subset
 
+from .scopes import joined_scope
 from .source import loader_dataset
 
 __all__ = ["check_disjoint", "check_held_out", "disjoint_scope", "OverlappingSplitsWarning"]
@@ -135,14 +136,8 @@ def disjoint_scope() -> Iterator[None]:
     """Within this context (one run), `check_disjoint` row-scans each pair of tensor datasets and
     warns about it once, however often the run checks its splits; a scope opened inside another
     joins the outer one. Leaving it forgets the pairs, so the next run scans and warns again."""
-    if _SCANNED.get() is not None:
+    with joined_scope(_SCANNED, dict):
         yield
-        return
-    token = _SCANNED.set({})
-    try:
-        yield
-    finally:
-        _SCANNED.reset(token)
 
 
 def check_disjoint(named: Dict[str, Any]) -> None:

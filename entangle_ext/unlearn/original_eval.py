@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .checkpoint import rng_state, set_rng_state
+from .scopes import joined_scope
 
 __all__ = ["original_eval_scope", "evaluation_key", "rng_digest", "reuse_or_evaluate", "evaluate_original"]
 
@@ -45,14 +46,8 @@ def original_eval_scope() -> Iterator[None]:
     """Within this context the evaluations of θ0 that runs make are kept and reused (see the module
     docstring). A scope opened inside another joins it (``compare`` inside a ``--jobs`` worker's
     scope keeps what the worker's earlier tasks evaluated)."""
-    if _KEPT.get() is not None:
+    with joined_scope(_KEPT, dict):
         yield
-        return
-    token = _KEPT.set({})
-    try:
-        yield
-    finally:
-        _KEPT.reset(token)
 
 
 def rng_digest() -> str:
