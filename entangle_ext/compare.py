@@ -62,7 +62,7 @@ from .compare_cache import (CACHE_FORMAT, ResultCache, cache_key, cached_note, j
                             resolved_amp_fields)
 from .unlearn.report import plot_available
 from .unlearn.evaluate import NonFiniteOutputError
-from .unlearn.metrics import METRICS, mia_undefined_scope, unlearning_metrics
+from .unlearn.metrics import METRICS, gap_metrics, mia_undefined_scope, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "scale_budget", "check_method_names", "available_methods", "fingerprint",
@@ -131,7 +131,7 @@ class _Diverged(ValueError):
     `NonFiniteLossError`."""
 
 
-def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, metric_kw) -> dict:
+def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, metric_kw) -> dict:
     m = copy_model(model, "compare runs every method on its own copy of the model")
     t = time.perf_counter()
     with preserved_rng(), FinalOutputs() as kept:   # the run's float32 evaluations keep their logits
@@ -147,9 +147,11 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, m
             # the run's last evaluation, when it is of this model with the metrics' batch size and
             # no autocast, gives the MIA its per-sample values (bit-identical; no second pass)
             feats = kept.features(res.model, batch_size=metric_kw["batch_size"], channels_last=channels_last)
-            metrics = unlearning_metrics(res.model, splits, retrained=retrained, evals=_final_evals(report),
-                                         seconds=seconds, device=device, seed=seed,
-                                         keep_losses=spec.name == "retrain", features=feats, **metric_kw)
+            # every record keeps its forget losses: the gap metrics are added when the table is
+            # assembled (`_with_gap_metrics`), so no run waits for, or is keyed on, its seed's Retrain
+            metrics = unlearning_metrics(res.model, splits, evals=_final_evals(report), seconds=seconds,
+                                         device=device, seed=seed, keep_losses=True, features=feats,
+                                         **metric_kw)
         except NonFiniteOutputError as e:
             if spec.name == "original":
                 raise
@@ -158,6 +160,22 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, retrained, m
     slim = {k: report[k] for k in ("method", "hparams", "setting", "config", "evals", "timings_s", "steps")
             if k in report}
     return {"method": spec.name, "seed": seed, "metrics": metrics, "report": jsonable(slim), "wall_s": wall}
+
+
+_AFTER_GAPS = ("relearn_steps", "relearn_reached", "time_s")   # the keys the gap metrics come before
+
+
+def _with_gap_metrics(metrics: Mapping[str, Any], ref: Optional[Mapping[str, Any]]) -> dict:
+    """A cached record's metrics for the table: without its "forget_losses", and with the gap
+    metrics to its seed's Retrain (`gap_metrics`; ``ref`` = Retrain's metrics, None for Retrain
+    itself, a seed whose Retrain failed or was not compared, and a failed run's empty metrics), in
+    the place `unlearning_metrics` gives them."""
+    kept = {k: v for k, v in metrics.items() if k != "forget_losses"}
+    if ref is None or not kept:
+        return kept
+    gaps = gap_metrics(kept, metrics["forget_losses"], ref)
+    head = {k: v for k, v in kept.items() if k not in _AFTER_GAPS}
+    return {**head, **gaps, **{k: kept[k] for k in _AFTER_GAPS if k in kept}}
 
 
 def _seed_list(seeds) -> List[int]:
@@ -195,7 +213,10 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             its train/eval flags are left as they are), only moved to ``device``.
         splits: `Splits` with held-out retain data (the MIA non-members).
         methods: names (see `available_methods`; "retrain" is run first and is the reference of
-            "avg_gap" and "forget_quality") or `MethodSpec` objects.
+            "avg_gap", "forget_quality" and "forget_ks", which are computed from the cached records
+            when the table is assembled) or `MethodSpec` objects. An empty list, with
+            ``write_tables=False`` only, scores the original model alone (what a ``--jobs`` worker
+            does first for each seed, `compare_jobs.plan_tasks`).
         seeds: distinct ints; each is the ``seed`` of its runs (``unlearn(..., seed=)``: data order,
             random labels, Retrain's initial weights) and of their MIA and relearn subsets.
         setting, variant, hparams, model_fn, retrain_recipe: see `method_config` / `method_spec`
@@ -258,7 +279,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
         seeds, specs, budget = _checked_arguments(
             splits, methods, seeds, configs=configs, setting=setting, variant=variant, hparams=hparams,
             model_fn=model_fn, retrain_recipe=retrain_recipe, relearn=relearn, batch_size=batch_size, budget=budget,
-            mia_max_samples=mia_max_samples)
+            mia_max_samples=mia_max_samples, original_only_ok=not write_tables)
         # one live comparison per out dir (OutDirInUseError otherwise); write_tables=False (the --jobs
         # workers) only adds to the per-run cache, atomically, under the lock of the parent
         from .unlearn.metrics import require_metric_dependencies
@@ -270,29 +291,30 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
             fp, cache = fingerprint(model, splits), ResultCache(out_dir, device)
             dtype = model_dtype(model)   # with the device, what an amp of "auto" runs as (its cache key)
             runs: Dict[str, Dict[int, dict]] = {s.name: {} for s in specs}
-            retrained: Dict[int, dict] = {}
+            retrained: Dict[int, dict] = {}   # seed -> Retrain's metrics (the gap metrics' reference)
             failures: Dict[str, Dict[int, str]] = {}
             reused: Dict[str, List[int]] = {}   # the (method, seed) results taken from the cache
             bar = progress_bar(total=len(specs) * len(seeds), desc="compare", enabled=progress)
             for spec in specs:
                 hp = resolved_amp_fields(spec.hparams, device, dtype)
                 for seed in seeds:
-                    ref = retrained.get(seed)
-                    key = cache_key(CACHE_FORMAT, spec.name, seed, hp, fp, metric_kw, ref and ref["key"])
+                    key = cache_key(CACHE_FORMAT, spec.name, seed, hp, fp, metric_kw)
                     bar.set_postfix_str(f"{spec.name} seed {seed}", refresh=False)
                     rec = cache.load(spec.name, seed, key)
                     if rec is None:
                         rec = _run_and_cache(spec, model, splits, seed, key, cache, device=device, session=session,
-                                             retrained=ref and ref["metrics"], metric_kw=metric_kw)
+                                             metric_kw=metric_kw)
                     elif session is None or rec.get("session") != session:   # made before this invocation
                         reused.setdefault(spec.name, []).append(seed)
                     if rec.get("failed"):
                         failures.setdefault(spec.name, {})[seed] = rec["failed"]
                     elif spec.name == "retrain":
-                        retrained[seed] = rec
-                    runs[spec.name][seed] = {k: v for k, v in rec["metrics"].items() if k != "forget_losses"}
+                        retrained[seed] = rec["metrics"]
+                    runs[spec.name][seed] = rec["metrics"]
                     bar.update(1)
             bar.close()
+            runs = {name: {seed: _with_gap_metrics(m, None if name == "retrain" else retrained.get(seed))
+                           for seed, m in by_seed.items()} for name, by_seed in runs.items()}
             # the runs scored now (and by this session's workers); a --jobs worker (no tables) leaves it to the parent
             warn_undefined_mia(runs if write_tables else {}, skip=reused)
             order = [s.name for s in specs]
@@ -309,7 +331,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
 
 
 def _checked_arguments(splits, methods, seeds, *, configs, setting, variant, hparams, model_fn, retrain_recipe,
-                       relearn, batch_size, budget, mia_max_samples):
+                       relearn, batch_size, budget, mia_max_samples, original_only_ok=False):
     """`compare`'s checks before any run (its Raises): (the seeds as a list, the `MethodSpec` list,
     the budget as a float)."""
     if not isinstance(splits, Splits):
@@ -320,7 +342,7 @@ def _checked_arguments(splits, methods, seeds, *, configs, setting, variant, hpa
         raise ValueError("compare needs held-out retain data (adjacent_test / remote_test) for MIA-efficacy")
     budget = check_budget(budget)
     specs = build_specs(methods, configs=configs, setting=setting, variant=variant, hparams=hparams,
-                        model_fn=model_fn, retrain_recipe=retrain_recipe, budget=budget)
+                        model_fn=model_fn, retrain_recipe=retrain_recipe, budget=budget, allow_empty=original_only_ok)
     stray = sorted(set(configs or {}) - {sp.name for sp in specs})
     if stray:
         raise ValueError(f"configs has entries for methods that are not compared: {stray} "

@@ -2,7 +2,8 @@
 record per finished (method, seed) run, keyed (`cache_key`) on `CACHE_FORMAT`, the method, the
 seed, its effective hyperparameters (an ``amp`` of "auto" as what it runs as on the comparison's
 device, `resolved_amp_fields`), the fingerprint of the original model and the splits
-(``entangle_ext/unlearn/fingerprint.py``), the metric settings and the Retrain reference's key.
+(``entangle_ext/unlearn/fingerprint.py``) and the metric settings; not on Retrain's record (the gap
+metrics to Retrain are not in the records: `compare` adds them when it assembles the table).
 A record made with another torch version or device type is reused with a `UserWarning`; a record
 of an older cache format is recomputed, with a one-line notice per cache directory."""
 from __future__ import annotations
@@ -25,14 +26,17 @@ from .unlearn.precision import resolve_amp
 __all__ = ["CACHE_FORMAT", "ResultCache", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free",
            "resolved_amp_fields"]
 
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 """Part of every cache key and written into every record: 2 since an MIA attack without signal
 scores NaN (undefined) instead of 0 or 100 % (records of format 1 hold coin-flip MIA values); 3
 since the one fingerprint of the splits and the model (``entangle_ext/unlearn/fingerprint.py``); 4
 since a record holds the KS statistic of the forget losses ("forget_ks", beside the p-value) and
 relearn time counts steps of the geometric lr schedule (1e-5 × 1.1^k; format 3: a constant 1e-3,
 one step for almost every model) — a format-3 record lacks the one and holds the other's old,
-unresolved count. Records of an older format are recomputed, not reused."""
+unresolved count; 5 since a record holds its forget losses and no gap metrics ("avg_gap",
+"forget_quality", "forget_ks", added from the records when the table is assembled) and its key no
+longer holds its seed's Retrain key (so a changed Retrain no longer recomputes every other run, and
+no run waits for Retrain). Records of an older format are recomputed, not reused."""
 
 
 def json_nan_free(obj) -> Any:

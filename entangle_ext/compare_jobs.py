@@ -3,13 +3,16 @@ processes that share its per-run cache (`entangle_ext.compare`: ``<out>/cache/<m
 
 The parent writes a task list under ``<out>/jobs/<its pid>-<random>/`` and starts N copies of the same
 command with ``--worker <that dir>`` (each with ``max(1, threads // N)`` torch threads; N is capped
-at the number of tasks). A worker loads the data and
+at the number of (method, seed) runs). A worker loads the data and
 the cached original model once, then repeatedly claims the next task whose prerequisite is done
 (a claim is a file created with ``O_EXCL``, so two workers never take the same task) and runs
-``compare`` on that one (method, seed) with ``write_tables=False``. The first task of a seed
-(Retrain, when compared) also scores the original model; every other task of that seed waits for
-it, so each run has its seed's Retrain record as reference exactly as in a one-process comparison,
-and the cache keys are the same: the parent then assembles the table from the cache (the records
+``compare`` on that one (method, seed) with ``write_tables=False``. The first task of a seed scores
+the original model alone (its row of the table, which every other `compare` call of that seed
+then reads from the cache); every other task of the seed waits for that one only. No run waits for
+Retrain: the records hold no gap metrics and their cache keys do not name Retrain's (the parent
+adds "avg_gap" / "forget_quality" / "forget_ks" from the records when it assembles the table), so
+the keys are those of a one-process comparison and the second worker is not idle while Retrain
+trains. The parent then assembles the table from the cache (the records
 its workers wrote carry the queue's name as `compare`'s ``session``, so the table does not list
 them as cached: only results that existed before the command are). A worker that
 fails stops the others; finished runs stay cached (rerunning the command goes on from there). The
@@ -35,7 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ._signals import STOP_SIGNALS, signal_name
 
-__all__ = ["plan_tasks", "work", "run_workers", "worker_command", "die_with_parent", "WorkerFailed",
+__all__ = ["ORIGINAL", "plan_tasks", "work", "run_workers", "worker_command", "die_with_parent", "WorkerFailed",
            "ParentExited"]
 
 TASKS = "tasks.json"
@@ -81,10 +84,14 @@ def _name(task: Dict) -> str:
     return f"{task['method']}.seed{task['seed']}"
 
 
+ORIGINAL = "original"   # the task that scores the original model of a seed (not a method)
+
+
 def plan_tasks(methods: Sequence[str], seeds: Sequence[int]) -> List[Dict]:
-    """The tasks of a comparison, in the order workers take them: for each seed its first task
-    (Retrain when compared, else the first method; it also scores the original model) comes
-    before everything else, and every other task of the seed names it under ``"after"``.
+    """The tasks of a comparison, in the order workers take them: for each seed, the scoring of
+    the original model (method `ORIGINAL`) comes first; then every method (Retrain first, the
+    longest run of most comparisons) for each seed, each naming its seed's original task under
+    ``"after"`` (its `compare` call reads that row from the cache instead of scoring it again).
 
     Returns: ``[{"method": str, "seed": int, "after": {"method", "seed"} or None}, ...]``.
     Raises: ValueError for no methods or no seeds.
@@ -92,10 +99,9 @@ def plan_tasks(methods: Sequence[str], seeds: Sequence[int]) -> List[Dict]:
     methods, seeds = list(methods), list(seeds)
     if not methods or not seeds:
         raise ValueError(f"plan_tasks needs methods and seeds, got {methods} and {seeds}")
-    first = "retrain" if "retrain" in methods else methods[0]
-    heads = [{"method": first, "seed": s, "after": None} for s in seeds]
-    rest = [{"method": m, "seed": s, "after": {"method": first, "seed": s}}
-            for m in methods if m != first for s in seeds]
+    ordered = (["retrain"] if "retrain" in methods else []) + [m for m in methods if m != "retrain"]
+    heads = [{"method": ORIGINAL, "seed": s, "after": None} for s in seeds]
+    rest = [{"method": m, "seed": s, "after": {"method": ORIGINAL, "seed": s}} for m in ordered for s in seeds]
     return heads + rest
 
 

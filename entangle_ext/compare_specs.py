@@ -238,11 +238,12 @@ def check_method_names(names: Sequence[str], *, known: Optional[Sequence[str]] =
     return names
 
 
-def build_specs(methods, *, configs, **kw) -> List[MethodSpec]:
+def build_specs(methods, *, configs, allow_empty: bool = False, **kw) -> List[MethodSpec]:
     if isinstance(methods, (str, MethodSpec)):
         methods = [methods]
     specs = [m if isinstance(m, MethodSpec) else method_spec(m, config=(configs or {}).get(m), **kw)
              for m in methods]
-    check_method_names([s.name for s in specs])
+    if specs or not allow_empty:   # allow_empty: the original's row alone (a --jobs worker's first task)
+        check_method_names([s.name for s in specs])
     retrain = [s for s in specs if s.name == "retrain"]
     return retrain + [original_spec()] + [s for s in specs if s.name != "retrain"]

@@ -186,7 +186,7 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
     """The comparison itself (this process, or ``--jobs`` workers and then this process's table);
     None for a ``--worker`` process."""
     from ..compare import compare
-    from ..compare_jobs import die_with_parent, plan_tasks, run_workers, work, worker_command
+    from ..compare_jobs import ORIGINAL, die_with_parent, plan_tasks, run_workers, work, worker_command
     from ..settings import prepare
     from ..unlearn.disjoint import disjoint_scope
     from ..unlearn.lock import out_dir_lock
@@ -209,16 +209,15 @@ def _compare(args, out: str, device, variant, data, model, methods, threads):
                   model_fn=run.fresh_model, relearn=relearn, mia_max_samples=args.mia_max_samples,
                   budget=args.budget)
         if args.worker is not None:   # one (method, seed) at a time from the parent's queue
-            ref = ["retrain"] if "retrain" in methods else []   # the same cache keys as one process
-            def one(m, s):
-                names = ref + [m] if m not in ref else ref
+            def one(m, s):   # the ORIGINAL task scores the original's row alone (no method)
+                names = [] if m == ORIGINAL else [m]
                 return compare(run.model, run.splits, names, [s], write_tables=False, progress=False,
                                configs=amp_configs(names, args, variant.name), session=Path(args.worker).name,
                                **kw)
             work(Path(args.worker), one)
             return None
         tasks = plan_tasks(methods, seeds)
-        jobs = min(args.jobs, len(tasks))
+        jobs = min(args.jobs, len(methods) * len(seeds))   # one worker per (method, seed) run at most
         session = None   # the workers' records carry their queue's name: computed now, not "cached"
         if jobs > 1:
             (Path(out) / "jobs").mkdir(parents=True, exist_ok=True)   # this invocation's own queue:

@@ -37,7 +37,7 @@ from .precision import model_dtype
 __all__ = ["METRICS", "MetricInfo", "per_sample", "mia_efficacy", "mia_efficacy_from_features",
            "MIAUndefinedWarning", "MIA_MIN_BALANCED_ACCURACY", "mia_undefined_scope", "MIA_SPLITS",
            "NonFiniteOutputError",
-           "average_gap", "forget_quality_ks",
+           "average_gap", "gap_metrics", "forget_quality_ks",
            "forget_ks_test", "relearn_time", "RELEARN_LR", "RELEARN_LR_GROWTH", "RELEARN_MAX_STEPS", "unlearning_metrics"]
 
 
@@ -130,6 +130,21 @@ def average_gap(metrics: Mapping[str, Any], retrained: Mapping[str, Any], keys: 
     if not d:
         raise ValueError(f"average_gap: none of {list(keys)} is defined in both metric dicts")
     return sum(d) / len(d)
+
+
+def gap_metrics(metrics: Mapping[str, Any], forget_losses: Union[Sequence[float], torch.Tensor],
+                retrained: Mapping[str, Any]) -> Dict[str, float]:
+    """The metrics of a run that compare it with Retrain (docs/algorithm.md §10): {"avg_gap":
+    `average_gap` (percentage points, ↓), "forget_quality": the KS p-value (↑) and "forget_ks": the
+    KS statistic D (↓) of `forget_ks_test`}, from the run's ``metrics`` (its UA/RA/TA/"mia_forget"),
+    its per-sample forget-train losses (nats; ``(n_forget,)`` sequence or tensor) and Retrain's
+    `unlearning_metrics(..., keep_losses=True)` dict (its "forget_losses" included). `unlearning_metrics`
+    adds these when given ``retrained``; `compare` adds them to each cached record when it assembles the
+    table, so no record depends on its seed's Retrain run.
+    Raises: ValueError as `average_gap` and `forget_ks_test`; KeyError without ``retrained["forget_losses"]``;
+    ImportError without scipy."""
+    ks = forget_ks_test(forget_losses, retrained["forget_losses"])
+    return {"avg_gap": average_gap(metrics, retrained), "forget_quality": ks["pvalue"], "forget_ks": ks["statistic"]}
 
 
 def _subset(src: Source, idx: torch.Tensor) -> Source:
@@ -290,9 +305,7 @@ def unlearning_metrics(model: torch.nn.Module, splits: Splits, *,
         ref = retrained if isinstance(retrained, Mapping) else unlearning_metrics(
             retrained, splits, device=device, batch_size=batch_size, seed=seed,
             mia_max_samples=mia_max_samples, keep_losses=True)
-        out["avg_gap"] = average_gap(out, ref)
-        ks = forget_ks_test(losses, ref["forget_losses"])
-        out["forget_quality"], out["forget_ks"] = ks["pvalue"], ks["statistic"]
+        out.update(gap_metrics(out, losses, ref))
     if relearn is not None:
         r = relearn_time(model, splits.source("forget"), device=device, eval_batch_size=batch_size,
                          **{"seed": seed, **relearn})

@@ -1,6 +1,6 @@
 """A comparison's common epoch budget (`entangle_ext.compare.scale_budget`, ``compare(budget=)``,
 ``--budget``) and its parallel runs (`entangle_ext.compare_jobs`, ``--jobs``): the scaled fields
-of every method, the cache keys, the task queue (each task once, after its seed's reference run)
+of every method, the cache keys, the task queue (each task once, after its seed's original scoring)
 and a two-worker comparison that gives the one-process numbers."""
 import dataclasses
 import json
@@ -20,7 +20,7 @@ import pytest
 import entangle_ext as ee
 from entangle_ext import cli
 from entangle_ext.compare import check_budget, effective_config, method_config, method_spec, scale_budget
-from entangle_ext.compare_jobs import ParentExited, WorkerFailed, plan_tasks, run_workers, work
+from entangle_ext.compare_jobs import ORIGINAL, ParentExited, WorkerFailed, plan_tasks, run_workers, work
 from entangle_ext.methods import available_methods, get_method
 from entangle_ext.methods.retrain import RetrainConfig
 from entangle_ext.train import TrainRecipe
@@ -95,19 +95,22 @@ def test_the_budget_is_part_of_the_cache_key_only_when_it_is_not_one():
 
 
 # ------------------------------------------------------------------------------------ the task queue
-def test_plan_puts_each_seeds_reference_run_first():
+def test_plan_scores_each_seeds_original_first_and_nothing_waits_for_retrain():
     tasks = plan_tasks(["ga", "retrain", "ft"], [0, 1])
-    assert [(t["method"], t["seed"]) for t in tasks[:2]] == [("retrain", 0), ("retrain", 1)]
-    assert all(t["after"] == {"method": "retrain", "seed": t["seed"]} for t in tasks[2:])
-    assert sorted((t["method"], t["seed"]) for t in tasks) == sorted(
+    assert tasks[:2] == [{"method": ORIGINAL, "seed": 0, "after": None}, {"method": ORIGINAL, "seed": 1, "after": None}]
+    # was: every task of a seed "after" its Retrain (the other workers idled while Retrain trained)
+    assert all(t["after"] == {"method": ORIGINAL, "seed": t["seed"]} for t in tasks[2:])
+    assert [(t["method"], t["seed"]) for t in tasks[2:4]] == [("retrain", 0), ("retrain", 1)]   # the long runs first
+    assert sorted((t["method"], t["seed"]) for t in tasks[2:]) == sorted(
         (m, s) for m in ("ga", "retrain", "ft") for s in (0, 1))
     no_ref = plan_tasks(["ga", "ft"], [3])
-    assert no_ref[0] == {"method": "ga", "seed": 3, "after": None} and no_ref[1]["after"] == {"method": "ga", "seed": 3}
+    assert [(t["method"], t["after"]) for t in no_ref] == [
+        (ORIGINAL, None), ("ga", {"method": ORIGINAL, "seed": 3}), ("ft", {"method": ORIGINAL, "seed": 3})]
     with pytest.raises(ValueError):
         plan_tasks([], [0])
 
 
-def test_workers_take_every_task_once_and_after_its_reference(tmp_path):
+def test_workers_take_every_task_once_and_after_its_seeds_original(tmp_path):
     tasks = plan_tasks(["retrain", "ga", "ft", "rl"], [0, 1, 2])
     (tmp_path / "claimed").mkdir()
     (tmp_path / "done").mkdir()
@@ -116,8 +119,8 @@ def test_workers_take_every_task_once_and_after_its_reference(tmp_path):
 
     def run(method, seed):
         with lock:
-            if method != "retrain":
-                assert ("retrain", seed) in finished, f"{method} seed {seed} ran before its reference"
+            if method != ORIGINAL:
+                assert (ORIGINAL, seed) in finished, f"{method} seed {seed} ran before its seed's original"
             log.append((method, seed))
         threading.Event().wait(0.01)
         with lock:
@@ -133,6 +136,28 @@ def test_workers_take_every_task_once_and_after_its_reference(tmp_path):
     assert sum(counts) == len(tasks)
 
 
+def test_a_second_worker_runs_while_retrain_trains(tmp_path):
+    """One seed, two workers: while one worker is in Retrain the other takes the next method (was:
+    it waited for Retrain to finish, idle for Retrain's whole run)."""
+    (tmp_path / "claimed").mkdir()
+    (tmp_path / "done").mkdir()
+    (tmp_path / "tasks.json").write_text(json.dumps(plan_tasks(["retrain", "ga"], [0])))
+    other_started, overlapped = threading.Event(), []
+
+    def run(method, seed):
+        if method == "retrain":   # stays in Retrain until another task has begun (or 10 s)
+            overlapped.append(other_started.wait(10))
+        elif method == "ga":
+            other_started.set()
+
+    workers = [threading.Thread(target=work, args=(tmp_path, run), kwargs={"poll_s": 0.01}) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert overlapped == [True]
+
+
 def test_a_failing_task_propagates_and_stays_claimed(tmp_path):
     (tmp_path / "claimed").mkdir()
     (tmp_path / "done").mkdir()
@@ -142,7 +167,9 @@ def test_a_failing_task_propagates_and_stays_claimed(tmp_path):
         raise RuntimeError("worker broke")
     with pytest.raises(RuntimeError, match="worker broke"):
         work(tmp_path, boom)
-    assert (tmp_path / "claimed" / "ga.seed0").exists() and not (tmp_path / "done" / "ga.seed0").exists()
+    first = f"{ORIGINAL}.seed0"   # the first task: the seed's original scoring; ga waits for it
+    assert (tmp_path / "claimed" / first).exists() and not (tmp_path / "done" / first).exists()
+    assert not (tmp_path / "claimed" / "ga.seed0").exists()
 
 
 def test_a_worker_killed_by_a_signal_is_named_so(tmp_path):
