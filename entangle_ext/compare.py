@@ -59,10 +59,10 @@ from .unlearn.files import atomic_write
 from .compare_specs import (MethodSpec, available_methods, build_specs, check_budget, check_method_names,
                             effective_config, method_config, method_spec, scale_budget)
 from .compare_cache import (CACHE_FORMAT, ResultCache, cache_key, cached_note, json_nan_free, jsonable,
-                            resolved_amp_fields)
+                            record_metrics, resolved_amp_fields)
 from .unlearn.report import plot_available
 from .unlearn.evaluate import NonFiniteOutputError
-from .unlearn.metrics import METRICS, gap_metrics, mia_undefined_scope, unlearning_metrics
+from .unlearn.metrics import METRICS, mia_undefined_scope, unlearning_metrics
 
 __all__ = ["compare", "ComparisonResult", "MethodSpec", "method_spec", "method_config", "effective_config",
            "scale_budget", "check_method_names", "available_methods", "fingerprint",
@@ -148,7 +148,7 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, metric_kw) -
             # no autocast, gives the MIA its per-sample values (bit-identical; no second pass)
             feats = kept.features(res.model, batch_size=metric_kw["batch_size"], channels_last=channels_last)
             # every record keeps its forget losses: the gap metrics are added when the table is
-            # assembled (`_with_gap_metrics`), so no run waits for, or is keyed on, its seed's Retrain
+            # assembled (`record_metrics`), so no run waits for, or is keyed on, its seed's Retrain
             metrics = unlearning_metrics(res.model, splits, evals=_final_evals(report), seconds=seconds,
                                          device=device, seed=seed, keep_losses=True, features=feats,
                                          **metric_kw)
@@ -160,22 +160,6 @@ def _run_one(spec: MethodSpec, model, splits, seed: int, *, device, metric_kw) -
     slim = {k: report[k] for k in ("method", "hparams", "setting", "config", "evals", "timings_s", "steps")
             if k in report}
     return {"method": spec.name, "seed": seed, "metrics": metrics, "report": jsonable(slim), "wall_s": wall}
-
-
-_AFTER_GAPS = ("relearn_steps", "relearn_reached", "time_s")   # the keys the gap metrics come before
-
-
-def _with_gap_metrics(metrics: Mapping[str, Any], ref: Optional[Mapping[str, Any]]) -> dict:
-    """A cached record's metrics for the table: without its "forget_losses", and with the gap
-    metrics to its seed's Retrain (`gap_metrics`; ``ref`` = Retrain's metrics, None for Retrain
-    itself, a seed whose Retrain failed or was not compared, and a failed run's empty metrics), in
-    the place `unlearning_metrics` gives them."""
-    kept = {k: v for k, v in metrics.items() if k != "forget_losses"}
-    if ref is None or not kept:
-        return kept
-    gaps = gap_metrics(kept, metrics["forget_losses"], ref)
-    head = {k: v for k, v in kept.items() if k not in _AFTER_GAPS}
-    return {**head, **gaps, **{k: kept[k] for k in _AFTER_GAPS if k in kept}}
 
 
 def _seed_list(seeds) -> List[int]:
@@ -313,7 +297,7 @@ def compare(model: torch.nn.Module, splits: Splits, methods: Sequence[Union[str,
                     runs[spec.name][seed] = rec["metrics"]
                     bar.update(1)
             bar.close()
-            runs = {name: {seed: _with_gap_metrics(m, None if name == "retrain" else retrained.get(seed))
+            runs = {name: {seed: record_metrics(m, None if name == "retrain" else retrained.get(seed))
                            for seed, m in by_seed.items()} for name, by_seed in runs.items()}
             # the runs scored now (and by this session's workers); a --jobs worker (no tables) leaves it to the parent
             warn_undefined_mia(runs if write_tables else {}, skip=reused)

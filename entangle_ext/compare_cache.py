@@ -21,9 +21,10 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import torch
 
 from .unlearn.files import atomic_write
+from .unlearn.metrics import gap_metrics
 from .unlearn.precision import resolve_amp
 
-__all__ = ["CACHE_FORMAT", "ResultCache", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free",
+__all__ = ["CACHE_FORMAT", "ResultCache", "record_metrics", "cache_key", "cache_env", "cached_note", "jsonable", "json_nan_free",
            "resolved_amp_fields"]
 
 CACHE_FORMAT = 5
@@ -149,3 +150,20 @@ def resolved_amp_fields(obj, device, dtype: Optional[torch.dtype] = torch.float3
 
 def cache_key(*parts) -> str:
     return hashlib.sha256(json.dumps(jsonable(parts), sort_keys=True).encode()).hexdigest()
+
+
+_AFTER_GAPS = ("relearn_steps", "relearn_reached", "time_s")   # the keys the gap metrics come before
+
+
+def record_metrics(metrics: Mapping[str, Any], ref: Optional[Mapping[str, Any]]) -> dict:
+    """A cached record's metrics for the table: without its "forget_losses", and with the gap
+    metrics to its seed's Retrain (`gap_metrics`; ``ref`` = Retrain's metrics, None for Retrain
+    itself, a seed whose Retrain failed or was not compared; a failed run's empty metrics stay
+    empty), in the place `unlearning_metrics` gives them (so the same dict as one
+    `unlearning_metrics(..., retrained=ref)` call). Raises as `gap_metrics`."""
+    kept = {k: v for k, v in metrics.items() if k != "forget_losses"}
+    if ref is None or not kept:
+        return kept
+    gaps = gap_metrics(kept, metrics["forget_losses"], ref)
+    head = {k: v for k, v in kept.items() if k not in _AFTER_GAPS}
+    return {**head, **gaps, **{k: kept[k] for k in _AFTER_GAPS if k in kept}}

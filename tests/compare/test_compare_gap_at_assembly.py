@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import entangle_ext as ee
-from entangle_ext.compare_cache import CACHE_FORMAT
+from entangle_ext.compare_cache import CACHE_FORMAT, record_metrics
 from entangle_ext.train import TrainRecipe, train_original
 from entangle_ext.unlearn import metrics as M
 
@@ -51,11 +51,11 @@ def test_gap_metrics_at_assembly_equal_one_metrics_call(small, net):
     ref = M.unlearning_metrics(ref_model, small, keep_losses=True, seed=3)
     run = M.unlearning_metrics(net, small, keep_losses=True, seed=3, seconds=1.5)
     direct = M.unlearning_metrics(net, small, retrained=ref, seed=3, seconds=1.5)
-    assembled = C._with_gap_metrics(run, ref)
+    assembled = record_metrics(run, ref)
     assert same(assembled, direct) and {"avg_gap", "forget_quality", "forget_ks"} <= assembled.keys()
     assert "forget_losses" not in assembled and assembled["time_s"] == 1.5
-    assert same(C._with_gap_metrics(run, None), {k: v for k, v in run.items() if k != "forget_losses"})
-    assert C._with_gap_metrics({}, ref) == {}   # a failed run: no metrics, no gaps
+    assert same(record_metrics(run, None), {k: v for k, v in run.items() if k != "forget_losses"})
+    assert record_metrics({}, ref) == {}   # a failed run: no metrics, no gaps
     gaps = M.gap_metrics(run, run["forget_losses"], ref)
     assert gaps == {k: direct[k] for k in ("avg_gap", "forget_quality", "forget_ks")}
 
