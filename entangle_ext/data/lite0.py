@@ -17,6 +17,7 @@ from typing import Dict
 import torch
 
 from .._optional import optional_import
+from .frozen_prefix import prefix_features
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["load_lite0", "Lite0Classifier"]
@@ -75,20 +76,39 @@ class Lite0Classifier(torch.nn.Module):
     blocks are frozen: ``requires_grad=False`` and kept in eval mode under ``.train()``, so their
     batch-norm statistics never move (unlearning only updates parameters that require grad).
 
+    On the CPU the frozen layers (`frozen_prefix`) run without autograd in chunks of
+    ``feature_chunk`` channels-last inputs, and in eval mode their features are reused for inputs
+    seen before (`entangle_ext.data.frozen_prefix.prefix_features`): an unlearning run passes the
+    same images through them at every step, and only the layers after them learn. The logits equal
+    the plain network's up to float round-off, and an input's logits no longer depend on the batch
+    it comes in. Train mode (the augmented training of the original model and of Retrain) stores
+    nothing.
+
     Args:
         num_classes: outputs of the new head. image_size: side the input is resized to (96 in the
             CPU variant; 224 is ImageNet's). freeze: frozen blocks (0..7) after the stem; 0 = none.
         arch: see `load_lite0`.
-    Raises: as `load_lite0`; ValueError for ``freeze`` outside 0..7 or image_size < 32.
+        feature_chunk: inputs per call of the frozen prefix on the CPU (>= 1; 16 was the fastest of
+            8-128 at 1-2 threads on a 2-core Xeon). feature_cache_mb: bound in MiB of the features
+            kept for reuse, shared by every model in the process (>= 0; 0 = no reuse; a frozen
+            prefix's features of one 64-px image at 96 px take 23 KiB in float32).
+    Raises: as `load_lite0`; ValueError for ``freeze`` outside 0..7, image_size < 32,
+    ``feature_chunk`` < 1 or ``feature_cache_mb`` < 0.
     """
 
     def __init__(self, num_classes: int, *, image_size: int = 96, freeze: int = 3,
-                 arch: str = "tf_efficientnet_lite0"):
+                 arch: str = "tf_efficientnet_lite0", feature_chunk: int = 16, feature_cache_mb: float = 512.0):
         super().__init__()
         if not 0 <= freeze <= 7:
             raise ValueError(f"freeze must be in 0..7 (EfficientNet-Lite0 has 7 blocks), got {freeze}")
         if image_size < 32:
             raise ValueError(f"image_size must be >= 32, got {image_size}")
+        if isinstance(feature_chunk, bool) or not isinstance(feature_chunk, int) or feature_chunk < 1:
+            raise ValueError(f"feature_chunk must be an integer >= 1, got {feature_chunk!r}")
+        if isinstance(feature_cache_mb, bool) or not isinstance(feature_cache_mb, (int, float)) \
+                or not feature_cache_mb >= 0:
+            raise ValueError(f"feature_cache_mb must be a number >= 0, got {feature_cache_mb!r}")
+        self.feature_chunk, self.feature_cache_mb = feature_chunk, feature_cache_mb
         net = load_lite0(arch)
         net.reset_classifier(num_classes)
         self.net, self.image_size = net, int(image_size)
@@ -98,6 +118,7 @@ class Lite0Classifier(torch.nn.Module):
         self.register_buffer("scale", std / 0.5)
         self.register_buffer("shift", (mean - 0.5) / 0.5)
         self._frozen = [net.conv_stem, net.bn1] + list(net.blocks[:freeze]) if freeze else []
+        self._nfrozen_blocks = freeze
         for mod in self._frozen:
             mod.requires_grad_(False)
 
@@ -107,9 +128,34 @@ class Lite0Classifier(torch.nn.Module):
             mod.eval()
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def frozen_prefix(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers that never learn, with autograd as the caller's mode says: (B, 3, H, W) ->
+        rescale -> resize -> stem and the first ``freeze`` blocks (only the rescale and resize for
+        ``freeze=0``, whose stem learns)."""
         x = x * self.scale + self.shift
         if x.shape[-1] != self.image_size or x.shape[-2] != self.image_size:
             x = torch.nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bicubic",
                                                 align_corners=False)
-        return self.net(x)
+        for mod in self._frozen:
+            x = mod(x)
+        return x
+
+    def _prefix_state(self):
+        return [("scale", self.scale), ("shift", self.shift)] + \
+            [(f"{i}.{n}", t) for i, mod in enumerate(self._frozen)
+             for n, t in (*mod.named_parameters(), *mod.named_buffers())]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of x (B, 3, H, W). On the CPU the frozen prefix runs in chunks
+        of ``feature_chunk`` inputs, and in eval mode its features are reused for inputs seen
+        before (``feature_cache_mb`` bounds the store; `entangle_ext.data.frozen_prefix`): the
+        logits are those of the plain network up to float round-off (the prefix's batch size
+        differs), and the same whatever batch an input comes in. With ``freeze=0`` only the
+        rescale and resize are chunked, nothing is reused."""
+        h = prefix_features(self.frozen_prefix, x, self._prefix_state(), reuse=not self.training and bool(self._frozen),
+                            chunk=self.feature_chunk, cache_mb=self.feature_cache_mb,
+                            tag=f"lite0 {self.image_size} {len(self._frozen)}")
+        net = self.net
+        if not self._frozen:
+            h = net.bn1(net.conv_stem(h))
+        return net.forward_head(net.bn2(net.conv_head(net.blocks[self._nfrozen_blocks:](h))))
