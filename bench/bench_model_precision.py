@@ -59,7 +59,9 @@ def main(argv=None):
     torch.manual_seed(0)
     if args.model == "lite0":
         from entangle_ext.data.lite0 import Lite0Classifier   # ImportError names the extra to install
-        model, side, classes = Lite0Classifier(12).train(args.mode == "train"), 64, 12
+        # no feature reuse: every pass here sends the same images, which in eval mode would time
+        # the lookup of the frozen prefix's features instead of computing them (chunking stays)
+        model, side, classes = Lite0Classifier(12, feature_cache_mb=0).train(args.mode == "train"), 64, 12
     else:
         model, side, classes = small_resnet_cifar(20).train(args.mode == "train"), 16, 20
     name = "tinyimagenet/lite0" if args.model == "lite0" else "cifar100/cpu"
