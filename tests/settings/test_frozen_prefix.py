@@ -59,6 +59,18 @@ def test_reused_features_equal_fresh_ones_bit_for_bit_in_any_batch():
     assert prefix_cache_info()["misses"] == 37 + 3
 
 
+def test_an_empty_batch_gives_empty_features_and_inference_inputs_work():
+    net = _prefix_net()
+    for reuse in (True, False):
+        out = _features(net, torch.randn(0, 3, 12, 12), reuse=reuse)
+        assert out.shape == (0, 5, 6, 6)
+    with torch.inference_mode():
+        x = torch.randn(3, 3, 12, 12)
+        out = _features(net, x, reuse=True)
+        torch.testing.assert_close(out, net(x), rtol=1e-5, atol=1e-6)
+    assert not out.is_inference() and prefix_cache_info()["rows"] == 3
+
+
 @settings(max_examples=25, deadline=None)
 @given(cuts=st.lists(st.integers(1, 20), min_size=1, max_size=5), chunk=st.integers(1, 9))
 def test_an_inputs_features_do_not_depend_on_its_batch(cuts, chunk):
