@@ -39,10 +39,10 @@ import torch
 
 from .._wrappers import transforms_active
 
-__all__ = ["prefix_features", "clear_prefix_cache", "prefix_cache_info"]
+__all__ = ["prefix_features", "check_prefix_options", "clear_prefix_cache", "prefix_cache_info"]
 
 _LOCK = threading.Lock()
-#: (prefix digest, input key) -> OrderedDict[input digest -> (H, W, C) features]; LRU over all groups
+#: (digest of the prefix state and settings, digest of one input) -> its (H, W, C) features; LRU
 _STORE: "collections.OrderedDict[Tuple[bytes, bytes], torch.Tensor]" = collections.OrderedDict()
 _BYTES = [0]
 #: signature of a prefix's state tensors (storage, version, shape, dtype) -> digest of their values
@@ -63,6 +63,15 @@ def prefix_cache_info() -> Dict[str, int]:
     """``{"rows", "bytes", "hits", "misses"}`` of the shared store (hits / misses counted per input row)."""
     with _LOCK:
         return {"rows": len(_STORE), "bytes": _BYTES[0], **_STATS}
+
+
+def check_prefix_options(chunk, cache_mb, chunk_name: str = "chunk", cache_name: str = "cache_mb") -> None:
+    """ValueError (naming ``chunk_name`` / ``cache_name``) unless ``chunk`` is an int >= 1 and
+    ``cache_mb`` an int or float >= 0 (a bool, NaN or str is refused)."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"{chunk_name} must be an integer >= 1, got {chunk!r}")
+    if isinstance(cache_mb, bool) or not isinstance(cache_mb, (int, float)) or not cache_mb >= 0:
+        raise ValueError(f"{cache_name} must be a number >= 0, got {cache_mb!r}")
 
 
 def _state_digest(tensors: Sequence[Tuple[str, torch.Tensor]]) -> bytes:
@@ -133,18 +142,14 @@ def prefix_features(prefix: Callable[[torch.Tensor], torch.Tensor], x: torch.Ten
         ValueError: ``chunk`` < 1 or ``cache_mb`` < 0 (or not a number); a prefix that does not
         return one 4-D row per input.
     """
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"prefix_features: chunk must be an integer >= 1, got {chunk!r}")
-    if isinstance(cache_mb, bool) or not isinstance(cache_mb, (int, float)) or not cache_mb >= 0:
-        raise ValueError(f"prefix_features: cache_mb must be a number >= 0, got {cache_mb!r}")
+    check_prefix_options(chunk, cache_mb, "prefix_features: chunk", "prefix_features: cache_mb")
     if not _fast_path_applies(x, state):
         return prefix(x)
     with torch.inference_mode(False), torch.no_grad():   # stored rows must serve later autograd passes too
         if x.shape[0] == 0 or not reuse or cache_mb == 0:
             return _chunked(prefix, x, chunk).permute(0, 3, 1, 2)
-        cpu = "cpu"
         group = hashlib.blake2b(repr((tag, chunk, str(x.dtype), tuple(x.shape[1:]), torch.get_num_threads(),
-                                      torch.is_autocast_enabled(cpu) and str(torch.get_autocast_dtype(cpu))))
+                                      torch.is_autocast_enabled("cpu") and str(torch.get_autocast_dtype("cpu"))))
                                 .encode(), digest_size=16).digest() + _state_digest(state)
         flat = x.detach().contiguous().reshape(x.shape[0], -1).view(torch.uint8).numpy()
         keys = [(group, hashlib.blake2b(r.tobytes(), digest_size=16).digest()) for r in flat]

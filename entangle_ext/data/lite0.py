@@ -17,7 +17,7 @@ from typing import Dict
 import torch
 
 from .._optional import optional_import
-from .frozen_prefix import prefix_features
+from .frozen_prefix import check_prefix_options, prefix_features
 from .vit import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["load_lite0", "Lite0Classifier"]
@@ -103,11 +103,7 @@ class Lite0Classifier(torch.nn.Module):
             raise ValueError(f"freeze must be in 0..7 (EfficientNet-Lite0 has 7 blocks), got {freeze}")
         if image_size < 32:
             raise ValueError(f"image_size must be >= 32, got {image_size}")
-        if isinstance(feature_chunk, bool) or not isinstance(feature_chunk, int) or feature_chunk < 1:
-            raise ValueError(f"feature_chunk must be an integer >= 1, got {feature_chunk!r}")
-        if isinstance(feature_cache_mb, bool) or not isinstance(feature_cache_mb, (int, float)) \
-                or not feature_cache_mb >= 0:
-            raise ValueError(f"feature_cache_mb must be a number >= 0, got {feature_cache_mb!r}")
+        check_prefix_options(feature_chunk, feature_cache_mb, "feature_chunk", "feature_cache_mb")
         self.feature_chunk, self.feature_cache_mb = feature_chunk, feature_cache_mb
         net = load_lite0(arch)
         net.reset_classifier(num_classes)
